@@ -1,0 +1,278 @@
+"""A real Kubernetes control plane on 127.0.0.1, for the tests and the local sandbox.
+
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built from their Go modules
+by hack/build-control-plane.sh) plus KWOK, which plays the kubelet for fake nodes that
+advertise `nvidia.com/gpu`: pods are scheduled, bound and turned Running/Ready without
+containers ever running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from .nodes import NodeShape, node_manifests
+from .pki import Pki, make_pki
+from .processes import (
+    environ_with_path,
+    free_ports,
+    start_process,
+    stop_process,
+    tail,
+    wait_until,
+)
+
+SERVICE_CIDR = "10.0.0.0/24"
+POD_CIDR = "10.244.0.1/16"  # kwok's default pod range overlaps the service range above
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+            "kubectl", "kwok", "helm")
+
+
+def default_bin_dir() -> Path:
+    cache = os.environ.get("MODELSERVE_CACHE") or Path.home() / ".cache" / "modelserve"
+    return Path(cache) / "bin"
+
+
+def find_binaries(bin_dir: Path) -> Path:
+    missing = [b for b in BINARIES if not (bin_dir / b).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"control plane binaries missing in {bin_dir}: {', '.join(missing)}; "
+            "build them with `bash hack/build-control-plane.sh` (or `make test`)")
+    return bin_dir
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+    @classmethod
+    def pick(cls) -> "Ports":
+        return cls(*free_ports(6))
+
+
+class Cluster:
+    """Start with `start()` (or `with Cluster(...)`), stop with `stop()`; logs stay in workdir/logs."""
+
+    def __init__(self, workdir: Path, gpu_nodes: int = 2, gpus_per_node: int = 8,
+                 cpu_nodes: int = 1, bin_dir: Path | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.bin_dir = find_binaries(bin_dir or default_bin_dir())
+        self.nodes = NodeShape(gpu_nodes=gpu_nodes, gpus_per_node=gpus_per_node, cpu_nodes=cpu_nodes)
+        self.log_dir = self.workdir / "logs"
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self.ports = Ports.pick()
+        self.token = secrets.token_hex(16)
+        self.env = environ_with_path(self.bin_dir, {"KUBECONFIG": str(self.kubeconfig)})
+        self._processes: dict[str, subprocess.Popen] = {}
+        self._pki: Pki | None = None
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    # --- life cycle -------------------------------------------------------------------
+    def start(self) -> "Cluster":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._pki = make_pki(self.workdir / "pki")
+            self._write_kubeconfig()
+            self._start_etcd()
+            self._start_apiserver()
+            self._start_controller_manager()
+            self._start_scheduler()
+            self._start_kwok()
+            self._create_nodes()
+            self.wait_for_service_account("default")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        # Reverse start order: the API server's clients first, etcd last.
+        for name in reversed(list(self._processes)):
+            stop_process(self._processes[name])
+        self._processes.clear()
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    # --- conveniences for tests and tools ---------------------------------------------
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
+                timeout: float = 120) -> subprocess.CompletedProcess:
+        result = subprocess.run([str(self.bin_dir / "kubectl"), *args], env=self.env, input=input,
+                                capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(result.returncode, result.args, result.stdout,
+                                                result.stderr)
+        return result
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
+        result = subprocess.run([str(self.bin_dir / "helm"), *args], env=self.env,
+                                capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(result.returncode, result.args, result.stdout,
+                                                result.stderr)
+        return result
+
+    def api_client(self):  # -> kubernetes.client.ApiClient, imported lazily: tools may not need it
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def create_namespace(self, name: str) -> None:
+        self.kubectl("create", "namespace", name)
+        self.wait_for_service_account(name)
+
+    def wait_for_service_account(self, namespace: str, timeout: float = 60) -> None:
+        # Pods are refused until the controller-manager has made the namespace's `default` SA.
+        wait_until(lambda: self.kubectl("get", "serviceaccount", "default", "-n", namespace,
+                                        check=False).returncode == 0,
+                   timeout, f"the default ServiceAccount in namespace {namespace}")
+
+    # --- the processes ----------------------------------------------------------------
+    def _bin(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+    def _start(self, name: str, argv: list[str]) -> None:
+        self._processes[name] = start_process(name, argv, self.log_dir)
+
+    def _check_alive(self, name: str) -> str:
+        process = self._processes[name]
+        if process.poll() is not None:
+            return f"; {name} exited with {process.returncode}:\n{tail(self.log_dir / f'{name}.log')}"
+        return f"; last lines of its log:\n{tail(self.log_dir / f'{name}.log')}"
+
+    def _start_etcd(self) -> None:
+        client = f"http://127.0.0.1:{self.ports.etcd_client}"
+        peer = f"http://127.0.0.1:{self.ports.etcd_peer}"
+        self._start("etcd", [
+            self._bin("etcd"), "--name", "sandbox", "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"sandbox={peer}", "--unsafe-no-fsync",
+        ])
+        wait_until(lambda: _http_ok(f"{client}/health"), 30, "etcd /health",
+                   on_timeout=lambda: self._check_alive("etcd"))
+
+    def _start_apiserver(self) -> None:
+        assert self._pki
+        tokens = self.workdir / "tokens.csv"
+        tokens.write_text(f'{self.token},admin,1,"system:masters"\n')
+        tokens.chmod(0o600)
+        self._start("kube-apiserver", [
+            self._bin("kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.ports.apiserver}",
+            f"--tls-cert-file={self._pki.serving_cert}", f"--tls-private-key-file={self._pki.serving_key}",
+            f"--client-ca-file={self._pki.ca_cert}",
+            f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={self._pki.service_account_pub}",
+            f"--service-account-signing-key-file={self._pki.service_account_key}",
+            f"--cert-dir={self.workdir / 'pki'}",
+        ])
+        ctx = ssl.create_default_context(cafile=str(self._pki.ca_cert))
+        wait_until(lambda: _http_ok(f"{self.server}/readyz", ctx, self.token), 90,
+                   "kube-apiserver /readyz", on_timeout=lambda: self._check_alive("kube-apiserver"))
+
+    def _start_controller_manager(self) -> None:
+        assert self._pki
+        kc = str(self.kubeconfig)
+        self._start("kube-controller-manager", [
+            self._bin("kube-controller-manager"), f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+            "--leader-elect=false", "--bind-address=127.0.0.1",
+            f"--secure-port={self.ports.controller_manager}",
+            f"--service-account-private-key-file={self._pki.service_account_key}",
+            f"--root-ca-file={self._pki.ca_cert}", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--use-service-account-credentials",
+            # Sandbox-sized: settle fast, and no cloud or node IPAM controllers.
+            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+        ])
+
+    def _start_scheduler(self) -> None:
+        config = self.workdir / "scheduler.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.kubeconfig)},
+            "leaderElection": {"leaderElect": False},
+        }))
+        kc = str(self.kubeconfig)
+        self._start("kube-scheduler", [
+            self._bin("kube-scheduler"), f"--config={config}", "--bind-address=127.0.0.1",
+            f"--secure-port={self.ports.scheduler}",
+            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+        ])
+
+    def _start_kwok(self) -> None:
+        self._start("kwok", [
+            self._bin("kwok"), f"--kubeconfig={self.kubeconfig}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--cidr={POD_CIDR}", "--node-ip=10.244.0.1",
+            f"--server-address=127.0.0.1:{self.ports.kwok}",
+        ])
+
+    def _create_nodes(self) -> None:
+        manifests = node_manifests(self.nodes)
+        self.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                            "items": manifests}))
+        names = [m["metadata"]["name"] for m in manifests]
+
+        def all_ready() -> bool:
+            out = self.kubectl("get", "nodes", "-o", "json", check=False)
+            if out.returncode != 0:
+                return False
+            ready = {n["metadata"]["name"] for n in json.loads(out.stdout)["items"]
+                     if any(c["type"] == "Ready" and c["status"] == "True"
+                            for c in n.get("status", {}).get("conditions", []))}
+            return set(names) <= ready
+
+        wait_until(all_ready, 60, f"nodes {names} Ready (kwok)",
+                   on_timeout=lambda: self._check_alive("kwok"))
+
+    def _write_kubeconfig(self) -> None:
+        assert self._pki
+        # JSON is valid YAML; kubectl, helm and the Python client all read it.
+        self.kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "sandbox",
+            "clusters": [{"name": "sandbox", "cluster": {
+                "server": self.server, "certificate-authority": str(self._pki.ca_cert)}}],
+            "users": [{"name": "admin", "user": {"token": self.token}}],
+            "contexts": [{"name": "sandbox", "context": {
+                "cluster": "sandbox", "user": "admin", "namespace": "default"}}],
+        }, indent=2))
+        self.kubeconfig.chmod(0o600)
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None, token: str | None = None) -> bool:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False

@@ -1,0 +1,104 @@
+"""`modelserve-sandbox`: the local sandbox, end to end, in one command.
+
+Starts the real control plane (KWOK plays the GPU nodes), installs the ModelServer CRD, runs
+the operator, applies the examples, prints `kubectl get ms` once the examples have settled,
+and keeps everything running until interrupted; then stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .cluster import Cluster
+from .processes import environ_with_path, start_process, stop_process, tail, wait_until
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="modelserve-sandbox", description=__doc__.splitlines()[0])
+    parser.add_argument("--crds", type=Path, default=Path("crds"), help="CRD manifests to install")
+    parser.add_argument("--examples", type=Path, default=Path("examples"),
+                        help="ModelServer manifests to apply")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where the cluster keeps its data and logs (default: a new temp dir)")
+    parser.add_argument("--settle-timeout", type=float, default=180,
+                        help="seconds to wait for the examples to settle before printing")
+    parser.add_argument("--exit-when-settled", action="store_true",
+                        help="stop after printing instead of running until interrupted")
+    return parser.parse_args(argv)
+
+
+def _settled(cluster: Cluster) -> bool:
+    """Every ModelServer has said where it stands: Ready, or Degraded with a reason."""
+    out = cluster.kubectl("get", "modelservers", "-A", "-o", "json", check=False)
+    if out.returncode != 0:
+        return False
+    items = json.loads(out.stdout)["items"]
+
+    def decided(item: dict) -> bool:
+        conditions = {c["type"]: c for c in item.get("status", {}).get("conditions", [])}
+        ready = conditions.get("Ready", {}).get("status") == "True"
+        degraded = conditions.get("Degraded", {}).get("status") == "True"
+        return ready or degraded
+
+    return bool(items) and all(decided(i) for i in items)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="modelserve-sandbox-"))
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+    print(f"starting the control plane in {workdir} ...", flush=True)
+    started = time.monotonic()
+    with Cluster(workdir) as cluster:
+        print(f"control plane up in {time.monotonic() - started:.1f}s: {cluster.server}", flush=True)
+        cluster.kubectl("apply", "--server-side", "-f", str(args.crds))
+        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        operator = start_process(
+            "modelserve-operator", [str(Path(sys.executable).with_name("modelserve-operator"))],
+            cluster.log_dir, env=environ_with_path(cluster.bin_dir, {"KUBECONFIG": str(cluster.kubeconfig)}))
+        try:
+            cluster.kubectl("apply", "-f", str(args.examples))
+            try:
+                wait_until(lambda: operator.poll() is not None or _settled(cluster),
+                           args.settle_timeout, "the examples to become Ready or Degraded",
+                           interval=1.0)
+            except TimeoutError as error:
+                print(f"warning: {error}", flush=True)
+            if operator.poll() is not None:
+                print(f"the operator exited with {operator.returncode}:\n"
+                      f"{tail(cluster.log_dir / 'modelserve-operator.log')}", flush=True)
+                return 1
+            print(cluster.kubectl("get", "ms", "-A").stdout, flush=True)
+            print(cluster.kubectl(
+                "get", "ms", "-A", "-o",
+                "custom-columns=NAME:.metadata.name,READY:.status.conditions[?(@.type=='Ready')].reason,"
+                "WHY:.status.conditions[?(@.type=='Degraded')].message").stdout, flush=True)
+            if args.exit_when_settled:
+                return 0
+            print(f"sandbox running; use it with:\n  export KUBECONFIG={cluster.kubeconfig} "
+                  f"PATH={cluster.bin_dir}:$PATH\nlogs: {cluster.log_dir}\nCtrl-C stops it.",
+                  flush=True)
+            while not stop.wait(1.0):
+                if operator.poll() is not None:
+                    print("the operator exited; see its log", flush=True)
+                    return 1
+            return 0
+        finally:
+            stop_process(operator)
+            if args.workdir is None:
+                shutil.rmtree(workdir / "etcd", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

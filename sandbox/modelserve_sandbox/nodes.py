@@ -1,0 +1,47 @@
+"""The fake nodes KWOK manages: GPU nodes tainted as GPU clouds do, and plain CPU nodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KWOK_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    gpu_nodes: int = 2
+    gpus_per_node: int = 8
+    cpu_nodes: int = 1
+
+
+def _node(name: str, labels: dict[str, str], capacity: dict[str, str],
+          taints: list[dict[str, str]]) -> dict:
+    # Created with its status: a create keeps it, and the scheduler reads allocatable from it.
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": dict(KWOK_ANNOTATION),
+                     "labels": {"type": "kwok", "kubernetes.io/hostname": name,
+                                "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                                **labels}},
+        "spec": {"taints": taints},
+        "status": {"capacity": dict(capacity), "allocatable": dict(capacity),
+                   "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
+                                "kubeletVersion": "fake"}},
+    }
+
+
+def node_manifests(shape: NodeShape) -> list[dict]:
+    gpu = [
+        _node(f"gpu-{i}", {"nvidia.com/gpu.present": "true"},
+              {"cpu": "32", "memory": "256Gi", "pods": "110",
+               "nvidia.com/gpu": str(shape.gpus_per_node)},
+              [dict(GPU_TAINT)])
+        for i in range(shape.gpu_nodes)
+    ]
+    cpu = [
+        _node(f"cpu-{i}", {}, {"cpu": "16", "memory": "64Gi", "pods": "110"}, [])
+        for i in range(shape.cpu_nodes)
+    ]
+    return gpu + cpu

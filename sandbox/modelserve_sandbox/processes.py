@@ -1,0 +1,79 @@
+"""Starting, waiting for and stopping the control plane's processes."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Linux only: the child gets SIGTERM when the test process dies, so a killed test run
+    # never leaves an API server or etcd behind.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free TCP ports on 127.0.0.1 (held open together so none repeats)."""
+    with ExitStack() as stack:
+        sockets = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+
+
+def start_process(name: str, argv: list[str], log_dir: Path,
+                  env: dict[str, str] | None = None) -> subprocess.Popen:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+    try:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, preexec_fn=_die_with_parent)
+    finally:
+        log.close()
+
+
+def stop_process(process: subprocess.Popen, grace_seconds: float = 10.0) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=grace_seconds)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str,
+               interval: float = 0.2, on_timeout: Callable[[], str] | None = None) -> None:
+    """Poll `condition` until it holds; raise TimeoutError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval)
+    detail = on_timeout() if on_timeout else ""
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def environ_with_path(bin_dir: Path, extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env.update(extra)
+    return env
