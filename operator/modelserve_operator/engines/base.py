@@ -1,0 +1,88 @@
+"""What every engine container shares; each engine module adds its facts and its flags."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from ..spec import ModelServer, ModelServerSpec
+
+CONTAINER_NAME = "engine"
+LOOPBACK = "127.0.0.1"  # engines listen here only: every request goes through the sidecar
+HUB_CACHE_PATH = "/root/.cache/huggingface"
+SHM_VOLUME = "dshm"
+CACHE_VOLUME = "hub-cache"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """The small table of facts that differs between engines."""
+
+    name: str  # also the pods' app.kubernetes.io/component label
+    image: str  # pinned
+    command: tuple[str, ...]  # set explicitly so an `image` override runs the same program
+    port: int  # on 127.0.0.1
+    health_path: str  # answers 200 once the model is loaded
+    metrics_path: str  # Prometheus text, appended to the sidecar's /metrics
+    shm_size: str  # /dev/shm default; tensor parallelism exchanges through it
+
+    def upstream_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+
+def engine_container(
+    ms: ModelServer,
+    facts: EngineFacts,
+    args: list[str],
+    drain_seconds: int,
+    env: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The engine container: no ports (nothing outside the pod may reach it), no probes (the sidecar's
+    readiness covers the engine), and a preStop sleep so it keeps answering while the sidecar drains."""
+    spec = ms.spec
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image or facts.image,
+        "command": list(facts.command),
+        "args": [*args, *spec.engine_args],
+        "env": merge_env([*_common_env(spec), *(env or [])], [var.to_wire() for var in spec.env]),
+    }
+    resources = _resources(spec)
+    if resources:
+        container["resources"] = resources
+    container["volumeMounts"] = [
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        {"name": CACHE_VOLUME, "mountPath": HUB_CACHE_PATH},
+    ]
+    container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain_seconds}}}
+    return container
+
+
+def _common_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HUB_CACHE_PATH}]
+    if spec.hf_token_secret_ref:
+        ref = spec.hf_token_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env
+
+
+def merge_env(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`theirs` wins by name and keeps our order; new names go last in their order."""
+    by_name = {var["name"]: var for var in theirs}
+    merged = [by_name.pop(var["name"], var) for var in ours]
+    return merged + [var for var in theirs if var["name"] in by_name]
+
+
+def _resources(spec: ModelServerSpec) -> dict[str, Any]:
+    resources = spec.resources.to_wire() if spec.resources else {}
+    if spec.gpu_count:
+        # Extended resources take limits only; the request defaults to the limit.
+        resources["limits"] = {**resources.get("limits", {}), GPU_RESOURCE: str(spec.gpu_count)}
+    return resources
+
+
+def command_line(container: dict[str, Any]) -> str:
+    """The container's program and arguments as one shell-quoted line (for humans and reports)."""
+    return shlex.join([*container.get("command", []), *container.get("args", [])])

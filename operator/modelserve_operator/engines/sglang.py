@@ -1,0 +1,47 @@
+"""SGLang, the low-latency profile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..spec import Dtype, ModelServer
+from .base import LOOPBACK, EngineFacts, engine_container
+
+FACTS = EngineFacts(
+    name="sglang",
+    image="lmsysorg/sglang:v0.5.10",  # LFM2 support starts at v0.5.10
+    command=("python3", "-m", "sglang.launch_server"),  # the image has no server ENTRYPOINT
+    port=30000,
+    health_path="/health",
+    metrics_path="/metrics",
+    shm_size="32Gi",  # what the upstream container form uses
+)
+
+
+def args(ms: ModelServer) -> list[str]:
+    spec = ms.spec
+    out = ["--model-path", spec.model, "--served-model-name", ms.name, "--host", LOOPBACK, "--port", str(FACTS.port)]
+    out += ["--tp-size", str(spec.gpu_count), "--dtype", spec.dtype.value]
+    if spec.max_model_len is not None:
+        out += ["--context-length", str(spec.max_model_len)]
+    if spec.gpu_memory_utilization is not None:
+        out += ["--mem-fraction-static", str(spec.gpu_memory_utilization)]
+    if spec.tool_call_parser:
+        out += ["--tool-call-parser", spec.tool_call_parser]
+    if spec.torch_compile:
+        out.append("--enable-torch-compile")
+    if spec.chunked_prefill_size is not None:
+        out += ["--chunked-prefill-size", str(spec.chunked_prefill_size)]
+    out.append("--enable-metrics")
+    return out
+
+
+def env(ms: ModelServer) -> list[dict[str, Any]]:
+    # Hybrid models such as LFM2 keep a convolution state, bfloat16 unless told otherwise.
+    if ms.spec.dtype == Dtype.FLOAT16:
+        return [{"name": "SGLANG_MAMBA_CONV_DTYPE", "value": "float16"}]
+    return []
+
+
+def container(ms: ModelServer, drain_seconds: int) -> dict[str, Any]:
+    return engine_container(ms, FACTS, args(ms), drain_seconds, env(ms))

@@ -1,0 +1,246 @@
+"""Pure builders: one ModelServer -> the objects the operator applies. No API calls here.
+
+The same spec always gives byte-identical manifests, so reconcile can compare instead of write.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .engines import engine_for
+from .engines.base import CACHE_VOLUME, GPU_RESOURCE, SHM_VOLUME, EngineFacts
+from .settings import Settings
+from .spec import API_VERSION, GROUP, KIND, AuthMode, ModelServer, Profile
+
+SELECTOR_LABEL = f"{GROUP}/modelserver"
+SIDECAR_NAME = "sidecar"
+SIDECAR_PORT = 8080
+SERVICE_PORT = 80
+KEYS_DIR = "/etc/modelserve/keys"
+KEYS_VOLUME = "api-keys"
+GENERATED_KEY_FIELD = "api-key"
+PROBE_PERIOD_SECONDS = 10
+# The engine's preStop sleep lasts the sidecar's drain; this covers the engine's own shutdown after it.
+ENGINE_SHUTDOWN_SECONDS = 30
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+NONROOT_UID = 65532
+
+
+def generated_secret_name(ms: ModelServer) -> str | None:
+    """The key Secret the operator creates, or None when auth is public or a Secret is named."""
+    auth = ms.spec.auth
+    if auth.mode == AuthMode.PRIVATE and not auth.secret_name:
+        return f"{ms.name}-api-keys"
+    return None
+
+
+def keys_secret_name(ms: ModelServer) -> str | None:
+    """The Secret mounted into the sidecar (None with public auth)."""
+    return ms.spec.auth.secret_name or generated_secret_name(ms)
+
+
+def cache_claim_name(ms: ModelServer) -> str | None:
+    cache = ms.spec.cache
+    if cache is None:
+        return None
+    return cache.claim_name or f"{ms.name}-hub-cache"
+
+
+def endpoint(ms: ModelServer, cluster_domain: str) -> str:
+    return f"http://{ms.name}.{ms.namespace}.svc.{cluster_domain}/v1"
+
+
+def labels(ms: ModelServer) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "modelserver",
+        "app.kubernetes.io/instance": ms.name,
+        "app.kubernetes.io/component": engine_for(ms.spec.profile).FACTS.name,
+        "app.kubernetes.io/managed-by": "modelserve-operator",
+        SELECTOR_LABEL: ms.name,
+    }
+
+
+def _metadata(ms: ModelServer, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ms.namespace,
+        "labels": labels(ms),
+        "ownerReferences": [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": ms.name,
+                "uid": ms.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def sidecar_container(ms: ModelServer, facts: EngineFacts, settings: Settings) -> dict[str, Any]:
+    spec = ms.spec
+    env = {
+        "MODELSERVE_LISTEN_HOST": "0.0.0.0",  # the pod's address: the Service reaches the pod here
+        "MODELSERVE_LISTEN_PORT": str(SIDECAR_PORT),
+        "MODELSERVE_UPSTREAM_URL": facts.upstream_url(),
+        "MODELSERVE_SERVED_MODEL": ms.name,
+        "MODELSERVE_ENGINE_HEALTH_PATH": facts.health_path,
+        "MODELSERVE_ENGINE_METRICS_PATH": facts.metrics_path,
+        "MODELSERVE_AUTH": spec.auth.mode.value,
+        "MODELSERVE_VISION": json.dumps(spec.vision),
+        "MODELSERVE_DRAIN_SECONDS": str(settings.drain_seconds),
+    }
+    if spec.auth.mode == AuthMode.PRIVATE:
+        env["MODELSERVE_KEYS_DIR"] = KEYS_DIR
+    if spec.sampling_defaults:
+        # The sidecar fills in request fields, so it takes the wire (snake_case) names.
+        sampling = spec.sampling_defaults.model_dump(mode="json", exclude_none=True)
+        env["MODELSERVE_SAMPLING_DEFAULTS"] = json.dumps(sampling, sort_keys=True, separators=(",", ":"))
+    container: dict[str, Any] = {
+        "name": SIDECAR_NAME,
+        "image": settings.sidecar_image,
+        "command": ["modelserve-sidecar"],
+        "ports": [{"name": "http", "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
+        "env": [{"name": name, "value": value} for name, value in env.items()],
+        # Cold starts pull a large image and download weights before /readyz can pass.
+        "startupProbe": _http_probe("/readyz", PROBE_PERIOD_SECONDS, settings.startup_seconds // PROBE_PERIOD_SECONDS),
+        "readinessProbe": _http_probe("/readyz", 5, 3),
+        "livenessProbe": _http_probe("/healthz", PROBE_PERIOD_SECONDS, 3),
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": NONROOT_UID,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if spec.auth.mode == AuthMode.PRIVATE:
+        container["volumeMounts"] = [{"name": KEYS_VOLUME, "mountPath": KEYS_DIR, "readOnly": True}]
+    return container
+
+
+def _volumes(ms: ModelServer, facts: EngineFacts) -> list[dict[str, Any]]:
+    shm = {"medium": "Memory", "sizeLimit": ms.spec.shm_size or facts.shm_size}
+    claim = cache_claim_name(ms)
+    cache = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+    volumes = [{"name": SHM_VOLUME, "emptyDir": shm}, {"name": CACHE_VOLUME, **cache}]
+    secret = keys_secret_name(ms)
+    if secret:
+        volumes.append({"name": KEYS_VOLUME, "secret": {"secretName": secret}})
+    return volumes
+
+
+def deployment(ms: ModelServer, settings: Settings) -> dict[str, Any]:
+    spec = ms.spec
+    engine = engine_for(spec.profile)
+    pod: dict[str, Any] = {
+        # Service links would inject e.g. VLLM_PORT into the engine's environment, which vLLM reads.
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": settings.drain_seconds + ENGINE_SHUTDOWN_SECONDS,
+        "containers": [
+            engine.container(ms, settings.drain_seconds),
+            sidecar_container(ms, engine.FACTS, settings),
+        ],
+        "volumes": _volumes(ms, engine.FACTS),
+    }
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(spec.node_selector)
+    tolerations = [GPU_TOLERATION] if spec.profile != Profile.CPU else []
+    tolerations += [toleration.to_wire() for toleration in spec.tolerations]
+    if tolerations:
+        pod["tolerations"] = tolerations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(ms, ms.name),
+        "spec": {
+            "replicas": spec.replicas.min + spec.replicas.buffer,
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": settings.startup_seconds,
+            "selector": {"matchLabels": {SELECTOR_LABEL: ms.name}},
+            # Never take a serving replica away before its replacement can answer.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {
+                    "labels": labels(ms),
+                    "annotations": {"kubectl.kubernetes.io/default-container": "engine"},
+                },
+                "spec": pod,
+            },
+        },
+    }
+
+
+def service(ms: ModelServer) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(ms, ms.name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {SELECTOR_LABEL: ms.name},
+            "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def cache_claim(ms: ModelServer) -> dict[str, Any] | None:
+    """The hub cache claim the operator owns (cache.size), or None."""
+    cache = ms.spec.cache
+    if cache is None or cache.size is None:
+        return None
+    claim_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": cache.size}},
+    }
+    if cache.storage_class_name:
+        claim_spec["storageClassName"] = cache.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(ms, f"{ms.name}-hub-cache"),
+        "spec": claim_spec,
+    }
+
+
+def key_secret(ms: ModelServer, name: str, key: str) -> dict[str, Any]:
+    """The generated key Secret; created once, never applied again (the key must not change)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(ms, name),
+        "type": "Opaque",
+        "stringData": {GENERATED_KEY_FIELD: key},
+    }
+
+
+def applied(ms: ModelServer, settings: Settings) -> list[dict[str, Any]]:
+    """Everything kept in place by server-side apply, in apply order."""
+    objects = [deployment(ms, settings), service(ms)]
+    claim = cache_claim(ms)
+    if claim:
+        objects.insert(0, claim)
+    return objects
+
+
+def everything(ms: ModelServer, settings: Settings, api_key: str) -> list[dict[str, Any]]:
+    """Every object the operator makes for one ModelServer (`api_key` goes into a generated Secret)."""
+    objects = applied(ms, settings)
+    secret_name = generated_secret_name(ms)
+    if secret_name:
+        objects.append(key_secret(ms, secret_name, api_key))
+    return objects

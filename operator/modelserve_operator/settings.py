@@ -1,0 +1,38 @@
+"""Operator settings, read once from the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+FIELD_MANAGER = "modelserve-operator"
+
+
+def _package_version() -> str:
+    try:
+        return version("modelserve")
+    except PackageNotFoundError:
+        return "0.1.0"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the operator needs besides the ModelServer itself; every value has an env var."""
+
+    sidecar_image: str  # MODELSERVE_SIDECAR_IMAGE
+    drain_seconds: int = 60  # MODELSERVE_DRAIN_SECONDS: sidecar drain deadline; the engine outlives it
+    startup_seconds: int = 3600  # MODELSERVE_STARTUP_SECONDS: cold start budget (image pull + download + load)
+    resync_seconds: float = 60.0  # MODELSERVE_RESYNC_SECONDS: level-based resync of every ModelServer
+    cluster_domain: str = "cluster.local"  # MODELSERVE_CLUSTER_DOMAIN: for status.endpoint
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
+        return cls(
+            sidecar_image=env.get("MODELSERVE_SIDECAR_IMAGE", f"ghcr.io/modelserve/modelserve:{_package_version()}"),
+            drain_seconds=int(env.get("MODELSERVE_DRAIN_SECONDS", cls.drain_seconds)),
+            startup_seconds=int(env.get("MODELSERVE_STARTUP_SECONDS", cls.startup_seconds)),
+            resync_seconds=float(env.get("MODELSERVE_RESYNC_SECONDS", cls.resync_seconds)),
+            cluster_domain=env.get("MODELSERVE_CLUSTER_DOMAIN", cls.cluster_domain),
+        )

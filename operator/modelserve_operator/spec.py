@@ -1,0 +1,510 @@
+"""The ModelServer resource as pydantic models, camelCase on the wire.
+
+The CRD schema is generated from these classes (`crd.py`). Cross-field rules are declared once,
+as `Rule`s on the class they constrain, and enforced twice: as CEL `x-kubernetes-validations` in
+the API server and by the model's own validator, so an offline render refuses what
+`kubectl apply` refuses.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "serving.modelserve.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ModelServer"
+PLURAL = "modelservers"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One cross-field rule: CEL for the API server, `holds` for Python; `field` names the culprit."""
+
+    cel: str
+    message: str
+    field: str  # relative to the object the rule sits on, e.g. "gpus" -> fieldPath ".gpus"
+    holds: Callable[[Any], bool]
+
+    def to_validation(self) -> dict[str, str]:
+        return {
+            "rule": self.cel,
+            "message": self.message,
+            "fieldPath": f".{self.field}",
+            "reason": "FieldValueInvalid",
+        }
+
+
+def _add_rules_to_schema(schema: dict[str, Any], cls: type) -> None:
+    rules: tuple[Rule, ...] = getattr(cls, "rules", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [rule.to_validation() for rule in rules]
+
+
+class WireModel(BaseModel):
+    """Base of every spec class: camelCase aliases, unknown fields refused, immutable, rules checked."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,  # and only the camelCase names: the API server knows no others
+        extra="forbid",
+        frozen=True,
+        json_schema_extra=_add_rules_to_schema,
+    )
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> WireModel:
+        broken = [rule.message for rule in self.rules if not rule.holds(self)]
+        if broken:
+            raise ValueError("; ".join(broken))
+        return self
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON form a manifest carries: aliases, unset optionals left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# Kubernetes resource.Quantity, as its own validation spells it (RE2-compatible).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+Quantity = Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)]
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ObjectName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)]
+LabelValue = Annotated[str, StringConstraints(max_length=63)]
+# A hub id `<org>/<name>` (with an optional `:<quant>` tag for GGUF repos) or an absolute path.
+MODEL_PATTERN = r"^(/\S+|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(:[A-Za-z0-9._-]+)?)$"
+# The ModelServer name names the Service, so it must be a DNS-1035 label.
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_MAX_LENGTH = 63
+# Flags the pod's wiring owns: the engine listens on 127.0.0.1 behind the sidecar, which checks
+# keys itself and probes the engine under the ModelServer's name.
+OWNED_FLAGS = ("--host", "--port", "--api-key", "--served-model-name", "--alias")
+OWNED_FLAG_PATTERN = "^(" + "|".join(OWNED_FLAGS) + ")(=.*)?$"
+
+
+class Profile(StrEnum):
+    """Deployment profile: which engine serves the model."""
+
+    HIGH_THROUGHPUT = "high-throughput"
+    LOW_LATENCY = "low-latency"
+    CPU = "cpu"
+
+
+class Dtype(StrEnum):
+    """Numeric type of the weights and activations."""
+
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
+class AuthMode(StrEnum):
+    """Whether the sidecar requires an API key."""
+
+    PRIVATE = "private"
+    PUBLIC = "public"
+
+
+class Replicas(WireModel):
+    min: int = Field(1, ge=0, le=1000, description="Replicas kept warm at all times (0 allows scale to zero).")
+    buffer: int = Field(
+        0, ge=0, le=1000, description="Idle replicas kept above current demand, for bursts and preempted GPUs."
+    )
+    max: int = Field(1, ge=1, le=1000, description="Ceiling on replicas.")
+
+    rules = (
+        Rule("self.min <= self.max", "replicas.min must not exceed replicas.max", "min", lambda r: r.min <= r.max),
+        Rule(
+            "self.min + self.buffer <= self.max",
+            "replicas.min + replicas.buffer must not exceed replicas.max",
+            "buffer",
+            lambda r: r.min + r.buffer <= r.max,
+        ),
+    )
+
+
+class SamplingDefaults(WireModel):
+    temperature: float | None = Field(None, ge=0, le=2, description="Randomness; 0 is deterministic.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling cut-off (top_p).")
+    top_k: int | None = Field(None, ge=-1, le=1000, description="Sample from the k most probable tokens; -1 disables.")
+    min_p: float | None = Field(
+        None, ge=0, le=1, description="Minimum token probability relative to the most likely one."
+    )
+    repetition_penalty: float | None = Field(
+        None, gt=0, le=2, description="Values above 1 discourage repetition (repetition_penalty)."
+    )
+    max_tokens: int | None = Field(None, ge=1, le=1_000_000, description="Tokens generated at most (max_tokens).")
+
+
+class Auth(WireModel):
+    mode: AuthMode = Field(
+        AuthMode.PRIVATE, description="private: every request needs an API key; public: no key needed."
+    )
+    secret_name: ObjectName | None = Field(
+        None,
+        description="Secret whose every data entry holds API keys (one per line). Unset with private: "
+        "the operator generates `<name>-api-keys` once and never rewrites it.",
+    )
+
+    rules = (
+        Rule(
+            "self.mode == 'private' || !has(self.secretName)",
+            "auth.secretName only applies to auth.mode private",
+            "secretName",
+            lambda a: a.mode == AuthMode.PRIVATE or a.secret_name is None,
+        ),
+    )
+
+
+class SecretKeyRef(WireModel):
+    name: ObjectName = Field(description="Secret in the ModelServer's namespace.")
+    key: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
+        "token", description="Data key in that Secret."
+    )
+
+
+class Cache(WireModel):
+    claim_name: ObjectName | None = Field(None, description="Existing PersistentVolumeClaim to use as the hub cache.")
+    size: Quantity | None = Field(
+        None, description="Size of a new PersistentVolumeClaim `<name>-hub-cache` the operator creates and owns."
+    )
+    storage_class_name: ObjectName | None = Field(None, description="Storage class of the new claim (with size).")
+
+    rules = (
+        Rule(
+            "has(self.claimName) != has(self.size)",
+            "cache needs exactly one of cache.claimName and cache.size",
+            "size",
+            lambda c: (c.claim_name is None) != (c.size is None),
+        ),
+        Rule(
+            "!has(self.storageClassName) || has(self.size)",
+            "cache.storageClassName only applies with cache.size",
+            "storageClassName",
+            lambda c: c.storage_class_name is None or c.size is not None,
+        ),
+    )
+
+
+class KeyRef(WireModel):
+    name: ObjectName = Field(description="Object in the ModelServer's namespace.")
+    key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(description="Data key.")
+    optional: bool | None = Field(None, description="Start even when the key is missing.")
+
+
+class FieldRef(WireModel):
+    field_path: Annotated[str, StringConstraints(min_length=1, max_length=256)] = Field(
+        description="Pod field, e.g. metadata.name or status.podIP."
+    )
+
+
+class EnvVarSource(WireModel):
+    secret_key_ref: KeyRef | None = Field(None, description="Value from a Secret key.")
+    config_map_key_ref: KeyRef | None = Field(None, description="Value from a ConfigMap key.")
+    field_ref: FieldRef | None = Field(None, description="Value from a pod field.")
+
+    rules = (
+        Rule(
+            "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef)].filter(x, x).size() == 1",
+            "valueFrom needs exactly one of secretKeyRef, configMapKeyRef and fieldRef",
+            "secretKeyRef",
+            lambda s: [s.secret_key_ref, s.config_map_key_ref, s.field_ref].count(None) == 2,
+        ),
+    )
+
+
+class EnvVar(WireModel):
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)] = Field(
+        description="Variable name."
+    )
+    value: Annotated[str, StringConstraints(max_length=32768)] | None = Field(None, description="Literal value.")
+    value_from: EnvVarSource | None = Field(None, description="Value taken from a Secret, ConfigMap or pod field.")
+
+    rules = (
+        Rule(
+            "!(has(self.value) && has(self.valueFrom))",
+            "env entries take value or valueFrom, not both",
+            "valueFrom",
+            lambda e: e.value is None or e.value_from is None,
+        ),
+    )
+
+
+class Toleration(WireModel):
+    key: Annotated[str, StringConstraints(max_length=316)] | None = Field(
+        None, description="Taint key; unset matches all."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (the default).")
+    value: Annotated[str, StringConstraints(max_length=63)] | None = Field(None, description="Taint value for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; unset matches all."
+    )
+    toleration_seconds: int | None = Field(None, ge=0, description="How long a NoExecute taint is tolerated.")
+
+    rules = (
+        Rule(
+            "!has(self.operator) || self.operator != 'Exists' || !has(self.value)",
+            "tolerations with operator Exists take no value",
+            "value",
+            lambda t: t.operator != "Exists" or t.value is None,
+        ),
+    )
+
+
+QuantityMap = Annotated[dict[str, Quantity], Field(max_length=16)]
+
+
+class Resources(WireModel):
+    limits: QuantityMap | None = Field(None, description="Limits of the engine container (cpu, memory, ...).")
+    requests: QuantityMap | None = Field(None, description="Requests of the engine container (cpu, memory, ...).")
+
+    rules = tuple(
+        Rule(
+            f"!has(self.{part}) || !('nvidia.com/gpu' in self.{part})",
+            f"resources.{part} must not name nvidia.com/gpu: set spec.gpus",
+            part,
+            lambda r, part=part: "nvidia.com/gpu" not in (getattr(r, part) or {}),
+        )
+        for part in ("limits", "requests")
+    )
+
+
+class ModelServerSpec(WireModel):
+    """What to serve and how; the operator turns it into a Deployment, a Service and a key Secret."""
+
+    model: Annotated[str, StringConstraints(pattern=MODEL_PATTERN, max_length=256)] = Field(
+        description="Hub id `<org>/<name>` (e.g. LiquidAI/LFM2-1.2B; profile cpu also takes "
+        "`<org>/<repo>:<quant>` of a GGUF repo) or an absolute path in the cache volume."
+    )
+    profile: Profile = Field(
+        Profile.HIGH_THROUGHPUT,
+        description="high-throughput (vLLM on GPUs), low-latency (SGLang on GPUs) or cpu (llama.cpp server).",
+    )
+    dtype: Dtype = Field(
+        Dtype.AUTO, description="Weights/activations type for the GPU engines; cpu takes the GGUF's own types."
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, le=10_000_000, description="Context length in tokens; unset: the model's own."
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Share of each GPU's memory the engine may use (vLLM --gpu-memory-utilization, "
+        "SGLang --mem-fraction-static); unset: the engine's default.",
+    )
+    tool_call_parser: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=64)] | None = (
+        Field(None, description="Tool-call parser of the model family (e.g. lfm2, hermes); enables tool_choice auto.")
+    )
+    gpus: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="GPUs per replica (nvidia.com/gpu limit and tensor-parallel size); "
+        "unset: 1 for the GPU profiles, 0 for cpu.",
+    )
+    replicas: Replicas = Field(
+        default_factory=Replicas,
+        description="Replica bounds; the Deployment runs min + buffer for now.",
+        json_schema_extra={"default": {}},  # the API server then fills in the nested defaults
+    )
+    torch_compile: bool = Field(
+        False, description="low-latency only: compile the model (longer start, lower per-token latency)."
+    )
+    chunked_prefill_size: int | None = Field(
+        None, ge=-1, le=1_000_000, description="low-latency only: prefill chunk in tokens; -1 disables chunking."
+    )
+    vision: bool = Field(False, description="The model accepts image_url parts; otherwise the sidecar refuses them.")
+    sampling_defaults: SamplingDefaults | None = Field(
+        None, description="Sampling values the sidecar fills in where a request leaves them out."
+    )
+    auth: Auth = Field(
+        default_factory=Auth,
+        description="API-key authentication enforced by the sidecar.",
+        json_schema_extra={"default": {}},
+    )
+    hf_token_secret_ref: SecretKeyRef | None = Field(
+        None, description="Secret key holding a hub token for gated models (HF_TOKEN)."
+    )
+    cache: Cache | None = Field(
+        None, description="Hub cache volume at /root/.cache/huggingface; unset: an emptyDir per pod."
+    )
+    image: Annotated[str, StringConstraints(pattern=r"^[^\s]+$", max_length=512)] | None = Field(
+        None, description="Engine image instead of the profile's pinned one."
+    )
+    engine_args: Annotated[
+        list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]], Field(max_length=64)
+    ] = Field(default_factory=list, description="Extra engine flags, appended last.")
+    env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
+        default_factory=list,
+        description="Extra engine environment; wins over the operator's variables of the same name.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    resources: Resources | None = Field(None, description="Engine container resources besides GPUs.")
+    node_selector: Annotated[dict[str, LabelValue], Field(max_length=32)] | None = Field(
+        None, description="Node labels a pod's node must carry."
+    )
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
+        default_factory=list, description="Extra tolerations (GPU profiles already tolerate nvidia.com/gpu)."
+    )
+    shm_size: Quantity | None = Field(
+        None, description="Size of the /dev/shm memory volume; unset: the engine's default."
+    )
+
+    rules = (
+        Rule(
+            "self.profile != 'cpu' || !has(self.gpus) || self.gpus == 0",
+            "gpus must be 0 or unset for profile cpu",
+            "gpus",
+            lambda s: s.profile != Profile.CPU or not s.gpus,
+        ),
+        Rule(
+            "self.profile == 'cpu' || !has(self.gpus) || self.gpus >= 1",
+            "gpus must be at least 1 for the GPU profiles high-throughput and low-latency",
+            "gpus",
+            lambda s: s.profile == Profile.CPU or s.gpus is None or s.gpus >= 1,
+        ),
+        Rule(
+            "!self.torchCompile || self.profile == 'low-latency'",
+            "torchCompile only applies to profile low-latency",
+            "torchCompile",
+            lambda s: not s.torch_compile or s.profile == Profile.LOW_LATENCY,
+        ),
+        Rule(
+            "!has(self.chunkedPrefillSize) || self.profile == 'low-latency'",
+            "chunkedPrefillSize only applies to profile low-latency",
+            "chunkedPrefillSize",
+            lambda s: s.chunked_prefill_size is None or s.profile == Profile.LOW_LATENCY,
+        ),
+        Rule(
+            "!has(self.chunkedPrefillSize) || self.chunkedPrefillSize != 0",
+            "chunkedPrefillSize must be -1 (no chunking) or a positive number of tokens",
+            "chunkedPrefillSize",
+            lambda s: s.chunked_prefill_size != 0,
+        ),
+        Rule(
+            "self.profile != 'cpu' || self.dtype == 'auto'",
+            "dtype must be auto for profile cpu: llama.cpp uses the GGUF's own types",
+            "dtype",
+            lambda s: s.profile != Profile.CPU or s.dtype == Dtype.AUTO,
+        ),
+        Rule(
+            "self.profile != 'cpu' || !has(self.gpuMemoryUtilization)",
+            "gpuMemoryUtilization only applies to the GPU profiles",
+            "gpuMemoryUtilization",
+            lambda s: s.profile != Profile.CPU or s.gpu_memory_utilization is None,
+        ),
+        Rule(
+            "self.profile != 'cpu' || !has(self.toolCallParser)",
+            "toolCallParser only applies to the GPU profiles: llama.cpp parses tool calls from the chat template",
+            "toolCallParser",
+            lambda s: s.profile != Profile.CPU or s.tool_call_parser is None,
+        ),
+        Rule(
+            "self.profile == 'cpu' || self.model.startsWith('/') || !self.model.contains(':')",
+            "model takes a :<quant> tag only with profile cpu (a GGUF repo for llama.cpp)",
+            "model",
+            lambda s: s.profile == Profile.CPU or s.model.startswith("/") or ":" not in s.model,
+        ),
+        Rule(
+            f"!has(self.engineArgs) || self.engineArgs.all(a, !a.matches('{OWNED_FLAG_PATTERN}'))",
+            "engineArgs must not set " + ", ".join(OWNED_FLAGS) + ": the operator wires them to the sidecar",
+            "engineArgs",
+            lambda s: not any(re.match(OWNED_FLAG_PATTERN, a) for a in s.engine_args),
+        ),
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _unique_env_names(cls, env: list[EnvVar]) -> list[EnvVar]:
+        # The CRD says the same with x-kubernetes-list-type: map keyed by name.
+        names = [var.name for var in env]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"env names must be unique; repeated: {', '.join(duplicates)}")
+        return env
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs per replica with the profile's default applied."""
+        if self.gpus is not None:
+            return self.gpus
+        return 0 if self.profile == Profile.CPU else 1
+
+
+# A rule on the whole object: the API server lets CEL see metadata.name there.
+NAME_RULE = Rule(
+    f"self.metadata.name.size() <= {NAME_MAX_LENGTH} && self.metadata.name.matches('{NAME_PATTERN}')",
+    f"metadata.name must be a DNS-1035 label (lower case letters, digits and '-', starting with a letter, "
+    f"at most {NAME_MAX_LENGTH} characters): it names the Service",
+    "metadata.name",
+    lambda name: len(name) <= NAME_MAX_LENGTH and re.match(NAME_PATTERN, name) is not None,
+)
+
+
+class Condition(BaseModel):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    type: str = Field(description="Ready, Progressing or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason, e.g. InsufficientGPU or ModelLoading.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="ModelServer generation the condition reflects.")
+
+
+class ModelServerStatus(BaseModel):
+    """What the operator observed, written to the status subresource."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    observed_generation: int | None = Field(None, description="Generation of the spec this status reflects.")
+    phase: Literal["Pending", "Loading", "Ready", "Updating", "Degraded", "Idle"] | None = Field(
+        None, description="Summary: Pending, Loading, Ready, Updating, Degraded or Idle (no replicas asked)."
+    )
+    replicas: int | None = Field(None, description="Pods the Deployment runs.")
+    ready_replicas: int | None = Field(None, description="Pods whose sidecar reports the model ready.")
+    endpoint: str | None = Field(None, description="In-cluster base URL of the OpenAI-compatible API.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Progressing and Degraded.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+@dataclass(frozen=True)
+class ModelServer:
+    """One ModelServer object: identity plus validated spec."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: ModelServerSpec
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any]) -> ModelServer:
+        """Validate a whole manifest the way the API server would; raises ValueError."""
+        if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
+            raise ValueError(f"not a {KIND} of {API_VERSION}")
+        metadata = manifest.get("metadata") or {}
+        name = metadata.get("name", "")
+        if not NAME_RULE.holds(name):
+            raise ValueError(NAME_RULE.message)
+        return cls(
+            name=name,
+            namespace=metadata.get("namespace") or "default",
+            uid=metadata.get("uid", ""),
+            spec=ModelServerSpec.model_validate(manifest.get("spec") or {}),
+        )

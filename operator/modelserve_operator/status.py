@@ -1,0 +1,177 @@
+"""ModelServer status as a pure function of what the cluster shows: (spec, Deployment, pods) -> status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .spec import Condition, ModelServer, ModelServerStatus
+
+IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A condition that changed, worth an Event."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+def pod_problem(pod: dict[str, Any], gpus: int) -> Problem | None:
+    """Why one pod cannot serve, if the pod says so."""
+    name = pod["metadata"]["name"]
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            message = condition.get("message", "")
+            if condition.get("reason") == "Unschedulable" and "nvidia.com/gpu" in message:
+                return Problem("InsufficientGPU", f"no node has {gpus} free nvidia.com/gpu for pod {name}: {message}")
+            if condition.get("reason") == "Unschedulable":
+                return Problem("Unschedulable", f"pod {name}: {message}")
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason", "")
+        detail = waiting.get("message") or reason
+        if reason in IMAGE_PULL_REASONS:
+            return Problem("ImagePullError", f"pod {name} container {container['name']}: {detail}")
+        if reason == "CrashLoopBackOff":
+            last = (container.get("lastState") or {}).get("terminated") or {}
+            exit_detail = f"{last.get('reason', 'exited')} with code {last.get('exitCode', '?')}"
+            return Problem(
+                "CrashLoop",
+                f"pod {name} container {container['name']} restarted {container.get('restartCount', 0)} times, "
+                f"last {exit_detail}",
+            )
+        if reason in CONFIG_REASONS:
+            return Problem("ContainerConfigError", f"pod {name} container {container['name']}: {detail}")
+    return None
+
+
+def first_problem(ms: ModelServer, deployment: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Problem | None:
+    for condition in ((deployment or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
+            return Problem("ReplicaFailure", condition.get("message", ""))
+    live = [pod for pod in pods if not pod["metadata"].get("deletionTimestamp")]
+    for pod in sorted(live, key=lambda p: p["metadata"]["name"]):
+        problem = pod_problem(pod, ms.spec.gpu_count)
+        if problem:
+            return problem
+    return None
+
+
+def _waiting(deployment: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Problem:
+    """What a replica that is not ready yet is waiting for."""
+    if deployment is None or not pods:
+        return Problem("Creating", "creating the Deployment's pods")
+    if any((pod.get("spec") or {}).get("nodeName") for pod in pods):
+        return Problem("ModelLoading", "waiting for the engine to load the model")
+    return Problem("Scheduling", "waiting for the scheduler to place the pods")
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": "True" if ok else "False",
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+    }
+
+
+def compute_status(
+    ms: ModelServer,
+    generation: int,
+    deployment: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+    previous: dict[str, Any] | None,
+    now: str,
+    endpoint: str,
+    apply_error: str | None = None,
+) -> dict[str, Any]:
+    """The status to write, in wire form. `previous` keeps lastTransitionTime of unchanged conditions."""
+    desired = ms.spec.replicas.min + ms.spec.replicas.buffer
+    dep_status = (deployment or {}).get("status") or {}
+    replicas = dep_status.get("replicas", 0)
+    ready = dep_status.get("readyReplicas", 0)
+    observed = deployment is not None and dep_status.get("observedGeneration", 0) >= deployment["metadata"].get(
+        "generation", 0
+    )
+    rolled_out = observed and dep_status.get("updatedReplicas", 0) == desired == replicas == ready
+    problem = Problem("ApplyFailed", apply_error) if apply_error else first_problem(ms, deployment, pods)
+    waiting = _waiting(deployment, pods)
+
+    if desired == 0:
+        ready_condition = _condition("Ready", False, "ScaledToZero", "replicas.min + replicas.buffer is 0", generation)
+    elif ready >= desired:
+        ready_condition = _condition("Ready", True, "Ready", f"{ready}/{desired} replicas ready", generation)
+    else:
+        cause = problem or waiting
+        ready_condition = _condition("Ready", False, cause.reason, cause.message, generation)
+    if rolled_out:
+        progressing = _condition("Progressing", False, "Complete", f"{desired} replicas up to date", generation)
+    elif ready >= desired > 0:
+        progressing = _condition("Progressing", True, "RollingUpdate", "replacing replicas", generation)
+    else:
+        progressing = _condition("Progressing", True, waiting.reason, waiting.message, generation)
+    if problem:
+        degraded = _condition("Degraded", True, problem.reason, problem.message, generation)
+    else:
+        degraded = _condition("Degraded", False, "AsExpected", "", generation)
+
+    if problem:
+        phase = "Degraded"
+    elif desired == 0:
+        phase = "Idle"
+    elif deployment is None:
+        phase = "Pending"
+    elif ready >= desired:
+        phase = "Ready" if rolled_out else "Updating"
+    else:
+        phase = "Loading"
+
+    before = {c["type"]: c for c in (previous or {}).get("conditions") or []}
+    conditions = [
+        Condition.model_validate(
+            {
+                **condition,
+                "lastTransitionTime": before[condition["type"]]["lastTransitionTime"]
+                if before.get(condition["type"], {}).get("status") == condition["status"]
+                else now,
+            }
+        )
+        for condition in (ready_condition, progressing, degraded)
+    ]
+    status = ModelServerStatus(
+        observed_generation=generation,
+        phase=phase,
+        replicas=replicas,
+        ready_replicas=ready,
+        endpoint=endpoint,
+        conditions=conditions,
+    )
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[Transition]:
+    """Conditions whose status or reason changed, as Events (Warning when something went wrong)."""
+    before = {c["type"]: c for c in (previous or {}).get("conditions") or []}
+    out = []
+    for condition in current.get("conditions", []):
+        old = before.get(condition["type"], {})
+        if (old.get("status"), old.get("reason")) == (condition["status"], condition["reason"]):
+            continue
+        warning = condition["type"] == "Degraded" and condition["status"] == "True"
+        message = f"{condition['type']} is {condition['status']}"
+        if condition["message"]:
+            message += f": {condition['message']}"
+        out.append(Transition("Warning" if warning else "Normal", condition["reason"], message))
+    return out

@@ -1,0 +1,42 @@
+"""The examples and the invalid-manifest catalog, shared by the unit and the control-plane tests."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES_DIR = REPO / "examples"
+CRD_PATH = REPO / "crds" / "modelserver.yaml"
+CATALOG_PATH = Path(__file__).with_name("invalid_manifests.yaml")
+
+
+def examples() -> dict[str, dict[str, Any]]:
+    """Example file stem -> its manifest."""
+    return {path.stem: yaml.safe_load(path.read_text()) for path in sorted(EXAMPLES_DIR.glob("*.yaml"))}
+
+
+def _merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in change.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
+
+
+def invalid_cases() -> list[tuple[str, dict[str, Any], str]]:
+    """(id, manifest, field the refusal must name) for every catalog entry."""
+    catalog = yaml.safe_load(CATALOG_PATH.read_text())
+    base = catalog["base"]
+    cases = []
+    for case in catalog["cases"]:
+        manifest = copy.deepcopy(base)
+        manifest["metadata"] = _merge(base["metadata"], case.get("metadata", {}))
+        manifest["spec"] = _merge(base["spec"], case.get("spec", {}))
+        cases.append((case["id"], manifest, case["field"]))
+    return cases

@@ -1,0 +1,81 @@
+"""Each engine module turns a spec into its exact command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from operator_testdata import examples
+
+from modelserve_operator.engines import engine_for
+from modelserve_operator.engines.base import command_line
+from modelserve_operator.manifests import SIDECAR_PORT
+from modelserve_operator.spec import ModelServer, Profile
+
+EXPECTED = {
+    "lfm2-1.2b": "vllm serve LiquidAI/LFM2-1.2B --served-model-name lfm2-1-2b --host 127.0.0.1 --port 8000 "
+    "--dtype auto --max-model-len 8192 --gpu-memory-utilization 0.9 --tensor-parallel-size 1",
+    "lfm2-vl-1.6b": "vllm serve LiquidAI/LFM2-VL-1.6B --served-model-name lfm2-vl-1-6b --host 127.0.0.1 --port 8000 "
+    "--dtype auto --max-model-len 1024 --tensor-parallel-size 1 --limit-mm-per-prompt '{\"image\":1}'",
+    "lfm2-24b-a2b-16gpu": "vllm serve LiquidAI/LFM2-24B-A2B --served-model-name lfm2-24b-a2b-16gpu --host 127.0.0.1 "
+    "--port 8000 --dtype auto --tensor-parallel-size 16",
+    "lfm2-8b-a1b": "python3 -m sglang.launch_server --model-path LiquidAI/LFM2-8B-A1B --served-model-name lfm2-8b-a1b "
+    "--host 127.0.0.1 --port 30000 --tp-size 1 --dtype float16 --tool-call-parser lfm2 --enable-torch-compile "
+    "--chunked-prefill-size -1 --enable-metrics",
+    "gemma3-270m-cpu": "/app/llama-server -hf unsloth/gemma-3-270m-it-GGUF:Q4_K_M --alias gemma3-270m-cpu "
+    "--host 127.0.0.1 --port 8081 -c 4096 --metrics --jinja",
+}
+
+
+def _ms(manifest: dict[str, Any], **spec_changes: Any) -> ModelServer:
+    manifest = {**manifest, "spec": {**manifest["spec"], **spec_changes}}
+    return ModelServer.from_manifest(manifest)
+
+
+def _container(ms: ModelServer) -> dict[str, Any]:
+    return engine_for(ms.spec.profile).container(ms, 60)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_example_command_lines(name: str) -> None:
+    assert command_line(_container(_ms(examples()[name]))) == EXPECTED[name]
+
+
+def test_every_example_has_its_expected_command_line() -> None:
+    assert set(EXPECTED) == set(examples())
+
+
+def test_vllm_tool_parser_enables_auto_tool_choice() -> None:
+    ms = _ms(examples()["lfm2-1.2b"], toolCallParser="lfm2", gpus=2)
+    args = _container(ms)["args"]
+    assert args[-5:] == ["--tensor-parallel-size", "2", "--enable-auto-tool-choice", "--tool-call-parser", "lfm2"]
+
+
+def test_engine_args_come_last_and_image_override_keeps_the_program() -> None:
+    ms = _ms(examples()["lfm2-1.2b"], engineArgs=["--max-num-seqs", "64"], image="registry.local/vllm:patched")
+    container = _container(ms)
+    assert container["args"][-2:] == ["--max-num-seqs", "64"]
+    assert container["image"] == "registry.local/vllm:patched" and container["command"] == ["vllm", "serve"]
+
+
+def test_sglang_sets_the_conv_state_dtype_only_for_float16() -> None:
+    base = examples()["lfm2-8b-a1b"]
+    env16 = {var["name"] for var in _container(_ms(base))["env"]}
+    env_bf16 = {var["name"] for var in _container(_ms(base, dtype="bfloat16"))["env"]}
+    assert "SGLANG_MAMBA_CONV_DTYPE" in env16 and "SGLANG_MAMBA_CONV_DTYPE" not in env_bf16
+
+
+def test_sglang_memory_fraction_and_context_length() -> None:
+    args = _container(_ms(examples()["lfm2-8b-a1b"], gpuMemoryUtilization=0.85, maxModelLen=32768))["args"]
+    assert "--mem-fraction-static" in args and args[args.index("--mem-fraction-static") + 1] == "0.85"
+    assert args[args.index("--context-length") + 1] == "32768"
+
+
+def test_llamacpp_takes_a_path_with_m() -> None:
+    args = _container(_ms(examples()["gemma3-270m-cpu"], model="/root/.cache/huggingface/gemma.gguf"))["args"]
+    assert args[:2] == ["-m", "/root/.cache/huggingface/gemma.gguf"]
+
+
+@pytest.mark.parametrize("profile", list(Profile))
+def test_engine_ports_never_collide_with_the_sidecar(profile: Profile) -> None:
+    assert engine_for(profile).FACTS.port != SIDECAR_PORT

@@ -1,0 +1,187 @@
+"""Golden files: each example's full manifest set, byte for byte; plus the wiring they must show.
+
+Regenerate after an intended change with `MODELSERVE_UPDATE_GOLDEN=1 pytest tests/operator/test_manifests.py`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from operator_testdata import examples
+
+from modelserve_operator import manifests
+from modelserve_operator.settings import Settings
+from modelserve_operator.spec import ModelServer
+
+GOLDEN_DIR = Path(__file__).with_name("golden")
+SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
+UID = "00000000-0000-4000-8000-000000000000"
+API_KEY = "<generated once by the operator>"
+
+
+def _ms(manifest: dict[str, Any], **spec_changes: Any) -> ModelServer:
+    manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": "default", "uid": UID}}
+    manifest["spec"] = {**manifest["spec"], **spec_changes}
+    return ModelServer.from_manifest(manifest)
+
+
+def _example(name: str, **spec_changes: Any) -> ModelServer:
+    return _ms(examples()[name], **spec_changes)
+
+
+def render(ms: ModelServer) -> str:
+    return yaml.safe_dump_all(manifests.everything(ms, SETTINGS, API_KEY), sort_keys=False, width=1000)
+
+
+def _containers(ms: ModelServer) -> dict[str, dict[str, Any]]:
+    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    return {container["name"]: container for container in pod["containers"]}
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {var["name"]: var.get("value", var.get("valueFrom")) for var in container["env"]}
+
+
+@pytest.mark.parametrize("name", sorted(examples()))
+def test_golden_manifest_set(name: str) -> None:
+    golden = GOLDEN_DIR / f"{name}.yaml"
+    text = render(_example(name))
+    assert text == render(_example(name)), "rendering is not byte-stable"
+    if os.environ.get("MODELSERVE_UPDATE_GOLDEN") == "1":
+        GOLDEN_DIR.mkdir(exist_ok=True)
+        golden.write_text(text)
+    assert golden.exists(), f"no golden file {golden.name}: run with MODELSERVE_UPDATE_GOLDEN=1"
+    assert text == golden.read_text(), f"{golden.name} differs: review, then regenerate with MODELSERVE_UPDATE_GOLDEN=1"
+
+
+def test_engine_listens_on_loopback_only_and_sidecar_owns_the_named_port() -> None:
+    for name in examples():
+        containers = _containers(_example(name))
+        engine, sidecar = containers["engine"], containers["sidecar"]
+        host = engine["args"][engine["args"].index("--host") + 1]
+        assert host == "127.0.0.1" and "ports" not in engine
+        assert sidecar["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+        port = engine["args"][engine["args"].index("--port") + 1]
+        assert _env(sidecar)["MODELSERVE_UPSTREAM_URL"] == f"http://127.0.0.1:{port}" and port != "8080"
+
+
+def test_sidecar_probes_give_a_cold_start_its_budget() -> None:
+    sidecar = _containers(_example("lfm2-1.2b"))["sidecar"]
+    startup = sidecar["startupProbe"]
+    assert startup["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] == SETTINGS.startup_seconds
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_private_auth_mounts_the_generated_key_secret_into_the_sidecar_only() -> None:
+    ms = _example("lfm2-1.2b")
+    objects = {(obj["kind"], obj["metadata"]["name"]): obj for obj in manifests.everything(ms, SETTINGS, "k")}
+    assert objects[("Secret", "lfm2-1-2b-api-keys")]["stringData"] == {"api-key": "k"}
+    containers = _containers(ms)
+    assert _env(containers["sidecar"])["MODELSERVE_KEYS_DIR"] == "/etc/modelserve/keys"
+    assert containers["sidecar"]["volumeMounts"] == [
+        {"name": "api-keys", "mountPath": "/etc/modelserve/keys", "readOnly": True}
+    ]
+    assert all(mount["name"] != "api-keys" for mount in containers["engine"]["volumeMounts"])
+
+
+def test_a_named_key_secret_is_mounted_and_none_is_generated() -> None:
+    ms = _example("lfm2-1.2b", auth={"secretName": "team-keys"})
+    assert [obj["kind"] for obj in manifests.everything(ms, SETTINGS, "k")] == ["Deployment", "Service"]
+    volumes = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "api-keys", "secret": {"secretName": "team-keys"}} in volumes
+
+
+def test_public_auth_mounts_no_keys() -> None:
+    ms = _example("gemma3-270m-cpu")
+    sidecar = _containers(ms)["sidecar"]
+    assert _env(sidecar)["MODELSERVE_AUTH"] == "public" and "MODELSERVE_KEYS_DIR" not in _env(sidecar)
+    assert "volumeMounts" not in sidecar
+
+
+def test_gpu_limits_and_toleration_follow_the_profile() -> None:
+    gpu_pod = manifests.deployment(_example("lfm2-24b-a2b-16gpu"), SETTINGS)["spec"]["template"]["spec"]
+    assert gpu_pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "16"}}
+    assert gpu_pod["tolerations"] == [manifests.GPU_TOLERATION]
+    cpu_pod = manifests.deployment(_example("gemma3-270m-cpu"), SETTINGS)["spec"]["template"]["spec"]
+    assert "tolerations" not in cpu_pod
+    assert "nvidia.com/gpu" not in cpu_pod["containers"][0]["resources"]["limits"]
+
+
+def test_replicas_are_min_plus_buffer() -> None:
+    assert manifests.deployment(_example("lfm2-1.2b"), SETTINGS)["spec"]["replicas"] == 2
+
+
+def test_shm_is_a_memory_volume_sized_by_engine_or_spec() -> None:
+    def shm(ms: ModelServer) -> dict[str, Any]:
+        volumes = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]["volumes"]
+        return next(v["emptyDir"] for v in volumes if v["name"] == "dshm")
+
+    assert shm(_example("lfm2-8b-a1b")) == {"medium": "Memory", "sizeLimit": "32Gi"}
+    assert shm(_example("lfm2-1.2b", shmSize="2Gi")) == {"medium": "Memory", "sizeLimit": "2Gi"}
+
+
+def test_cache_size_makes_an_owned_claim_mounted_as_the_hub_cache() -> None:
+    ms = _example("lfm2-1.2b", cache={"size": "50Gi", "storageClassName": "fast"})
+    claim = manifests.everything(ms, SETTINGS, "k")[0]
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == "lfm2-1-2b-hub-cache"
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "50Gi"}},
+        "storageClassName": "fast",
+    }
+    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    assert {"name": "hub-cache", "persistentVolumeClaim": {"claimName": "lfm2-1-2b-hub-cache"}} in pod["volumes"]
+    assert {"name": "hub-cache", "mountPath": "/root/.cache/huggingface"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_existing_claim_is_mounted_and_not_created() -> None:
+    ms = _example("lfm2-1.2b", cache={"claimName": "models"})
+    assert all(obj["kind"] != "PersistentVolumeClaim" for obj in manifests.everything(ms, SETTINGS, "k"))
+    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    assert {"name": "hub-cache", "persistentVolumeClaim": {"claimName": "models"}} in pod["volumes"]
+
+
+def test_hf_token_comes_from_the_named_secret_and_user_env_wins() -> None:
+    ms = _example(
+        "lfm2-1.2b",
+        hfTokenSecretRef={"name": "hf", "key": "token"},
+        env=[{"name": "HF_HOME", "value": "/models"}, {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+    )
+    engine = _containers(ms)["engine"]
+    assert engine["env"] == [
+        {"name": "HF_HOME", "value": "/models"},
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+        {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
+    ]
+
+
+def test_children_are_owned_by_the_modelserver() -> None:
+    for obj in manifests.everything(_example("lfm2-1.2b"), SETTINGS, "k"):
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "serving.modelserve.dev/v1alpha1",
+            "kind": "ModelServer",
+            "name": "lfm2-1-2b",
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def test_service_maps_port_80_to_the_sidecar() -> None:
+    service = manifests.service(_example("lfm2-1.2b"))
+    assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    assert service["spec"]["selector"] == {"serving.modelserve.dev/modelserver": "lfm2-1-2b"}
+
+
+def test_termination_grace_outlasts_the_drain() -> None:
+    pod = manifests.deployment(_example("lfm2-1.2b"), SETTINGS)["spec"]["template"]["spec"]
+    engine = pod["containers"][0]
+    assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] == SETTINGS.drain_seconds
+    assert pod["terminationGracePeriodSeconds"] > SETTINGS.drain_seconds

@@ -1,0 +1,109 @@
+"""The spec model: defaults, camelCase wire names, descriptions, and the same refusals as the CRD."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from operator_testdata import examples, invalid_cases
+from pydantic import BaseModel, ValidationError
+
+from modelserve_operator import spec as spec_module
+from modelserve_operator.spec import AuthMode, Dtype, ModelServer, ModelServerSpec, Profile
+
+
+def _manifest(spec: dict[str, Any], name: str = "m") -> dict[str, Any]:
+    return {"apiVersion": spec_module.API_VERSION, "kind": "ModelServer", "metadata": {"name": name}, "spec": spec}
+
+
+def test_defaults_describe_one_private_high_throughput_replica_on_one_gpu() -> None:
+    spec = ModelServerSpec.model_validate({"model": "LiquidAI/LFM2-1.2B"})
+    assert (spec.profile, spec.dtype, spec.gpu_count) == (Profile.HIGH_THROUGHPUT, Dtype.AUTO, 1)
+    assert (spec.replicas.min, spec.replicas.buffer, spec.replicas.max) == (1, 0, 1)
+    assert spec.auth.mode == AuthMode.PRIVATE and spec.auth.secret_name is None
+    assert not spec.torch_compile and not spec.vision
+
+
+def test_cpu_profile_defaults_to_no_gpu() -> None:
+    spec = ModelServerSpec.model_validate({"model": "unsloth/gemma-3-270m-it-GGUF:Q4_K_M", "profile": "cpu"})
+    assert spec.gpu_count == 0
+
+
+def test_wire_form_is_camel_case_and_leaves_unset_fields_out() -> None:
+    spec = ModelServerSpec.model_validate(
+        {"model": "a/b", "maxModelLen": 1024, "samplingDefaults": {"topK": 50}, "hfTokenSecretRef": {"name": "hf"}}
+    )
+    wire = spec.to_wire()
+    assert wire["maxModelLen"] == 1024 and wire["samplingDefaults"] == {"topK": 50}
+    assert wire["hfTokenSecretRef"] == {"name": "hf", "key": "token"}
+    assert "gpuMemoryUtilization" not in wire and "max_model_len" not in wire
+
+
+def test_snake_case_names_are_refused_like_the_api_server_does() -> None:
+    with pytest.raises(ValidationError, match="max_model_len"):
+        ModelServerSpec.model_validate({"model": "a/b", "max_model_len": 1024})
+
+
+def _wire_models() -> list[type[BaseModel]]:
+    return [
+        obj
+        for obj in vars(spec_module).values()
+        if isinstance(obj, type) and issubclass(obj, spec_module.WireModel) and obj is not spec_module.WireModel
+    ]
+
+
+@pytest.mark.parametrize("model", _wire_models(), ids=lambda m: m.__name__)
+def test_every_field_has_a_description(model: type[BaseModel]) -> None:
+    missing = [name for name, field in model.model_fields.items() if not field.description]
+    assert not missing, f"{model.__name__} fields without description: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(examples()))
+def test_every_example_is_valid(name: str) -> None:
+    ms = ModelServer.from_manifest(examples()[name])
+    assert ms.name == examples()[name]["metadata"]["name"]
+
+
+@pytest.mark.parametrize(("case_id", "manifest", "field"), invalid_cases(), ids=[c[0] for c in invalid_cases()])
+def test_the_model_refuses_what_the_api_server_refuses(case_id: str, manifest: dict[str, Any], field: str) -> None:
+    # The offline renderer must not accept a manifest `kubectl apply` would refuse, and says why.
+    with pytest.raises(ValueError) as refused:
+        ModelServer.from_manifest(manifest)
+    assert re.sub(r"\[\d+\]", "", field).split(".")[-1] in str(refused.value)
+
+
+def test_catalog_is_at_least_twenty_cases_with_unique_ids() -> None:
+    ids = [case[0] for case in invalid_cases()]
+    assert len(ids) >= 20 and len(ids) == len(set(ids))
+
+
+def test_rule_messages_name_their_field() -> None:
+    for model in _wire_models():
+        for rule in model.rules:
+            assert rule.field.split(".")[-1] in rule.message, rule
+
+
+def test_a_valid_low_latency_spec_with_every_tuning_flag_passes() -> None:
+    spec = ModelServerSpec.model_validate(
+        {
+            "model": "LiquidAI/LFM2-8B-A1B",
+            "profile": "low-latency",
+            "gpus": 2,
+            "torchCompile": True,
+            "chunkedPrefillSize": -1,
+            "toolCallParser": "lfm2",
+            "replicas": {"min": 0, "buffer": 1, "max": 3},
+            "cache": {"size": "100Gi", "storageClassName": "fast"},
+            "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+            "resources": {"limits": {"memory": "64Gi"}, "requests": {"cpu": "8"}},
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        }
+    )
+    assert spec.gpu_count == 2 and spec.cache and spec.cache.size == "100Gi"
+
+
+def test_names_must_be_dns_labels() -> None:
+    with pytest.raises(ValueError, match="metadata.name"):
+        ModelServer.from_manifest(_manifest({"model": "a/b"}, name="a" * 64))
+    assert ModelServer.from_manifest(_manifest({"model": "a/b"}, name="a" * 63)).name == "a" * 63

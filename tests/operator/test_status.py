@@ -1,0 +1,179 @@
+"""Status is a pure function of (spec, Deployment, pods): every phase and reason from plain dicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from modelserve_operator.spec import ModelServer
+from modelserve_operator.status import compute_status, transitions
+
+ENDPOINT = "http://m.ns.svc.cluster.local/v1"
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+SCHEDULER_MESSAGE = (
+    "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: "
+    "3 No preemption victims found for incoming pod."
+)
+
+
+def _ms(**spec: Any) -> ModelServer:
+    return ModelServer.from_manifest(
+        {
+            "apiVersion": "serving.modelserve.dev/v1alpha1",
+            "kind": "ModelServer",
+            "metadata": {"name": "m", "namespace": "ns", "uid": "u"},
+            "spec": {"model": "LiquidAI/LFM2-1.2B", **spec},
+        }
+    )
+
+
+def _deployment(
+    replicas: int = 1, ready: int = 0, updated: int | None = None, generation: int = 1, observed: int = 1
+) -> dict[str, Any]:
+    status = {
+        "observedGeneration": observed,
+        "replicas": replicas,
+        "updatedReplicas": replicas if updated is None else updated,
+    }
+    if ready:
+        status["readyReplicas"] = ready
+    return {"metadata": {"name": "m", "generation": generation}, "status": status}
+
+
+def _pod(name: str = "m-1", node: str | None = None, **status: Any) -> dict[str, Any]:
+    spec = {"nodeName": node} if node else {}
+    return {"metadata": {"name": name}, "spec": spec, "status": status}
+
+
+def _status(
+    ms: ModelServer,
+    deployment: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+    previous: dict[str, Any] | None = None,
+    now: str = T0,
+    **kw: Any,
+) -> dict[str, Any]:
+    return compute_status(ms, 3, deployment, pods, previous, now, ENDPOINT, **kw)
+
+
+def _unschedulable(message: str = SCHEDULER_MESSAGE) -> list[dict[str, str]]:
+    return [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]
+
+
+def _waiting(reason: str, message: str = "", **container: Any) -> list[dict[str, Any]]:
+    return [{"name": "engine", "state": {"waiting": {"reason": reason, "message": message}}, **container}]
+
+
+def _degraded(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "Degraded")
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def test_before_the_deployment_exists_it_is_pending() -> None:
+    status = _status(_ms(), None, [])
+    assert status["phase"] == "Pending" and status["observedGeneration"] == 3
+    assert status["endpoint"] == ENDPOINT and (status["replicas"], status["readyReplicas"]) == (0, 0)
+    assert _conditions(status) == {
+        "Ready": ("False", "Creating"),
+        "Progressing": ("True", "Creating"),
+        "Degraded": ("False", "AsExpected"),
+    }
+
+
+def test_a_scheduled_pod_that_is_not_ready_is_loading_the_model() -> None:
+    status = _status(_ms(), _deployment(), [_pod(node="gpu-0", phase="Running")])
+    assert status["phase"] == "Loading"
+    assert _conditions(status)["Ready"] == ("False", "ModelLoading")
+
+
+def test_all_replicas_ready_and_rolled_out_is_ready() -> None:
+    status = _status(_ms(), _deployment(ready=1), [_pod(node="gpu-0")])
+    assert status["phase"] == "Ready" and status["readyReplicas"] == 1
+    assert _conditions(status) == {
+        "Ready": ("True", "Ready"),
+        "Progressing": ("False", "Complete"),
+        "Degraded": ("False", "AsExpected"),
+    }
+
+
+def test_serving_while_a_new_revision_rolls_out_is_updating() -> None:
+    status = _status(_ms(), _deployment(replicas=2, ready=1, updated=1, generation=2, observed=2), [])
+    assert status["phase"] == "Updating"
+    assert _conditions(status)["Progressing"] == ("True", "RollingUpdate")
+    assert _conditions(status)["Ready"] == ("True", "Ready")
+
+
+def test_a_deployment_spec_not_yet_observed_is_not_rolled_out() -> None:
+    status = _status(_ms(), _deployment(ready=1, generation=2, observed=1), [])
+    assert status["phase"] == "Updating"
+
+
+def test_unschedulable_for_gpus_is_insufficient_gpu_with_the_schedulers_words() -> None:
+    status = _status(_ms(gpus=16), _deployment(), [_pod(phase="Pending", conditions=_unschedulable())])
+    assert status["phase"] == "Degraded"
+    degraded = _degraded(status)
+    assert (degraded["status"], degraded["reason"]) == ("True", "InsufficientGPU")
+    assert SCHEDULER_MESSAGE in degraded["message"] and "16" in degraded["message"]
+    assert _conditions(status)["Ready"] == ("False", "InsufficientGPU")
+
+
+def test_unschedulable_for_other_reasons_is_named_so() -> None:
+    pod = _pod(conditions=_unschedulable("0/3 nodes are available: 3 node(s) didn't match Pod's node affinity."))
+    assert _conditions(_status(_ms(), _deployment(), [pod]))["Degraded"] == ("True", "Unschedulable")
+
+
+def test_image_pull_and_crash_loop_come_from_container_statuses() -> None:
+    pull = _pod(node="gpu-0", containerStatuses=_waiting("ImagePullBackOff", "Back-off pulling image"))
+    last = {"terminated": {"reason": "Error", "exitCode": 1}}
+    crash = _pod(node="gpu-0", containerStatuses=_waiting("CrashLoopBackOff", restartCount=4, lastState=last))
+    assert _conditions(_status(_ms(), _deployment(), [pull]))["Degraded"] == ("True", "ImagePullError")
+    degraded = _degraded(_status(_ms(), _deployment(), [crash]))
+    assert degraded["reason"] == "CrashLoop" and "restarted 4 times, last Error with code 1" in degraded["message"]
+
+
+def test_a_missing_secret_is_a_container_config_error() -> None:
+    pod = _pod(node="gpu-0", containerStatuses=_waiting("CreateContainerConfigError", 'secret "hf" not found'))
+    degraded = _degraded(_status(_ms(), _deployment(), [pod]))
+    assert degraded["reason"] == "ContainerConfigError" and 'secret "hf" not found' in degraded["message"]
+
+
+def test_terminating_pods_are_not_blamed() -> None:
+    pod = _pod(conditions=_unschedulable())
+    pod["metadata"]["deletionTimestamp"] = T0
+    assert _conditions(_status(_ms(), _deployment(), [pod]))["Degraded"] == ("False", "AsExpected")
+
+
+def test_refused_apply_is_degraded_with_the_api_servers_message() -> None:
+    status = _status(_ms(), None, [], apply_error="Deployment.apps is invalid: spec.template...")
+    assert status["phase"] == "Degraded" and _conditions(status)["Degraded"] == ("True", "ApplyFailed")
+
+
+def test_zero_replicas_is_idle() -> None:
+    status = _status(_ms(replicas={"min": 0, "buffer": 0, "max": 2}), _deployment(replicas=0), [])
+    assert status["phase"] == "Idle" and _conditions(status)["Ready"] == ("False", "ScaledToZero")
+
+
+def test_transition_times_change_only_with_the_status() -> None:
+    ms = _ms()
+    first = _status(ms, _deployment(), [_pod(node="gpu-0")], now=T0)
+    same = _status(ms, _deployment(), [_pod(node="gpu-0")], previous=first, now=T1)
+    assert same == first  # nothing changed: the operator writes nothing
+    ready = _status(ms, _deployment(ready=1), [_pod(node="gpu-0")], previous=first, now=T1)
+    times = {c["type"]: c["lastTransitionTime"] for c in ready["conditions"]}
+    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0}
+
+
+def test_transitions_become_events_warning_only_for_degraded() -> None:
+    ms = _ms(gpus=16)
+    loading = _status(ms, _deployment(), [_pod(node="gpu-0")])
+    degraded = _status(ms, _deployment(), [_pod(conditions=_unschedulable())], previous=loading, now=T1)
+    events = transitions(loading, degraded)
+    assert [(e.type, e.reason) for e in events] == [
+        ("Normal", "InsufficientGPU"),
+        ("Normal", "Scheduling"),
+        ("Warning", "InsufficientGPU"),
+    ]
+    assert transitions(degraded, degraded) == []
+    assert len(transitions(None, loading)) == 3
