@@ -1,0 +1,97 @@
+"""The ASGI application: the proxy for every path except the sidecar's own three routes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from . import errors
+from .auth import refusal_reason
+from .config import Settings
+from .keys import KeyStore
+from .metrics import CONTENT_TYPE, SidecarMetrics
+from .proxy import Proxy
+from .readiness import Readiness
+from .upstream import PROBE_TIMEOUT, open_session
+
+OWN_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class Dispatcher:
+    """Sends proxied paths straight to the raw ASGI proxy, so FastAPI's routing (which doubled the
+    per-request cost in measurements) only ever sees the sidecar's own routes and the lifespan."""
+
+    def __init__(self, api: FastAPI, proxy: Proxy) -> None:
+        self.api = api
+        self.proxy = proxy
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in OWN_ROUTES:
+            await self.proxy(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
+
+
+def build_app(settings: Settings) -> Dispatcher:
+    metrics = SidecarMetrics()
+    keys = None if settings.auth_public else KeyStore(settings.keys_dir)
+    proxy = Proxy(settings, keys, metrics)
+    readiness = Readiness(settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        session = open_session(settings)
+        proxy.session = readiness.session = session
+        tasks = [asyncio.create_task(readiness.watch())]
+        if keys is not None:
+            tasks.append(asyncio.create_task(keys.watch()))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await session.close()
+
+    api = FastAPI(title="modelserve-sidecar", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @api.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @api.get("/readyz")
+    async def readyz() -> JSONResponse:
+        ready, reason = await readiness.status()
+        return JSONResponse({"ready": ready, "reason": reason}, status_code=200 if ready else 503)
+
+    @api.get("/metrics")
+    async def scrape(request: Request) -> Response:
+        if keys is not None and not settings.metrics_public:
+            reason = refusal_reason(request.scope["headers"], keys)
+            if reason is not None:
+                metrics.auth_failures.labels(reason).inc()
+                refused = errors.unauthorized(reason)
+                body = refused.body()
+                headers = {name.decode(): value.decode() for name, value in refused.headers(body)}
+                return Response(body, refused.status, headers=headers)
+        return Response(metrics.render(await engine_metrics()), media_type=CONTENT_TYPE)
+
+    async def engine_metrics() -> bytes | None:
+        assert proxy.session is not None
+        try:
+            async with proxy.session.get(settings.upstream_url + settings.engine_metrics_path,
+                                         headers={"Accept": "text/plain"}, timeout=PROBE_TIMEOUT) as answer:
+                if answer.status == 200:
+                    return await answer.read()
+        except (TimeoutError, aiohttp.ClientError):
+            pass
+        metrics.upstream_errors.labels("metrics").inc()
+        return None
+
+    return Dispatcher(api, proxy)

@@ -1,0 +1,36 @@
+"""Reading the API key out of an `Authorization` header (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .keys import KeyStore
+
+# `Key` is the serverless platforms' scheme, `Bearer` is what OpenAI SDKs send.
+_SCHEMES = (b"bearer", b"key")
+
+
+def authorization_header(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The raw `Authorization` value from ASGI headers (names arrive lower-cased)."""
+    for name, value in headers:
+        if name == b"authorization":
+            return value
+    return None
+
+
+def extract_key(header: bytes | None) -> tuple[bytes | None, str | None]:
+    """(key, None) for `<Bearer|Key> <key>` with any scheme case, else (None, failure reason)."""
+    if header is None or not header.strip():
+        return None, "missing"
+    parts = header.split()
+    if len(parts) != 2 or parts[0].lower() not in _SCHEMES:
+        return None, "malformed"
+    return parts[1], None
+
+
+def refusal_reason(headers: Iterable[tuple[bytes, bytes]], keys: KeyStore) -> str | None:
+    """Why the request's key is refused (missing, malformed, invalid), or None if it is good."""
+    key, reason = extract_key(authorization_header(headers))
+    if key is not None and not keys.matches(key):
+        return "invalid"
+    return reason

@@ -1,0 +1,71 @@
+"""OpenAI-shaped error responses the sidecar produces itself (the engine's own pass through)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+# OpenAI's error `type` vocabulary; `code` says precisely what went wrong.
+AUTHENTICATION_ERROR = "authentication_error"
+INVALID_REQUEST_ERROR = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+
+@dataclass(frozen=True)
+class ErrorResponse:
+    status: int
+    message: str
+    type: str
+    code: str
+    param: str | None = None
+    extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+
+    def body(self) -> bytes:
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return json.dumps({"error": error}).encode()
+
+    def headers(self, body: bytes) -> list[tuple[bytes, bytes]]:
+        return [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *self.extra_headers,
+        ]
+
+
+_CHALLENGE = ((b"www-authenticate", b'Bearer realm="modelserve", Key realm="modelserve"'),)
+
+# Why a key was refused -> (message, code). The reason is also the metrics label.
+_AUTH_FAILURES = {
+    "missing": ("Missing API key: send 'Authorization: Bearer <key>' or 'Authorization: Key <key>'.",
+                "missing_api_key"),
+    "malformed": ("Malformed Authorization header: expected 'Bearer <key>' or 'Key <key>'.", "malformed_authorization"),
+    "invalid": ("Invalid API key.", "invalid_api_key"),
+}
+
+
+def unauthorized(reason: str) -> ErrorResponse:
+    message, code = _AUTH_FAILURES[reason]
+    return ErrorResponse(401, message, AUTHENTICATION_ERROR, code, extra_headers=_CHALLENGE)
+
+
+def bad_request(message: str, code: str, param: str | None = None) -> ErrorResponse:
+    return ErrorResponse(400, message, INVALID_REQUEST_ERROR, code, param)
+
+
+def body_too_large(limit: int) -> ErrorResponse:
+    message = f"Request body is larger than the limit of {limit} bytes."
+    return ErrorResponse(413, message, INVALID_REQUEST_ERROR, "body_too_large")
+
+
+def engine_unavailable(retry_after_seconds: int) -> ErrorResponse:
+    return ErrorResponse(
+        503,
+        "The model engine is not reachable (starting, restarting or overloaded); retry later.",
+        SERVER_ERROR,
+        "engine_unavailable",
+        extra_headers=((b"retry-after", str(retry_after_seconds).encode()),),
+    )
+
+
+def upstream_timeout(seconds: float) -> ErrorResponse:
+    return ErrorResponse(504, f"The model engine sent nothing for {seconds:g} s.", SERVER_ERROR, "engine_timeout")

@@ -1,0 +1,41 @@
+"""`modelserve-sidecar`: read the settings, serve until SIGTERM, drain, exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import uvicorn
+
+from .app import build_app
+from .config import ConfigError, Settings
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings.from_env(os.environ)
+    except ConfigError as exc:
+        print(f"modelserve-sidecar: invalid configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    uvicorn.run(
+        build_app(settings),
+        host=settings.listen_host,
+        port=settings.listen_port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        # Per-request logging would cost more than the proxying; the metrics count every request.
+        access_log=False,
+        # The engine's own Server and Date headers pass through; uvicorn must not add a second pair.
+        server_header=False,
+        date_header=False,
+        # On SIGTERM uvicorn stops accepting, lets in-flight requests (streams) finish up to this
+        # deadline, then cancels them and runs the lifespan shutdown.
+        timeout_graceful_shutdown=settings.drain_seconds,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Readiness: the engine answers its health check and lists the served model; one warm-up request
+after it first does."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from time import monotonic, perf_counter
+from typing import Any
+
+import aiohttp
+
+from .config import Settings
+from .metrics import SidecarMetrics
+from .upstream import PROBE_TIMEOUT
+
+log = logging.getLogger(__name__)
+
+CACHE_SECONDS = 1.0  # probes from several kubelet checks within a second share one engine round trip
+POLL_SECONDS = 0.5  # how often the start-up watcher asks until the engine is first ready
+WARMUP_PROMPT = "Hello"
+
+
+def listed_models(payload: Any) -> list[str]:
+    """Model ids from an OpenAI `/v1/models` answer (pure)."""
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        return []
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+class Readiness:
+    def __init__(self, settings: Settings, metrics: SidecarMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
+        self.warmed_up = False
+        self._result: tuple[bool, str] = (False, "not checked yet")
+        self._checked_at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    async def status(self) -> tuple[bool, str]:
+        """(ready, why): what /readyz reports."""
+        ready, reason = await self.engine_ready()
+        if ready and not self.warmed_up:
+            return False, "warming up the engine"
+        return ready, reason
+
+    async def engine_ready(self) -> tuple[bool, str]:
+        if monotonic() - self._checked_at < CACHE_SECONDS:
+            return self._result
+        async with self._lock:  # concurrent probes wait for the one check in progress
+            if monotonic() - self._checked_at >= CACHE_SECONDS:
+                self._result = await self._check()
+                self._checked_at = monotonic()
+        return self._result
+
+    async def _check(self) -> tuple[bool, str]:
+        assert self.session is not None
+        base = self.settings.upstream_url
+        try:
+            async with self.session.get(base + self.settings.engine_health_path, timeout=PROBE_TIMEOUT) as health:
+                if health.status != 200:
+                    return False, f"engine health check answered {health.status}"
+            async with self.session.get(base + "/v1/models", timeout=PROBE_TIMEOUT) as models:
+                if models.status != 200:
+                    return False, f"engine /v1/models answered {models.status}"
+                listed = listed_models(await models.json(content_type=None))
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            return False, f"engine not reachable ({type(exc).__name__})"
+        if self.settings.served_model not in listed:
+            return False, f"engine does not list {self.settings.served_model!r} (lists {listed})"
+        return True, "ready"
+
+    async def watch(self) -> None:
+        """Wait for the engine to be ready for the first time, then warm it up once."""
+        while not (await self.engine_ready())[0]:
+            await asyncio.sleep(POLL_SECONDS)
+        await self._warm_up()
+        self.warmed_up = True
+
+    async def _warm_up(self) -> None:
+        assert self.session is not None
+        request = {"model": self.settings.served_model, "max_tokens": 1,
+                   "messages": [{"role": "user", "content": WARMUP_PROMPT}]}
+        start = perf_counter()
+        try:
+            async with self.session.post(self.settings.upstream_url + "/v1/chat/completions", json=request) as answer:
+                await answer.read()
+                outcome = "ok" if answer.status == 200 else "error"
+                detail = f"answered {answer.status}"
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            outcome, detail = "error", f"failed ({type(exc).__name__})"
+        latency = perf_counter() - start
+        # A failed warm-up (an embedding-only model has no chat) does not block readiness.
+        self.metrics.warmups.labels(outcome).inc()
+        self.metrics.warmup_duration.set(latency)
+        log.info("warm-up request %s in %.3f s", detail, latency)

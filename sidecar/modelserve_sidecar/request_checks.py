@@ -1,0 +1,60 @@
+"""Checks on a request body that save an engine round trip, and sampling defaults (pure)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import ErrorResponse, bad_request
+
+# Routes whose body is JSON; others (e.g. multipart audio uploads) pass through untouched.
+JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"})
+# Routes that sample tokens, where sampling defaults apply.
+SAMPLING_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
+IMAGE_PART_TYPES = frozenset({"image_url"})
+
+
+def check_body(
+    path: str, body: bytes, served_model: str, vision: bool, sampling_defaults: Mapping[str, Any]
+) -> bytes | ErrorResponse:
+    """The body to send to the engine (the same bytes when nothing changes), or the error to
+    answer with."""
+    if path not in JSON_ROUTES:
+        return body
+    try:
+        request = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return bad_request(f"Request body is not valid JSON: {exc}", "invalid_json")
+    if not isinstance(request, dict):
+        return bad_request("Request body must be a JSON object.", "invalid_json")
+    if not vision and _has_image_part(request):
+        # vLLM's own words, so a client sees the same error with or without the sidecar.
+        return bad_request(f"{served_model} is not a multimodal model", "not_multimodal", "messages")
+    if path in SAMPLING_ROUTES:
+        missing = missing_sampling(request, sampling_defaults)
+        if missing:
+            return json.dumps({**request, **missing}).encode()
+    return body
+
+
+def missing_sampling(request: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The defaults the request leaves out (absent or null: OpenAI clients mean "server default")."""
+    missing = {k: v for k, v in defaults.items() if request.get(k) is None}
+    # Newer OpenAI clients send max_completion_tokens, which engines prefer over max_tokens.
+    if request.get("max_completion_tokens") is not None:
+        missing.pop("max_tokens", None)
+    return missing
+
+
+def _has_image_part(request: Mapping[str, Any]) -> bool:
+    messages = request.get("messages")
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES:
+                    return True
+    return False

@@ -1,0 +1,34 @@
+"""The one aiohttp client session per process that talks to the engine."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from .config import Settings
+
+# Below the engines' own keep-alive (uvicorn's default 5 s, which vLLM keeps), so the sidecar never
+# reuses a connection the engine is closing at that moment (it would look like a dead engine).
+KEEPALIVE_SECONDS = 3.0
+# aiohttp adds these unless told not to; a transparent proxy sends only what the client sent.
+SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+# The sidecar's own short calls (health, model list, metrics) must answer fast or count as down.
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+
+
+def open_session(settings: Settings) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(
+        limit=settings.upstream_max_connections,
+        limit_per_host=0,
+        keepalive_timeout=KEEPALIVE_SECONDS,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        # A timeout is the engine staying silent this long (like nginx's proxy_read_timeout): a long
+        # generation that keeps streaming is healthy and must not be cut.
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=settings.upstream_timeout_seconds, sock_read=settings.upstream_timeout_seconds
+        ),
+        auto_decompress=False,  # bytes pass through as the engine encoded them
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=SKIP_AUTO_HEADERS,
+    )

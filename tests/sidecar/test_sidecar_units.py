@@ -1,0 +1,223 @@
+"""Unit tests of the sidecar's pure parts (no processes, no network)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from modelserve_sidecar import errors
+from modelserve_sidecar.auth import extract_key, refusal_reason
+from modelserve_sidecar.config import ConfigError, Settings
+from modelserve_sidecar.keys import KeyStore, key_files, parse_keys
+from modelserve_sidecar.metrics import SidecarMetrics, route_label
+from modelserve_sidecar.proxy import DROP_TO_ENGINE, HOP_BY_HOP, filter_headers
+from modelserve_sidecar.readiness import listed_models
+from modelserve_sidecar.request_checks import check_body, missing_sampling
+from modelserve_sidecar.usage import ResponseTail, usage_from_json, usage_from_sse
+from sidecar_harness import API_KEY, SecretDir, read_recording
+
+REQUIRED = {"MODELSERVE_UPSTREAM_URL": "http://127.0.0.1:8000/", "MODELSERVE_SERVED_MODEL": "tiny"}
+
+
+# --- config -----------------------------------------------------------------------------------------
+
+def test_settings_defaults_follow_the_contract() -> None:
+    s = Settings.from_env(REQUIRED)
+    assert s.upstream_url == "http://127.0.0.1:8000"  # trailing slash dropped: paths are appended
+    assert (s.listen_host, s.listen_port) == ("0.0.0.0", 8080)
+    assert (s.engine_health_path, s.engine_metrics_path) == ("/health", "/metrics")
+    assert s.auth_public is False and s.metrics_public is True and s.vision is False
+    assert s.keys_dir == Path("/etc/modelserve/keys")
+    assert dict(s.sampling_defaults) == {}
+    assert (s.max_body_bytes, s.upstream_timeout_seconds, s.drain_seconds) == (10485760, 600.0, 60.0)
+
+
+def test_settings_parse_every_variable() -> None:
+    s = Settings.from_env({**REQUIRED, "MODELSERVE_AUTH": "public", "MODELSERVE_METRICS_PUBLIC": "false",
+                           "MODELSERVE_VISION": "true", "MODELSERVE_LISTEN_PORT": "9000",
+                           "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": 0.1, "top_k": 50, "max_tokens": 512}',
+                           "MODELSERVE_DRAIN_SECONDS": "0", "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS": "2.5"})
+    assert s.auth_public and not s.metrics_public and s.vision and s.listen_port == 9000
+    assert dict(s.sampling_defaults) == {"temperature": 0.1, "top_k": 50, "max_tokens": 512}
+    assert isinstance(s.sampling_defaults["top_k"], int)
+    assert (s.drain_seconds, s.upstream_timeout_seconds) == (0.0, 2.5)
+    with pytest.raises(TypeError):
+        s.sampling_defaults["top_p"] = 1.0  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"MODELSERVE_SERVED_MODEL": "tiny"}, "MODELSERVE_UPSTREAM_URL is required"),
+    ({"MODELSERVE_UPSTREAM_URL": "http://x"}, "MODELSERVE_SERVED_MODEL is required"),
+    ({**REQUIRED, "MODELSERVE_UPSTREAM_URL": "127.0.0.1:8000"},
+     "MODELSERVE_UPSTREAM_URL='127.0.0.1:8000': must be an http(s) URL"),
+    ({**REQUIRED, "MODELSERVE_LISTEN_PORT": "http"}, "MODELSERVE_LISTEN_PORT='http': must be an integer"),
+    ({**REQUIRED, "MODELSERVE_LISTEN_PORT": "70000"}, "MODELSERVE_LISTEN_PORT='70000': must be a port"),
+    ({**REQUIRED, "MODELSERVE_AUTH": "none"}, "MODELSERVE_AUTH='none': must be 'private' or 'public'"),
+    ({**REQUIRED, "MODELSERVE_VISION": "maybe"}, "MODELSERVE_VISION='maybe': must be true or false"),
+    ({**REQUIRED, "MODELSERVE_ENGINE_HEALTH_PATH": "health"}, "MODELSERVE_ENGINE_HEALTH_PATH='health': must be a path"),
+    ({**REQUIRED, "MODELSERVE_MAX_BODY_BYTES": "0"}, "MODELSERVE_MAX_BODY_BYTES='0': must be a positive integer"),
+    ({**REQUIRED, "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS": "-1"},
+     "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS='-1': must be a positive"),
+    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": "{"}, "MODELSERVE_SAMPLING_DEFAULTS='{': not valid JSON"),
+    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": "[1]"}, "must be a JSON object"),
+    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"seed": 1}'}, "unknown field(s) seed"),
+    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": "hot"}'}, "temperature must be a number"),
+    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"top_k": 1.5}'}, "top_k must be an integer"),
+    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"max_tokens": 0}'}, "max_tokens must be positive"),
+])
+def test_settings_errors_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(env)
+    assert message in str(caught.value)
+
+
+# --- auth and keys ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("header", "expected"), [
+    (None, (None, "missing")),
+    (b"", (None, "missing")),
+    (b"Bearer abc", (b"abc", None)),
+    (b"bearer abc", (b"abc", None)),
+    (b"Key abc", (b"abc", None)),
+    (b"KEY   abc ", (b"abc", None)),
+    (b"Basic abc", (None, "malformed")),
+    (b"Bearer", (None, "malformed")),
+    (b"abc", (None, "malformed")),
+    (b"Bearer a b", (None, "malformed")),
+])
+def test_extract_key(header: bytes | None, expected: tuple[bytes | None, str | None]) -> None:
+    assert extract_key(header) == expected
+
+
+def test_parse_keys_ignores_blank_lines_and_whitespace() -> None:
+    assert parse_keys("  one \n\n\ttwo\t\n   \nthree") == {b"one", b"two", b"three"}
+    assert parse_keys("\n \n") == set()
+
+
+def test_key_store_reads_a_secret_mount_and_follows_updates(tmp_path: Path) -> None:
+    secret = SecretDir(tmp_path / "keys")
+    secret.write({"api-key": f"{API_KEY}\n", "other": "second-key\n\n"})
+    assert [p.name for p in key_files(secret.path)] == ["api-key", "other"]  # ..data etc. skipped
+    store = KeyStore(secret.path)
+    assert len(store) == 2 and store.matches(API_KEY.encode()) and store.matches(b"second-key")
+    assert not store.matches(b"second") and not store.matches(b"")
+    assert store.reload_if_changed() is False  # nothing changed, nothing re-read
+
+    secret.write({"api-key": "rotated\n"})
+    assert store.reload_if_changed() is True
+    assert store.matches(b"rotated") and not store.matches(API_KEY.encode()) and len(store) == 1
+
+
+def test_key_store_without_a_directory_refuses_everything(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "absent")
+    assert len(store) == 0 and not store.matches(b"anything")
+
+
+def test_refusal_reason(tmp_path: Path) -> None:
+    secret = SecretDir(tmp_path / "keys")
+    secret.write({"api-key": API_KEY})
+    store = KeyStore(secret.path)
+    assert refusal_reason([(b"authorization", f"Bearer {API_KEY}".encode())], store) is None
+    assert refusal_reason([(b"authorization", f"key {API_KEY}".encode())], store) is None
+    assert refusal_reason([(b"authorization", b"Bearer wrong")], store) == "invalid"
+    assert refusal_reason([(b"authorization", b"Token x")], store) == "malformed"
+    assert refusal_reason([(b"accept", b"*/*")], store) == "missing"
+
+
+def test_unauthorized_is_openai_shaped_with_a_challenge() -> None:
+    refused = errors.unauthorized("invalid")
+    body = json.loads(refused.body())
+    assert body == {"error": {"message": "Invalid API key.", "type": "authentication_error",
+                              "param": None, "code": "invalid_api_key"}}
+    names = [name for name, _ in refused.headers(refused.body())]
+    assert b"www-authenticate" in names and refused.status == 401
+
+
+# --- request checks --------------------------------------------------------------------------------
+
+CHAT = "/v1/chat/completions"
+
+
+def test_check_body_refuses_invalid_json_and_non_objects() -> None:
+    refused = check_body(CHAT, b'{"model":"tiny","messages":[', "tiny", False, {})
+    assert isinstance(refused, errors.ErrorResponse) and refused.status == 400
+    assert refused.code == "invalid_json" and "not valid JSON" in refused.message
+    assert isinstance(check_body(CHAT, b"[]", "tiny", False, {}), errors.ErrorResponse)
+    assert isinstance(check_body(CHAT, b"\xff\xfe", "tiny", False, {}), errors.ErrorResponse)
+
+
+def test_check_body_leaves_other_routes_and_unchanged_bodies_alone() -> None:
+    upload = b"--boundary\r\nnot json"
+    assert check_body("/v1/audio/transcriptions", upload, "tiny", False, {"temperature": 0.1}) is upload
+    body = b'{"model": "tiny", "messages": [], "temperature": 1}'
+    assert check_body(CHAT, body, "tiny", False, {"temperature": 0.1}) is body  # byte-for-byte
+
+
+def test_image_part_to_a_text_model_is_refused_in_vllms_words() -> None:
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRg=="}}]}]}).encode()
+    refused = check_body(CHAT, body, "tiny", False, {})
+    vllm = json.loads(read_recording("err_image_text_model.http").body)["error"]
+    assert isinstance(refused, errors.ErrorResponse)
+    assert (refused.status, refused.message) == (vllm["code"], vllm["message"])
+    assert check_body(CHAT, body, "tiny", True, {}) is body  # a vision model takes it
+
+
+def test_sampling_defaults_fill_only_what_is_left_out() -> None:
+    defaults = {"temperature": 0.1, "top_k": 50, "max_tokens": 512}
+    body = json.dumps({"model": "tiny", "prompt": "hi", "temperature": 0.7, "top_k": None}).encode()
+    sent = json.loads(check_body("/v1/completions", body, "tiny", False, defaults))
+    assert sent == {"model": "tiny", "prompt": "hi", "temperature": 0.7, "top_k": 50, "max_tokens": 512}
+    # max_completion_tokens is the newer name of max_tokens: the client's choice stands.
+    assert missing_sampling({"max_completion_tokens": 10}, defaults) == {"temperature": 0.1, "top_k": 50}
+    # Embeddings do not sample.
+    embed = b'{"model": "tiny", "input": "hi"}'
+    assert check_body("/v1/embeddings", embed, "tiny", False, defaults) is embed
+
+
+# --- usage, headers, models, metrics ---------------------------------------------------------------
+
+def test_usage_from_recorded_vllm_answers() -> None:
+    assert usage_from_json(read_recording("chat.http").body) == (28, 8)
+    assert usage_from_sse(read_recording("chat_stream_usage.http").body) == (14, 6)
+    assert usage_from_sse(read_recording("chat_stream.http").body) is None  # no usage asked for
+    assert usage_from_json(b"{not json") is None
+
+
+def test_response_tail_keeps_the_end_of_a_long_stream() -> None:
+    stream = read_recording("chat_stream_usage.http").body
+    tail = ResponseTail(limit=len(stream))
+    for _ in range(50):  # a long stream before the recorded one
+        tail.add(b"data: {\"choices\": []}\n\n" * 10)
+    for i in range(0, len(stream), 7):  # chunk boundaries anywhere, even inside an event
+        tail.add(stream[i:i + 7])
+    kept = tail.bytes()
+    assert kept.endswith(stream) and len(kept) < 2 * len(stream) + 300
+    assert usage_from_sse(kept) == (14, 6)
+
+
+def test_filter_headers_drops_hop_by_hop_and_connection_named_ones() -> None:
+    headers = [(b"Connection", b"keep-alive, X-Trace"), (b"x-trace", b"1"), (b"Transfer-Encoding", b"chunked"),
+               (b"Content-Type", b"application/json"), (b"Authorization", b"Bearer k"), (b"Host", b"a")]
+    assert filter_headers(headers, HOP_BY_HOP) == [(b"content-type", b"application/json"),
+                                                   (b"authorization", b"Bearer k"), (b"host", b"a")]
+    assert filter_headers(headers, DROP_TO_ENGINE) == [(b"content-type", b"application/json")]
+
+
+def test_listed_models_reads_vllms_answer() -> None:
+    assert listed_models(json.loads(read_recording("models.http").body)) == ["tiny"]
+    assert listed_models({"object": "list"}) == [] and listed_models([]) == []
+
+
+def test_metrics_render_appends_the_engine_text_and_keeps_labels_bounded() -> None:
+    assert route_label("/v1/chat/completions") == "/v1/chat/completions"
+    assert route_label("/v1/chat/completions/../../etc") == "other"
+    metrics = SidecarMetrics()
+    metrics.observe("/v1/models", "2xx", 0.01, 0.005)
+    text = metrics.render(b"vllm:num_requests_running 0.0")
+    assert b'modelserve_sidecar_requests_total{route="/v1/models",status_class="2xx"} 1.0' in text
+    assert b"modelserve_sidecar_process_cpu_seconds_total" in text
+    assert text.endswith(b"vllm:num_requests_running 0.0\n")
+    assert b"\nprocess_" not in text  # the engine's unprefixed process series cannot collide
