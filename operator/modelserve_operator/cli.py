@@ -1,0 +1,170 @@
+"""`modelserve`: the operator's builders for people without the operator at hand.
+
+  modelserve render FILE...        the objects the operator would apply (for review, diffs, GitOps)
+  modelserve key new NAME [-n NS]  a Secret manifest holding a freshly generated API key
+
+`render` validates with the same spec model the CRD is generated from, so it refuses what
+`kubectl apply` refuses and names the same field; it reads the operator's settings from the same
+MODELSERVE_* environment variables (e.g. MODELSERVE_SIDECAR_IMAGE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from pydantic import ValidationError
+
+from . import manifests, spec
+from .reconcile import new_api_key
+from .settings import Settings
+
+# render never invents a key or a uid: the operator makes the one, the API server the other.
+API_KEY_PLACEHOLDER = "<generated once by the operator>"
+UID_PLACEHOLDER = "<uid of the ModelServer>"
+
+
+class InvalidManifest(ValueError):
+    """A manifest the API server would refuse; the message names the field like the API server."""
+
+
+def _rules_by_message() -> dict[str, spec.Rule]:
+    """Every cross-field rule of the spec model, by its message (messages are unique)."""
+    found: dict[str, spec.Rule] = {}
+    pending = [spec.WireModel]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        found.update({rule.message: rule for rule in cls.rules})
+    return found
+
+
+def _path(prefix: str, loc: tuple[int | str, ...]) -> str:
+    out = prefix
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def field_errors(error: ValidationError, prefix: str = "spec") -> list[str]:
+    """`<field path>: <message>` lines, the field path spelt as in the API server's refusal.
+
+    Schema errors carry their location; a broken cross-field rule is reported at the location of
+    the object it sits on, and its `field` finishes the path (the CEL rule's fieldPath).
+    """
+    rules = _rules_by_message()
+    lines = []
+    for item in error.errors():
+        path = _path(prefix, item["loc"])
+        broken = [rule for message, rule in rules.items() if item["type"] == "value_error" and message in item["msg"]]
+        if broken:
+            lines += [f"{path}.{rule.field}: {rule.message}" for rule in broken]
+        else:
+            lines.append(f"{path}: {item['msg']}")
+    return lines
+
+
+def parse_model_server(manifest: dict[str, Any], namespace: str) -> spec.ModelServer:
+    """Validate one ModelServer manifest; raises InvalidManifest with field-named lines."""
+    metadata = {"namespace": namespace, "uid": UID_PLACEHOLDER, **(manifest.get("metadata") or {})}
+    try:
+        return spec.ModelServer.from_manifest({**manifest, "metadata": metadata})
+    except ValidationError as error:
+        raise InvalidManifest("\n".join(field_errors(error))) from None
+    except ValueError as error:
+        message = str(error)
+        if message == spec.NAME_RULE.message:
+            message = f"{spec.NAME_RULE.field}: {message}"
+        raise InvalidManifest(message) from None
+
+
+def _documents(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    for index, document in enumerate(yaml.safe_load_all(text), start=1):
+        if document is None:
+            continue
+        where = f"{path} (document {index})"
+        if not isinstance(document, dict):
+            raise InvalidManifest(f"{where}: not a Kubernetes object")
+        yield where, document
+
+
+def render(paths: list[str], namespace: str, settings: Settings) -> list[dict[str, Any]]:
+    """The objects the operator applies for every ModelServer in the files, in file order."""
+    objects: list[dict[str, Any]] = []
+    for path in paths:
+        for where, document in _documents(path):
+            name = (document.get("metadata") or {}).get("name", "")
+            try:
+                ms = parse_model_server(document, namespace)
+            except InvalidManifest as error:
+                raise InvalidManifest(f'{where}: {spec.KIND} "{name}" is invalid:\n{error}') from None
+            objects += manifests.everything(ms, settings, API_KEY_PLACEHOLDER)
+    return objects
+
+
+def key_secret(name: str, namespace: str, key: str) -> dict[str, Any]:
+    """A Secret for `spec.auth.secretName`: the sidecar accepts the key in every file of it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
+        "type": "Opaque",
+        "stringData": {manifests.GENERATED_KEY_FIELD: key},
+    }
+
+
+def dump(objects: list[dict[str, Any]], out: TextIO) -> None:
+    # The layout of the golden files, so render output and reviews diff cleanly.
+    yaml.safe_dump_all(objects, out, sort_keys=False, width=1000)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="modelserve", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    render_cmd = commands.add_parser(
+        "render",
+        help="print the objects the operator would apply for ModelServer manifests",
+        description="Print, as YAML, the objects the operator would apply for the ModelServers in FILEs "
+        "(the generated key and the owner uid are placeholders). Settings come from the operator's "
+        "MODELSERVE_* environment variables.",
+    )
+    render_cmd.add_argument("files", nargs="+", metavar="FILE", help="ModelServer manifests ('-' reads stdin)")
+    render_cmd.add_argument(
+        "-n", "--namespace", default="default", help="namespace of manifests that name none (default: default)"
+    )
+    key_cmd = commands.add_parser("key", help="API keys").add_subparsers(dest="key_command", required=True)
+    new_cmd = key_cmd.add_parser(
+        "new",
+        help="print a Secret manifest holding a freshly generated API key",
+        description="Print a Secret holding a new API key; name it in a ModelServer's spec.auth.secretName.",
+    )
+    new_cmd.add_argument("name", metavar="NAME", help="name of the Secret")
+    new_cmd.add_argument("-n", "--namespace", default="default", help="namespace of the Secret (default: default)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "render":
+        try:
+            objects = render(args.files, args.namespace, Settings.from_env())
+        except (InvalidManifest, OSError, yaml.YAMLError) as error:
+            print(f"modelserve render: {error}", file=sys.stderr)
+            return 1
+        dump(objects, sys.stdout)
+        return 0
+    if not re.match(spec.DNS_SUBDOMAIN_PATTERN, args.name) or len(args.name) > 253:
+        print(f"modelserve key new: {args.name!r} is not a valid Secret name (a DNS subdomain)", file=sys.stderr)
+        return 1
+    dump([key_secret(args.name, args.namespace, new_api_key())], sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
