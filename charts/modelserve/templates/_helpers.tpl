@@ -1,0 +1,96 @@
+{{/* The release's full name: the release name, or "<release>-modelserve" when it lacks the chart name. */}}
+{{- define "modelserve.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "modelserve.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "modelserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "modelserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "modelserve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "modelserve.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator image: repository, then @digest or :tag (default: appVersion). */}}
+{{- define "modelserve.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The sidecar image; each part falls back to the operator's. */}}
+{{- define "modelserve.sidecarImage" -}}
+{{- $repository := default .Values.image.repository .Values.sidecar.image.repository -}}
+{{- $tag := default (default .Chart.AppVersion .Values.image.tag) .Values.sidecar.image.tag -}}
+{{- printf "%s:%s" $repository $tag -}}
+{{- end -}}
+
+{{/* The operator's command line (always kopf standalone): liveness, scope (none: all namespaces), verbosity. */}}
+{{- define "modelserve.operatorArgs" -}}
+- --liveness=http://0.0.0.0:{{ .Values.operator.healthPort }}/healthz
+{{- range .Values.operator.watchNamespaces }}
+- --namespace={{ . }}
+{{- end }}
+{{- if eq .Values.operator.logLevel "debug" }}
+- --verbose
+{{- end }}
+{{- end -}}
+
+{{/*
+What the operator does in a namespace it serves, verb by verb (no delete anywhere: the garbage
+collector removes children through their owner references).
+*/}}
+{{- define "modelserve.namespacedRules" -}}
+# Watch ModelServers (kopf) and read one before each reconcile; never patch the spec.
+- apiGroups: ["serving.modelserve.dev"]
+  resources: ["modelservers"]
+  verbs: ["get", "list", "watch"]
+# Write phase, conditions and endpoint.
+- apiGroups: ["serving.modelserve.dev"]
+  resources: ["modelservers/status"]
+  verbs: ["patch"]
+# Children carry blockOwnerDeletion owner references; with the OwnerReferencesPermissionEnforcement
+# admission plugin (e.g. OpenShift) setting one needs update on the owner's finalizers.
+- apiGroups: ["serving.modelserve.dev"]
+  resources: ["modelservers/finalizers"]
+  verbs: ["update"]
+# Server-side apply (patch; create when absent) of the children; watch them to repair drift at once.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services", "persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# The generated API-key Secret: created once if a read says it is absent; never listed or watched.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+# Pods only for status (Ready counts, InsufficientGPU, image pull and crash reasons).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+# An Event on each status transition (and kopf's own warnings).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}

@@ -1,0 +1,34 @@
+"""The chart under test, and reading what `helm template` renders."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "modelserve"
+# The chart's minimum (Chart.yaml kubeVersion); a helm built from its Go module (as hack/ does)
+# would otherwise assume Kubernetes 1.20 when no cluster is asked.
+KUBE_VERSION = "1.29.0"
+
+Helm = Callable[..., subprocess.CompletedProcess]  # the `helm` fixture
+
+
+def template_args(release: str, namespace: str, *sets: str, kube_version: str = KUBE_VERSION) -> list[str]:
+    """`helm template` arguments for the chart with `--set` pairs."""
+    args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", kube_version]
+    for pair in sets:
+        args += ["--set", pair]
+    return args
+
+
+def objects(rendered: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+def by_kind(rendered: str, kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in objects(rendered) if doc["kind"] == kind]

@@ -1,0 +1,226 @@
+"""The Helm chart without a cluster: lint, schema, documentation, and the wiring to the operator's code."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart import CHART, REPO, Helm, by_kind, template_args
+
+from modelserve_operator import main as operator_main
+from modelserve_operator import manifests
+from modelserve_operator.settings import Settings
+from modelserve_operator.spec import ModelServer
+from modelserve_sidecar.metrics import SidecarMetrics
+from prometheus_client.metrics_core import Metric
+
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
+EVERYTHING_ON = ("serviceMonitor.enabled=true", "dashboard.enabled=true", "operator.logLevel=debug")
+# Kubernetes objects passed through to the pod spec: the API server checks their insides.
+PASS_THROUGH = {"global", "operator.extraEnv[].valueFrom", "affinity.nodeAffinity", "affinity.podAffinity",
+                "affinity.podAntiAffinity"}  # fmt: skip
+
+
+def test_lint(helm: Helm) -> None:
+    for sets in ((), EVERYTHING_ON + ("operator.watchNamespaces={team-a,team-b}",)):
+        args = ["lint", "--strict", str(CHART)]
+        for pair in sets:
+            args += ["--set", pair]
+        result = helm(*args)
+        assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"replicaCount": 2}, "additional properties 'replicaCount' not allowed"),
+        ({"image": {"tagg": "1.0"}}, "at '/image': additional properties 'tagg' not allowed"),
+        ({"operator": {"healthPort": "8080"}}, "at '/operator/healthPort': got string, want integer"),
+        ({"operator": {"logLevel": "verbose"}}, "at '/operator/logLevel'"),
+        ({"operator": {"watchNamespaces": ["Team_A"]}}, "at '/operator/watchNamespaces/0'"),
+        ({"serviceMonitor": {"enabled": "yes"}}, "at '/serviceMonitor/enabled': got string, want boolean"),
+        ({"resources": {"limit": {"memory": "1Gi"}}}, "at '/resources': additional properties 'limit' not allowed"),
+    ],
+    ids=["unknown-key", "unknown-nested-key", "wrong-type", "not-in-enum", "bad-namespace", "bool-as-string",
+         "typo-in-resources"],
+)  # fmt: skip
+def test_schema_refuses_bad_values(helm: Helm, tmp_path: Path, values: dict[str, Any], complaint: str) -> None:
+    bad = tmp_path / "values.yaml"
+    bad.write_text(yaml.safe_dump(values))
+    result = helm(*template_args("bad", "default"), "--values", str(bad), check=False)
+    assert result.returncode != 0
+    assert complaint in result.stderr
+
+
+def _schema_objects(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found = [(path, node)] if node.get("type") == "object" else []
+    for key, child in node.get("properties", {}).items():
+        found += _schema_objects(child, f"{path}.{key}" if path else key)
+    if isinstance(node.get("items"), dict):
+        found += _schema_objects(node["items"], f"{path}[]")
+    return found
+
+
+def test_schema_is_closed_everywhere() -> None:
+    for path, node in _schema_objects(SCHEMA):
+        if path in PASS_THROUGH:
+            continue
+        closed = node.get("additionalProperties")
+        # Either a record of known keys (closed), or a map whose values are typed (labels, quantities).
+        assert closed is False or (isinstance(closed, dict) and "type" in closed), f"{path or '<root>'} is open"
+
+
+def _value_paths(node: Any, path: str = "") -> list[str]:
+    paths = [path] if path else []
+    if isinstance(node, dict):
+        for key, child in node.items():
+            paths += _value_paths(child, f"{path}.{key}" if path else key)
+    return paths
+
+
+def _schema_node(path: str) -> dict[str, Any] | None:
+    node: dict[str, Any] | None = SCHEMA
+    for key in path.split("."):
+        properties = (node or {}).get("properties")
+        if properties is None:  # inside a map (labels, requests): its keys are the user's
+            return {"description": "map entry"}
+        node = properties.get(key)
+    return node
+
+
+def test_every_value_is_in_the_schema_with_a_description_and_a_comment() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    for path in _value_paths(VALUES):
+        node = _schema_node(path)
+        assert node is not None, f"{path} is in values.yaml but not in values.schema.json"
+        assert node.get("description"), f"{path} has no description in values.schema.json"
+        if node["description"] == "map entry":
+            continue
+        # The key's line in values.yaml is preceded by its comment.
+        key, depth = path.split(".")[-1], path.count(".")
+        index = next(i for i, line in enumerate(lines) if line == f"{'  ' * depth}{key}:" or
+                     line.startswith(f"{'  ' * depth}{key}: "))  # fmt: skip
+        above = lines[index - 1].strip()
+        assert above.startswith("#"), f"{path} has no comment in values.yaml"
+
+
+def test_every_schema_key_has_a_default_in_values() -> None:
+    paths = set(_value_paths(VALUES))
+    for path, node in _schema_objects(SCHEMA):
+        for key in node.get("properties", {}):
+            full = f"{path}.{key}" if path else key
+            if full in PASS_THROUGH or "[]" in full:
+                continue
+            assert full in paths, f"{full} is in the schema but has no default in values.yaml"
+
+
+def test_chart_crd_is_the_generated_one() -> None:
+    copy = CHART / "crds" / "modelserver.yaml"
+    assert copy.read_bytes() == (REPO / "crds" / "modelserver.yaml").read_bytes(), (
+        "charts/modelserve/crds/modelserver.yaml differs from crds/modelserver.yaml: cp crds/modelserver.yaml "
+        "charts/modelserve/crds/"
+    )
+    assert [path.name for path in (CHART / "crds").iterdir()] == ["modelserver.yaml"]
+
+
+def _operator_container(rendered: str) -> dict[str, Any]:
+    (deployment,) = by_kind(rendered, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_operator_deployment_is_hardened(helm: Helm) -> None:
+    rendered = helm(*template_args("ms", "modelserve-system")).stdout
+    (deployment,) = by_kind(rendered, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = _operator_container(rendered)
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["resources"]["limits"]["memory"]
+    # kopf's liveness endpoint is what the probe asks.
+    (liveness,) = [arg for arg in container["args"] if arg.startswith("--liveness=")]
+    port = int(re.fullmatch(r"--liveness=http://0\.0\.0\.0:(\d+)/healthz", liveness).group(1))
+    assert container["ports"] == [{"name": "health", "containerPort": port, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
+    rendered = helm(
+        *template_args(
+            "ms", "modelserve-system",
+            "image.tag=1.2.3", "sidecar.drainSeconds=45", "operator.startupSeconds=900",
+            "operator.resyncSeconds=30", "operator.clusterDomain=example.internal",
+        )
+    ).stdout  # fmt: skip
+    env = {var["name"]: var["value"] for var in _operator_container(rendered)["env"]}
+    settings = Settings.from_env(env)
+    assert settings == Settings(
+        sidecar_image="ghcr.io/modelserve/modelserve:1.2.3",
+        drain_seconds=45,
+        startup_seconds=900,
+        resync_seconds=30.0,
+        cluster_domain="example.internal",
+    )
+    assert all(name.startswith("MODELSERVE_") for name in env)
+
+
+def test_operator_accepts_the_chart_arguments(helm: Helm, monkeypatch: pytest.MonkeyPatch) -> None:
+    rendered = helm(*template_args("ms", "x", "operator.watchNamespaces={a,b}", "operator.logLevel=debug")).stdout
+    args = _operator_container(rendered)["args"]
+    assert args == ["--liveness=http://0.0.0.0:8080/healthz", "--namespace=a", "--namespace=b", "--verbose"]
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(operator_main, "run", lambda *a: seen.update(call=a))  # parse only, run nothing
+    operator_main.main(args)
+    assert seen["call"] == (("a", "b"), "http://0.0.0.0:8080/healthz", True)
+
+
+def test_service_monitor_selects_the_operators_services(helm: Helm) -> None:
+    rendered = helm(*template_args("ms", "monitoring", *EVERYTHING_ON)).stdout
+    (monitor,) = by_kind(rendered, "ServiceMonitor")
+    example = yaml.safe_load((REPO / "examples" / "lfm2-1.2b.yaml").read_text())
+    example["metadata"]["namespace"] = "default"
+    service = manifests.service(ModelServer.from_manifest(example))
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in [port["name"] for port in service["spec"]["ports"]]
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    # Prometheus's service-discovery label for the ModelServer's name label.
+    source = "__meta_kubernetes_service_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", manifests.SELECTOR_LABEL)
+    assert endpoint["relabelings"] == [{"sourceLabels": [source], "targetLabel": "modelserver"}]
+
+
+def _sample_names(family: Metric) -> list[str]:
+    """The names a scrape shows for a metric family, whether or not it has samples yet."""
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+    return [family.name + suffix for suffix in suffixes]
+
+
+def test_dashboard_charts_series_the_sidecar_exports(helm: Helm) -> None:
+    rendered = helm(*template_args("ms", "monitoring", *EVERYTHING_ON)).stdout
+    (config_map,) = by_kind(rendered, "ConfigMap")
+    dashboard = json.loads(config_map["data"]["modelserve.json"])
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    exported = {name for family in SidecarMetrics().registry.collect() for name in _sample_names(family)}
+    used = {name for expr in exprs for name in re.findall(r"modelserve_sidecar_\w+", expr)}
+    assert used and used <= exported, used - exported
+    titles = {panel["title"] for panel in dashboard["panels"]}
+    assert {"Requests", "In-flight requests", "Latency (completions)", "Time to first byte (completions)",
+            "Tokens per second", "KV-cache use"} <= titles  # fmt: skip
+    kv_cache = next(panel for panel in dashboard["panels"] if panel["title"] == "KV-cache use")
+    kv_metrics = {re.search(r"\((\S+?)\{", target["expr"]).group(1) for target in kv_cache["targets"]}
+    assert kv_metrics == {"vllm:kv_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio"}
