@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from sidecar_harness import (
     API_KEY,
+    Engine,
     ReplayEngine,
     SecretDir,
     Sidecar,
@@ -17,7 +18,6 @@ from sidecar_harness import (
     launch_sidecar,
     start_replay,
     stop_process,
-    wait_engine,
     wait_ready,
 )
 
@@ -78,14 +78,12 @@ def gguf_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine(gguf_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One llama.cpp server for the whole session; its base URL."""
-    log_dir = tmp_path_factory.mktemp("engine")
+def engine(gguf_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """One llama.cpp server for the whole session."""
     (port,) = free_ports(1)
-    process = launch_engine(gguf_model, port, log_dir)
-    url = f"http://127.0.0.1:{port}"
+    running = launch_engine(gguf_model, port, tmp_path_factory.mktemp("engine"))
     try:
-        wait_engine(url, process, log_dir / f"engine-{port}.log")
-        yield url
+        running.wait_serving()
+        yield running
     finally:
-        stop_process(process)
+        stop_process(running.process)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -66,7 +67,7 @@ class SecretDir:
 
 @dataclass
 class Sidecar:
-    process: object
+    process: subprocess.Popen
     url: str
     log: Path
 
@@ -254,20 +255,33 @@ def start_replay() -> ReplayEngine:
 
 # --- the real engine: llama.cpp's server (llama-cpp-python) with a real GGUF model -----------------
 
-def launch_engine(model: Path, port: int, log_dir: Path) -> object:
+@dataclass
+class Engine:
+    """A llama.cpp server process (llama-cpp-python) serving the GGUF model as ENGINE_MODEL."""
+
+    url: str
+    log: Path
+    process: subprocess.Popen
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_serving(self, timeout: float = 180) -> None:
+        def up() -> bool:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"engine exited with {self.process.returncode}:\n{tail(self.log)}")
+            try:
+                return httpx.get(self.url + "/v1/models", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, timeout, "the llama.cpp engine to serve", interval=0.5,
+                   on_timeout=lambda: "\n" + tail(self.log))
+
+
+def launch_engine(model: Path, port: int, log_dir: Path) -> Engine:
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", ENGINE_MODEL,
             "--chat_format", "gemma", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]
-    return start_process(f"engine-{port}", argv, log_dir)
-
-
-def wait_engine(url: str, process: object, log: Path, timeout: float = 180) -> None:
-    def up() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"engine exited with {process.returncode}:\n{tail(log)}")
-        try:
-            return httpx.get(url + "/v1/models", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until(up, timeout, "the llama.cpp engine to serve", interval=0.5, on_timeout=lambda: "\n" + tail(log))
-
+    # Unbuffered: the engine prints what it does (e.g. a client going away) and the tests read it.
+    process = start_process(f"engine-{port}", argv, log_dir, {**os.environ, "PYTHONUNBUFFERED": "1"})
+    return Engine(f"http://127.0.0.1:{port}", log_dir / f"engine-{port}.log", process)
