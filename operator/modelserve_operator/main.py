@@ -1,0 +1,39 @@
+"""`modelserve-operator`: run the operator (kopf, standalone: one replica, no peering)."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+
+import kopf
+
+from . import handlers  # noqa: F401  (registers the handlers)
+
+
+def run(
+    namespaces: tuple[str, ...] = (),
+    liveness_endpoint: str | None = None,
+    verbose: bool = False,
+    stop_flag: threading.Event | None = None,
+) -> None:
+    """Run until SIGINT/SIGTERM or until `stop_flag` is set (to run it in a thread)."""
+    kopf.configure(verbose=verbose)
+    kopf.run(
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        liveness_endpoint=liveness_endpoint,
+        memo=kopf.Memo(namespaces=namespaces),
+        stop_flag=stop_flag,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="modelserve-operator", description=__doc__)
+    parser.add_argument(
+        "-n", "--namespace", action="append", default=[], help="watch this namespace only (repeatable; default: all)"
+    )
+    parser.add_argument("--liveness", metavar="URL", help="serve a liveness probe, e.g. http://0.0.0.0:8081/healthz")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    run(tuple(args.namespace), args.liveness, args.verbose)

@@ -1,0 +1,154 @@
+"""Level-based reconcile of one ModelServer: read everything, apply what differs, report status.
+
+Any trigger (the ModelServer, one of its children, the periodic resync) runs the same function,
+serialized per object, so a deleted or edited child is put back whatever the order of events.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+import threading
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from . import manifests
+from .apply import Kube, error_message
+from .settings import FIELD_MANAGER, Settings
+from .spec import API_VERSION, KIND, ModelServer
+from .status import Transition, compute_status, transitions
+
+log = logging.getLogger(__name__)
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_api_key() -> str:
+    return "msk-" + secrets.token_urlsafe(32)
+
+
+def event(body: dict[str, Any], transition: Transition, now: str) -> dict[str, Any]:
+    """A core/v1 Event about the ModelServer (what `kubectl describe ms` lists)."""
+    meta = body["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "resourceVersion": meta["resourceVersion"],
+        },
+        "type": transition.type,
+        "reason": transition.reason,
+        "message": transition.message[:1024],
+        "source": {"component": FIELD_MANAGER},
+        "reportingComponent": FIELD_MANAGER,
+        "reportingInstance": socket.gethostname(),
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, settings: Settings):
+        self.kube = kube
+        self.settings = settings
+        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        with self._locks_guard:
+            lock = self._locks[(namespace, name)]
+        with lock:
+            try:
+                self._reconcile(namespace, name)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                # Deleted while we looked at it: its children go with it.
+                log.debug("%s/%s: gone mid-reconcile: %s", namespace, name, error_message(error))
+
+    def _reconcile(self, namespace: str, name: str) -> None:
+        body = self.kube.get(API_VERSION, KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return  # the garbage collector removes the children through their owner references
+        ms = ModelServer.from_manifest(body)
+        apply_error = self._apply_children(ms)
+        deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
+        pods = self.kube.list("v1", "Pod", namespace, f"{manifests.SELECTOR_LABEL}={name}")
+        previous = body.get("status") or {}
+        now = utc_now()
+        status = compute_status(
+            ms,
+            body["metadata"]["generation"],
+            deployment,
+            pods,
+            previous,
+            now,
+            manifests.endpoint(ms, self.settings.cluster_domain),
+            apply_error,
+        )
+        if status == previous:
+            return
+        self.kube.patch_status(API_VERSION, KIND, namespace, name, status)
+        for transition in transitions(previous, status):
+            log.info("%s/%s: %s %s", namespace, name, transition.reason, transition.message)
+            self.kube.create(event(body, transition, now))
+
+    def _apply_children(self, ms: ModelServer) -> str | None:
+        """Apply every child; the API server's refusal, if any, becomes the Degraded message."""
+        try:
+            for manifest in manifests.applied(ms, self.settings):
+                outcome = self.kube.apply(manifest)
+                if outcome != "unchanged":
+                    log.info("%s/%s: %s %s", ms.namespace, ms.name, manifest["kind"], outcome)
+            secret_name = manifests.generated_secret_name(ms)
+            # Created once and never applied again: rewriting it would change the key under clients.
+            if secret_name and self.kube.get("v1", "Secret", ms.namespace, secret_name) is None:
+                self.kube.create(manifests.key_secret(ms, secret_name, new_api_key()))
+                log.info("%s/%s: Secret %s created", ms.namespace, ms.name, secret_name)
+        except ApiException as error:
+            log.warning("%s/%s: apply refused: %s", ms.namespace, ms.name, error_message(error))
+            return error_message(error)
+        return None
+
+
+class Resync:
+    """Reconciles every ModelServer on a period: repairs drift no watch reports (e.g. the key Secret)."""
+
+    def __init__(self, reconciler: Reconciler, interval: float, namespaces: tuple[str, ...] = ()):
+        self.reconciler = reconciler
+        self.interval = interval
+        self.namespaces = namespaces or (None,)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="modelserve-resync", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval + 30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                for namespace in self.namespaces:
+                    for item in self.reconciler.kube.list(API_VERSION, KIND, namespace):
+                        if self._stop.is_set():
+                            return
+                        meta = item["metadata"]
+                        self.reconciler.reconcile(meta["namespace"], meta["name"])
+            except Exception:  # keep resyncing: the next round may succeed where this one failed
+                log.exception("resync round failed")
