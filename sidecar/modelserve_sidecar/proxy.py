@@ -33,6 +33,8 @@ RETRY_AFTER_SECONDS = 5
 # Non-streaming bodies larger than this are passed on without counting their tokens.
 MAX_COUNTED_JSON_BYTES = 4 * 1024 * 1024
 CLIENT_CLOSED = "client_closed"
+# Bounded, so clients sending endless distinct paths cannot grow the cache.
+MAX_CACHED_TARGETS = 256
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -79,6 +81,7 @@ class Proxy:
         self.metrics = metrics
         self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
         self._base = settings.upstream_url
+        self._targets: dict[tuple[bytes, bytes], URL] = {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         start = perf_counter()
@@ -127,10 +130,7 @@ class Proxy:
 
     async def _forward(self, scope: dict[str, Any], receive: Any, send: Any, body: bytes,
                        exchange: _Exchange, count_usage: bool) -> None:
-        assert self.session is not None, "the upstream session opens in the app's lifespan"
-        target = self._base + scope["raw_path"].decode("latin-1")
-        if scope["query_string"]:
-            target += "?" + scope["query_string"].decode("latin-1")
+        target = self._target(scope["raw_path"], scope["query_string"])
         to_engine = [(n.decode("latin-1"), v.decode("latin-1"))
                      for n, v in filter_headers(scope["headers"], DROP_TO_ENGINE)]
 
@@ -141,8 +141,8 @@ class Proxy:
         watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task, exchange))
         started = False
         try:
-            async with self.session.request(scope["method"], URL(target, encoded=True), headers=to_engine,
-                                            data=body or None, allow_redirects=False) as upstream:
+            upstream = await self._open(scope["method"], target, to_engine, body)
+            async with upstream:
                 exchange.status = upstream.status
                 if upstream.status >= 500:
                     self.metrics.upstream_errors.labels("status_5xx").inc()
@@ -169,6 +169,30 @@ class Proxy:
             await self._upstream_failed(send, exc, started, exchange)
         finally:
             watcher.cancel()
+
+    async def _open(self, method: str, target: URL, headers: list[tuple[str, str]],
+                    body: bytes) -> aiohttp.ClientResponse:
+        """Send the request; the engine's response headers have arrived when this returns."""
+        assert self.session is not None, "the upstream session opens in the app's lifespan"
+        try:
+            return await self.session.request(method, target, headers=headers, data=body or None,
+                                              allow_redirects=False)
+        except aiohttp.ServerDisconnectedError:
+            # The pooled keep-alive connection was one the engine had just closed (servers close idle
+            # or errored connections at will), so the request never reached it: once more, on a new one.
+            return await self.session.request(method, target, headers=headers, data=body or None,
+                                              allow_redirects=False)
+
+    def _target(self, raw_path: bytes, query: bytes) -> URL:
+        """The engine URL for a request path; parsed URLs of the common paths are reused."""
+        key = (raw_path, query)
+        url = self._targets.get(key)
+        if url is None:
+            text = self._base + raw_path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+            url = URL(text, encoded=True)  # as the client encoded it, not re-quoted
+            if len(self._targets) < MAX_CACHED_TARGETS:
+                self._targets[key] = url
+        return url
 
     @staticmethod
     def _usage_tail(upstream: aiohttp.ClientResponse) -> ResponseTail | None:

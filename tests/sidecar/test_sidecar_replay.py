@@ -235,6 +235,14 @@ def test_engine_down_is_503_with_retry_after(start_sidecar: StartSidecar) -> Non
     assert metric_value(sidecar.metrics(), 'modelserve_sidecar_upstream_errors_total{kind="connect"}') == 1
 
 
+def test_a_connection_the_engine_drops_before_answering_is_retried_once(replay: ReplayEngine,
+                                                                        replay_sidecar: Sidecar) -> None:
+    before = len(replay.received)
+    answer = chat(replay_sidecar, {"model": "tiny", "messages": HELLO}, headers={"x-replay-drop-once": "a"})
+    assert answer.status_code == 200 and answer.content == read_recording("chat.http").body
+    assert len(replay.received) == before + 2  # dropped, then answered on a new connection
+
+
 def test_silent_engine_times_out_with_504(replay_sidecar: Sidecar) -> None:
     answer = chat(replay_sidecar, {"model": "tiny", "messages": HELLO}, headers={"x-replay-stall": "5"})
     assert answer.status_code == 504 and openai_error(answer)["code"] == "engine_timeout"
