@@ -120,18 +120,12 @@ class Cluster:
                 timeout: float = 120) -> subprocess.CompletedProcess:
         result = subprocess.run([str(self.bin_dir / "kubectl"), *args], env=self.env, input=input,
                                 capture_output=True, text=True, timeout=timeout)
-        if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(result.returncode, result.args, result.stdout,
-                                                result.stderr)
-        return result
+        return _checked(result, check)
 
     def helm(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
         result = subprocess.run([str(self.bin_dir / "helm"), *args], env=self.env,
                                 capture_output=True, text=True, timeout=timeout)
-        if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(result.returncode, result.args, result.stdout,
-                                                result.stderr)
-        return result
+        return _checked(result, check)
 
     def api_client(self):  # -> kubernetes.client.ApiClient, imported lazily: tools may not need it
         from kubernetes import config
@@ -265,6 +259,19 @@ class Cluster:
                 "cluster": "sandbox", "user": "admin", "namespace": "default"}}],
         }, indent=2))
         self.kubeconfig.chmod(0o600)
+
+
+class CommandFailed(subprocess.CalledProcessError):
+    """A failed kubectl/helm call whose message carries what the command said."""
+
+    def __str__(self) -> str:
+        return f"{' '.join(map(str, self.cmd[:4]))} ... exited {self.returncode}: {self.stderr.strip()}"
+
+
+def _checked(result: subprocess.CompletedProcess, check: bool) -> subprocess.CompletedProcess:
+    if check and result.returncode != 0:
+        raise CommandFailed(result.returncode, result.args, result.stdout, result.stderr)
+    return result
 
 
 def _http_ok(url: str, context: ssl.SSLContext | None = None, token: str | None = None) -> bool:

@@ -26,9 +26,7 @@ def _node(name: str, labels: dict[str, str], capacity: dict[str, str],
                                 "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
                                 **labels}},
         "spec": {"taints": taints},
-        "status": {"capacity": dict(capacity), "allocatable": dict(capacity),
-                   "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
-                                "kubeletVersion": "fake"}},
+        "status": {"capacity": dict(capacity), "allocatable": dict(capacity)},
     }
 
 
