@@ -1,0 +1,373 @@
+"""Sidecar benchmark: direct vs sidecar vs nginx in front of the same fast fake engine.
+
+    .venv/bin/python bench/sidecar_bench.py             # one run, prints its table
+    .venv/bin/python bench/sidecar_bench.py --runs 3    # three runs, then the medians and the targets
+
+The fake engine (aiohttp, its own process) answers a chat completion with a small JSON body, or
+streams 128 SSE chunks with a fixed gap (0 or 1 ms). The sidecar and nginx each run pinned to one
+core (taskset), nginx with one worker, `proxy_buffering off` and the same Key check (a `map`).
+Levels: concurrency 1, 16, 64 non-streaming; 1, 64, 256 streaming, each gap. "Added" figures are the
+proxy's minus direct's at the same level in the same run. Not part of `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from modelserve_sandbox.processes import (
+    free_ports,
+    start_process,
+    stop_process,
+    tail,
+    wait_until,
+)
+
+KEY = "bench-key-0123456789"
+MODEL = "fake"
+CHUNKS = 128
+PROXY_CPU = "1"  # the core the proxy under test is pinned to (the engine and the load float)
+NON_STREAMING = (1, 16, 64)
+STREAMING = (1, 64, 256)
+GAPS_MS = (0, 1)
+HELLO = [{"role": "user", "content": "hello"}]
+REQUEST = json.dumps({"model": MODEL, "messages": HELLO, "max_tokens": 8}).encode()
+STREAM_REQUEST = json.dumps({"model": MODEL, "messages": HELLO, "stream": True}).encode()
+
+
+# --- the fake engine -----------------------------------------------------------------------------
+
+ANSWER = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": MODEL,
+                     "choices": [{"index": 0, "message": {"role": "assistant", "content": " 2 2 2 2 2 2 2 2"},
+                                  "finish_reason": "length"}],
+                     "usage": {"prompt_tokens": 28, "total_tokens": 36, "completion_tokens": 8}}).encode()
+EVENT = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":0,"model":"fake",'
+         b'"choices":[{"index":0,"delta":{"content":" 2"},"logprobs":null,"finish_reason":null}]}\n\n')
+DONE = b"data: [DONE]\n\n"
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    if not body.get("stream"):
+        return web.Response(body=ANSWER, content_type="application/json")
+    gap = float(request.headers.get("x-gap-ms", "0")) / 1000
+    response = web.StreamResponse(headers={"content-type": "text/event-stream; charset=utf-8"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    for _ in range(CHUNKS):
+        await response.write(EVENT)
+        if gap:
+            await asyncio.sleep(gap)
+    await response.write(DONE)
+    await response.write_eof()
+    return response
+
+
+async def _models(_: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+
+async def _health(_: web.Request) -> web.Response:
+    return web.Response()
+
+
+def serve_engine(port: int) -> None:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+# --- the proxies ---------------------------------------------------------------------------------
+
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi;
+  scgi_temp_path {dir}/scgi;
+  map $http_authorization $key_ok {{
+    default 0;
+    "~*^(bearer|key) {key}$" 1;
+  }}
+  upstream engine {{
+    server 127.0.0.1:{engine_port};
+    keepalive 1024;
+  }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      if ($key_ok = 0) {{ return 401; }}
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Authorization "";
+      proxy_buffering off;
+      proxy_read_timeout 600s;
+    }}
+  }}
+}}
+"""
+
+
+def ensure_nginx() -> str:
+    found = shutil.which("nginx") or (shutil.which("nginx", path="/usr/sbin:/sbin"))
+    if found:
+        return found
+    print("installing nginx (Debian package)...", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "nginx"], check=True, env=env)
+    found = shutil.which("nginx", path="/usr/sbin:/sbin")
+    if not found:
+        raise SystemExit("nginx did not install")
+    return found
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    process: subprocess.Popen | None = None
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the proxy's process tree (nginx's worker is a child of its master)."""
+        if self.process is None:
+            return 0.0
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            # fields: state ppid ... utime (11) stime (12); the process itself or its children
+            if stat.parent.name == str(self.process.pid) or fields[1] == str(self.process.pid):
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
+
+def wait_http(url: str, what: str, log: Path) -> None:
+    import urllib.request
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return True
+        except OSError:
+            return False
+
+    wait_until(up, 30, what, on_timeout=lambda: "\n" + tail(log))
+
+
+# --- the load ------------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    requests: int = 0
+    errors: int = 0
+    latencies: list[float] = field(default_factory=list)
+    ttfbs: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    cpu: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+    def p(self, q: float, values: list[float] | None = None) -> float:
+        values = sorted(self.latencies if values is None else values)
+        return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values else float("nan")
+
+
+async def load(url: str, concurrency: int, seconds: float, stream: bool, gap_ms: int) -> Result:
+    result = Result()
+    headers = {"Authorization": f"Key {KEY}", "Content-Type": "application/json", "x-gap-ms": str(gap_ms)}
+    body = STREAM_REQUEST if stream else REQUEST
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        deadline = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                start = time.perf_counter()
+                try:
+                    async with session.post(url + "/v1/chat/completions", data=body, headers=headers) as answer:
+                        first = await answer.content.readany()
+                        ttfb = time.perf_counter() - start
+                        rest = await answer.read()
+                        ok = answer.status == 200 and (not stream or (first + rest).endswith(DONE))
+                except (TimeoutError, aiohttp.ClientError):
+                    ok, ttfb = False, 0.0
+                if ok:
+                    result.latencies.append(time.perf_counter() - start)
+                    result.ttfbs.append(ttfb)
+                    result.requests += 1
+                else:
+                    result.errors += 1
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        result.seconds = time.perf_counter() - began
+    return result
+
+
+# --- one run -------------------------------------------------------------------------------------
+
+LEVELS = [("plain", c, 0) for c in NON_STREAMING] + [("stream", c, g) for g in GAPS_MS for c in STREAMING]
+
+
+def level_name(kind: str, concurrency: int, gap: int) -> str:
+    return f"c={concurrency}" if kind == "plain" else f"stream c={concurrency} gap={gap}ms"
+
+
+def run_once(targets: list[Target], seconds: float) -> dict[tuple, dict[str, Result]]:
+    results: dict[tuple, dict[str, Result]] = {}
+    for target in targets:  # warm every path (connections, caches) before measuring
+        asyncio.run(load(target.url, 8, 0.5, False, 0))
+    for level in LEVELS:
+        kind, concurrency, gap = level
+        results[level] = {}
+        for target in targets:  # interleaved, so drift in the machine's load hits all alike
+            cpu = target.cpu_seconds()
+            result = asyncio.run(load(target.url, concurrency, seconds, kind == "stream", gap))
+            result.cpu = target.cpu_seconds() - cpu
+            results[level][target.name] = result
+    return results
+
+
+COLUMNS = ("req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", "+ttfb ms", "cpu ms/req", "errors")
+Table = dict[tuple[tuple, str], tuple[float, ...]]  # (level, target) -> one value per column
+
+
+def summarize(results: dict[tuple, dict[str, Result]]) -> Table:
+    table: Table = {}
+    for level, by_target in results.items():
+        direct = by_target["direct"]
+        for name, r in by_target.items():
+            added = name != "direct"
+            nan = float("nan")
+            table[level, name] = (
+                r.rate, r.p(.5), r.p(.99),
+                r.p(.5) - direct.p(.5) if added else nan,
+                r.p(.99) - direct.p(.99) if added else nan,
+                r.p(.5, r.ttfbs) - direct.p(.5, direct.ttfbs) if added else nan,
+                r.cpu / max(r.requests, 1) * 1000 if added else nan,
+                float(r.errors),
+            )
+    return table
+
+
+def print_table(table: Table) -> None:
+    print(f"{'level':<26}{'target':<9}" + "".join(f"{c:>11}" for c in COLUMNS))
+    for (level, name), values in table.items():
+        cells = "".join("          -" if v != v else f"{v:>11.3f}" if i else f"{v:>11.1f}"
+                        for i, v in enumerate(values))
+        print(f"{level_name(*level):<26}{name:<9}{cells}")
+    print(flush=True)
+
+
+def median_table(tables: list[Table]) -> Table:
+    return {key: tuple(statistics.median(t[key][i] for t in tables) for i in range(len(COLUMNS)))
+            for key in tables[0]}
+
+
+def ratios(table: Table) -> dict[str, float]:
+    plus_p50, rate, errors = COLUMNS.index("+p50 ms"), COLUMNS.index("req/s"), COLUMNS.index("errors")
+    c1, s64 = ("plain", 1, 0), ("stream", 64, 1)
+    return {
+        "added p50 c=1 sidecar/nginx (<= 2)": table[c1, "sidecar"][plus_p50] / table[c1, "nginx"][plus_p50],
+        "streams/s c=64 1ms sidecar/nginx (>= 1)": table[s64, "sidecar"][rate] / table[s64, "nginx"][rate],
+        "streams/s c=64 1ms sidecar/direct (>= 0.9)": table[s64, "sidecar"][rate] / table[s64, "direct"][rate],
+        "errors, all levels and targets (== 0)": sum(values[errors] for values in table.values()),
+    }
+
+
+def print_ratios(values: dict[str, float]) -> None:
+    for name, value in values.items():
+        print(f"  {name:<46} {value:8.3f}")
+    print(flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per level and target")
+    parser.add_argument("--serve-engine", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_engine:
+        serve_engine(args.serve_engine)
+        return
+
+    nginx = ensure_nginx()
+    workdir = Path(tempfile.mkdtemp(prefix="sidecar-bench-"))
+    engine_port, sidecar_port, nginx_port = free_ports(3)
+    processes = []
+    try:
+        engine = start_process("engine", [sys.executable, __file__, "--serve-engine", str(engine_port)], workdir)
+        processes.append(engine)
+        engine_url = f"http://127.0.0.1:{engine_port}"
+        wait_http(engine_url + "/health", "the fake engine", workdir / "engine.log")
+
+        (workdir / "keys").mkdir()
+        (workdir / "keys" / "api-key").write_text(KEY + "\n")
+        sidecar_bin = str(Path(sys.executable).parent / "modelserve-sidecar")
+        sidecar = start_process("sidecar", ["taskset", "-c", PROXY_CPU, sidecar_bin], workdir, {
+            **os.environ, "MODELSERVE_LISTEN_HOST": "127.0.0.1", "MODELSERVE_LISTEN_PORT": str(sidecar_port),
+            "MODELSERVE_UPSTREAM_URL": engine_url, "MODELSERVE_SERVED_MODEL": MODEL,
+            "MODELSERVE_KEYS_DIR": str(workdir / "keys")})
+        processes.append(sidecar)
+        sidecar_url = f"http://127.0.0.1:{sidecar_port}"
+        wait_http(sidecar_url + "/readyz", "the sidecar to be ready", workdir / "sidecar.log")
+
+        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (workdir / sub).mkdir()
+        (workdir / "nginx.conf").write_text(NGINX_CONF.format(dir=workdir, key=KEY, engine_port=engine_port,
+                                                              port=nginx_port))
+        proxy = start_process("nginx", ["taskset", "-c", PROXY_CPU, nginx, "-p", str(workdir), "-c",
+                                        str(workdir / "nginx.conf")], workdir)
+        processes.append(proxy)
+        nginx_url = f"http://127.0.0.1:{nginx_port}"
+        wait_until(lambda: asyncio.run(load(nginx_url, 1, 0.05, False, 0)).requests > 0, 30, "nginx",
+                   on_timeout=lambda: "\n" + tail(workdir / "nginx.log") + tail(workdir / "nginx-error.log"))
+
+        targets = [Target("direct", engine_url), Target("sidecar", sidecar_url, sidecar),
+                   Target("nginx", nginx_url, proxy)]
+        tables, all_ratios = [], []
+        for run in range(1, args.runs + 1):
+            print(f"run {run}/{args.runs} ({args.seconds:g} s per level and target)", flush=True)
+            tables.append(summarize(run_once(targets, args.seconds)))
+            all_ratios.append(ratios(tables[-1]))
+            print_table(tables[-1])
+            print_ratios(all_ratios[-1])
+        if args.runs > 1:
+            print(f"medians over {args.runs} runs (each ratio from its own run, then the median):")
+            print_table(median_table(tables))
+            print_ratios({name: statistics.median(r[name] for r in all_ratios) for name in all_ratios[0]})
+    finally:
+        for process in reversed(processes):
+            stop_process(process)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
