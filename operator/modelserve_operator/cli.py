@@ -33,7 +33,7 @@ class InvalidManifest(ValueError):
     """A manifest the API server would refuse; the message names the field like the API server."""
 
 
-def _rules_by_message() -> dict[str, spec.Rule]:
+def rules_by_message() -> dict[str, spec.Rule]:
     """Every cross-field rule of the spec model, by its message (messages are unique)."""
     found: dict[str, spec.Rule] = {}
     pending = [spec.WireModel]
@@ -57,7 +57,7 @@ def field_errors(error: ValidationError, prefix: str = "spec") -> list[str]:
     Schema errors carry their location; a broken cross-field rule is reported at the location of
     the object it sits on, and its `field` finishes the path (the CEL rule's fieldPath).
     """
-    rules = _rules_by_message()
+    rules = rules_by_message()
     lines = []
     for item in error.errors():
         path = _path(prefix, item["loc"])
@@ -65,7 +65,7 @@ def field_errors(error: ValidationError, prefix: str = "spec") -> list[str]:
         if broken:
             lines += [f"{path}.{rule.field}: {rule.message}" for rule in broken]
         else:
-            lines.append(f"{path}: {item['msg']}")
+            lines.append(f"{path}: {item['msg'].removeprefix('Value error, ')}")
     return lines
 
 

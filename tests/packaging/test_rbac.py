@@ -1,0 +1,226 @@
+"""RBAC proven: the operator, holding only the chart's ServiceAccount token, reconciles an example to
+Ready, and `kubectl auth can-i --as` shows what that account cannot do.
+
+Its own control plane: the operator tests keep an admin-credentialed operator running for the whole
+session in the shared cluster, and it would reconcile our ModelServer too, proving nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart import CHART, REPO
+
+from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLE = REPO / "examples" / "lfm2-1.2b.yaml"  # private auth: the operator must create the key Secret
+OPERATOR = Path(sys.executable).with_name("modelserve-operator")
+# RBAC refusals in the API server's words, and kopf's when it lacks a permission it wanted.
+DENIALS = ("is forbidden: User", "Not enough permissions")
+
+
+@pytest.fixture(scope="module")
+def rbac_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("rbac-cluster"), gpu_nodes=1, cpu_nodes=1) as cluster:
+        yield cluster
+
+
+@dataclass(frozen=True)
+class Install:
+    release: str
+    namespace: str  # where the operator's ServiceAccount lives
+    watched: tuple[str, ...]  # empty: all namespaces
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.release}"
+
+
+def _install(cluster: Cluster, watched: tuple[str, ...]) -> Install:
+    install = Install(f"modelserve-{uuid.uuid4().hex[:6]}", f"op-{uuid.uuid4().hex[:6]}", watched)
+    cluster.create_namespace(install.namespace)
+    for namespace in watched:
+        cluster.create_namespace(namespace)
+    sets = ["--set", f"operator.watchNamespaces={{{','.join(watched)}}}"] if watched else []
+    cluster.helm("install", install.release, str(CHART), "--namespace", install.namespace, *sets,
+                 "--wait", "--timeout", "120s")  # fmt: skip
+    return install
+
+
+def service_account_kubeconfig(cluster: Cluster, install: Install, path: Path) -> Path:
+    """A kubeconfig holding only a TokenRequest token of the chart's ServiceAccount."""
+    token = cluster.kubectl("create", "token", install.release, "-n", install.namespace, "--duration=1h").stdout.strip()
+    admin = json.loads(cluster.kubeconfig.read_text())
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+        "clusters": admin["clusters"],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": admin["clusters"][0]["name"], "user": "operator"}}],
+    }))  # fmt: skip
+    path.chmod(0o600)
+    return path
+
+
+def _liveness_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _ready(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    ms = json.loads(cluster.kubectl("get", "modelserver", name, "-n", namespace, "-o", "json").stdout)
+    conditions = {c["type"]: c["status"] for c in ms.get("status", {}).get("conditions", [])}
+    return ms if conditions.get("Ready") == "True" else None
+
+
+def run_operator_to_ready(cluster: Cluster, install: Install, app_namespace: str, workdir: Path) -> dict[str, Any]:
+    """Start the operator with the ServiceAccount's kubeconfig, apply the example, wait for Ready."""
+    kubeconfig = service_account_kubeconfig(cluster, install, workdir / "operator.kubeconfig")
+    # The same arguments the chart gives the operator in its Deployment.
+    rendered = cluster.helm("get", "manifest", install.release, "-n", install.namespace).stdout
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    liveness = f"http://127.0.0.1:{free_ports(1)[0]}/healthz"
+    args = [f"--liveness={liveness}" if arg.startswith("--liveness=") else arg for arg in args]
+    env = {**cluster.env, "KUBECONFIG": str(kubeconfig)}
+    process = start_process("operator", [str(OPERATOR), *args], workdir, env=env)
+    log = workdir / "operator.log"
+    try:
+        wait_until(lambda: process.poll() is not None or _liveness_ok(liveness), 60, "the operator's liveness",
+                   on_timeout=lambda: "\n" + tail(log))  # fmt: skip
+        cluster.kubectl("apply", "-n", app_namespace, "-f", str(EXAMPLE))
+        name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+        found: dict[str, Any] = {}
+        wait_until(lambda: process.poll() is not None or bool(found.update(ms=_ready(cluster, app_namespace, name))
+                                                              or found["ms"]),
+                   120, f"ModelServer {name} Ready", interval=0.5, on_timeout=lambda: "\n" + tail(log, 40))  # fmt: skip
+        assert process.poll() is None, f"the operator exited:\n{tail(log)}"
+    finally:
+        stop_process(process, grace_seconds=20)
+    text = log.read_text()
+    assert not [line for line in text.splitlines() if any(d in line for d in DENIALS)], tail(log, 60)
+    return found["ms"]
+
+
+def can_i(cluster: Cluster, install: Install, verb: str, resource: str, namespace: str | None) -> bool:
+    scope = ["-n", namespace] if namespace else ["--all-namespaces"]
+    resource, _, subresource = resource.partition("/")
+    sub = [f"--subresource={subresource}"] if subresource else []
+    result = cluster.kubectl("auth", "can-i", verb, resource, *sub, *scope, f"--as={install.user}", check=False)
+    assert result.stdout.strip() in ("yes", "no"), result.stderr
+    return result.stdout.strip() == "yes"
+
+
+# What the operator needs, wherever it serves ModelServers.
+NEEDED = [
+    ("get", "modelservers.serving.modelserve.dev"), ("list", "modelservers.serving.modelserve.dev"),
+    ("watch", "modelservers.serving.modelserve.dev"), ("patch", "modelservers.serving.modelserve.dev/status"),
+    ("update", "modelservers.serving.modelserve.dev/finalizers"),
+    ("create", "deployments.apps"), ("patch", "deployments.apps"), ("watch", "deployments.apps"),
+    ("create", "services"), ("patch", "services"), ("create", "persistentvolumeclaims"),
+    ("create", "secrets"), ("get", "secrets"), ("list", "pods"), ("watch", "pods"), ("create", "events"),
+]  # fmt: skip
+# What it must never do, in a namespace it serves or anywhere else.
+NEVER = [
+    ("list", "secrets"), ("watch", "secrets"), ("update", "secrets"), ("patch", "secrets"), ("delete", "secrets"),
+    ("patch", "modelservers.serving.modelserve.dev"), ("delete", "modelservers.serving.modelserve.dev"),
+    ("delete", "deployments.apps"), ("delete", "services"), ("delete", "persistentvolumeclaims"),
+    ("create", "pods"), ("delete", "pods"), ("create", "pods/exec"), ("get", "configmaps"),
+    ("create", "daemonsets.apps"), ("create", "statefulsets.apps"), ("create", "jobs.batch"),
+    ("create", "roles.rbac.authorization.k8s.io"), ("create", "rolebindings.rbac.authorization.k8s.io"),
+    ("create", "serviceaccounts/token"), ("create", "poddisruptionbudgets.policy"),
+]  # fmt: skip
+# Cluster-scoped: never.
+NEVER_CLUSTER = [
+    ("get", "nodes"), ("patch", "nodes"), ("delete", "namespaces"), ("create", "namespaces"),
+    ("create", "clusterroles.rbac.authorization.k8s.io"), ("bind", "clusterroles.rbac.authorization.k8s.io"),
+    ("escalate", "clusterroles.rbac.authorization.k8s.io"), ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("delete", "customresourcedefinitions.apiextensions.k8s.io"), ("impersonate", "users"),
+]  # fmt: skip
+
+
+def _assert_matrix(cluster: Cluster, install: Install, namespaces: list[str | None],
+                   expected: dict[tuple[str, str], bool]) -> None:  # fmt: skip
+    wrong = [f"{'can' if not want else 'cannot'} {verb} {resource} in {ns or 'all namespaces'}"
+             for ns in namespaces for (verb, resource), want in expected.items()
+             if can_i(cluster, install, verb, resource, ns) != want]  # fmt: skip
+    assert not wrong, f"{install.user}: " + "; ".join(wrong)
+
+
+def _contained(rendered: Any, live: Any, path: str = "") -> list[str]:
+    """Where `rendered` is not part of `live` (the API server only adds defaults to what was applied)."""
+    if isinstance(rendered, dict) and isinstance(live, dict):
+        return [miss for key, value in rendered.items() for miss in _contained(value, live.get(key), f"{path}.{key}")]
+    if isinstance(rendered, list) and isinstance(live, list) and len(rendered) == len(live):
+        return [miss for i, (r, v) in enumerate(zip(rendered, live)) for miss in _contained(r, v, f"{path}[{i}]")]
+    return [] if rendered == live else [f"{path}: rendered {rendered!r}, applied {live!r}"]
+
+
+def assert_render_is_what_was_applied(cluster: Cluster, ms: dict[str, Any]) -> None:
+    """`modelserve render` of the live ModelServer (its uid, its namespace) gives the applied children."""
+    manifest = {key: ms[key] for key in ("apiVersion", "kind", "metadata", "spec")}
+    result = subprocess.run([str(OPERATOR.with_name("modelserve")), "render", "-"], input=json.dumps(manifest),
+                            capture_output=True, text=True, timeout=60, env=cluster.env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for rendered in yaml.safe_load_all(result.stdout):
+        if rendered["kind"] == "Secret":
+            continue  # rendered with a placeholder key
+        meta = rendered["metadata"]
+        live = json.loads(cluster.kubectl("get", rendered["kind"], meta["name"], "-n", meta["namespace"],
+                                          "-o", "json").stdout)  # fmt: skip
+        assert not _contained(rendered, live), _contained(rendered, live)
+
+
+def test_all_namespaces_install(rbac_cluster: Cluster, tmp_path: Path) -> None:
+    cluster = rbac_cluster
+    install = _install(cluster, ())
+    app = f"app-{uuid.uuid4().hex[:6]}"
+    cluster.create_namespace(app)
+    ms = run_operator_to_ready(cluster, install, app, tmp_path)
+    assert ms["status"]["readyReplicas"] == 2
+    secret = json.loads(cluster.kubectl("get", "secret", f"{ms['metadata']['name']}-api-keys", "-n", app,
+                                        "-o", "json").stdout)  # fmt: skip
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == ms["metadata"]["uid"]  # the operator made it
+    assert_render_is_what_was_applied(cluster, ms)
+
+    _assert_matrix(cluster, install, [app, None], {**dict.fromkeys(NEEDED, True), **dict.fromkeys(NEVER, False)})
+    _assert_matrix(cluster, install, [None], dict.fromkeys(NEVER_CLUSTER, False))
+    # The one broad read left: with every namespace served, `get secrets` by name reaches every
+    # namespace (the key Secret's existence is checked by a read). Serving listed namespaces closes it.
+    assert can_i(cluster, install, "get", "secrets", "kube-system")
+
+
+def test_watched_namespaces_install(rbac_cluster: Cluster, tmp_path: Path) -> None:
+    cluster = rbac_cluster
+    app = f"app-{uuid.uuid4().hex[:6]}"
+    install = _install(cluster, (app,))
+    ms = run_operator_to_ready(cluster, install, app, tmp_path)
+    assert ms["status"]["readyReplicas"] == 2
+
+    _assert_matrix(cluster, install, [app], {**dict.fromkeys(NEEDED, True), **dict.fromkeys(NEVER, False)})
+    # Outside the served namespace, even what it needs inside is refused: no Secret of another
+    # namespace can be read, not even its own namespace's or kube-system's.
+    elsewhere = [install.namespace, "kube-system", "default", None]
+    _assert_matrix(cluster, install, elsewhere, dict.fromkeys(NEEDED + NEVER, False))
+    _assert_matrix(cluster, install, [None], dict.fromkeys(NEVER_CLUSTER, False))
+    # Cluster-scoped reads kopf uses: CRDs and namespace names, nothing else.
+    assert can_i(cluster, install, "watch", "customresourcedefinitions.apiextensions.k8s.io", None)
+    assert can_i(cluster, install, "list", "namespaces", None)
+    assert not can_i(cluster, install, "get", "customresourcedefinitions.apiextensions.k8s.io", None)
