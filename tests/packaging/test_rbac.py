@@ -73,16 +73,6 @@ def service_account_kubeconfig(cluster: Cluster, install: Install, path: Path) -
     return path
 
 
-def _liveness_ok(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def _ready(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
     ms = json.loads(cluster.kubectl("get", "modelserver", name, "-n", namespace, "-o", "json").stdout)
     conditions = {c["type"]: c["status"] for c in ms.get("status", {}).get("conditions", [])}
@@ -96,20 +86,23 @@ def run_operator_to_ready(cluster: Cluster, install: Install, app_namespace: str
     rendered = cluster.helm("get", "manifest", install.release, "-n", install.namespace).stdout
     deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    # Its liveness endpoint on a free loopback port instead of the pod's 0.0.0.0:8080.
     liveness = f"http://127.0.0.1:{free_ports(1)[0]}/healthz"
     args = [f"--liveness={liveness}" if arg.startswith("--liveness=") else arg for arg in args]
     env = {**cluster.env, "KUBECONFIG": str(kubeconfig)}
     process = start_process("operator", [str(OPERATOR), *args], workdir, env=env)
     log = workdir / "operator.log"
     try:
-        wait_until(lambda: process.poll() is not None or _liveness_ok(liveness), 60, "the operator's liveness",
-                   on_timeout=lambda: "\n" + tail(log))  # fmt: skip
         cluster.kubectl("apply", "-n", app_namespace, "-f", str(EXAMPLE))
         name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
         found: dict[str, Any] = {}
-        wait_until(lambda: process.poll() is not None or bool(found.update(ms=_ready(cluster, app_namespace, name))
-                                                              or found["ms"]),
-                   120, f"ModelServer {name} Ready", interval=0.5, on_timeout=lambda: "\n" + tail(log, 40))  # fmt: skip
+
+        def ready_or_exited() -> bool:
+            found["ms"] = _ready(cluster, app_namespace, name)
+            return process.poll() is not None or found["ms"] is not None
+
+        wait_until(ready_or_exited, 120, f"ModelServer {name} Ready", interval=0.5,
+                   on_timeout=lambda: "\n" + tail(log, 40))  # fmt: skip
         assert process.poll() is None, f"the operator exited:\n{tail(log)}"
     finally:
         stop_process(process, grace_seconds=20)
