@@ -125,8 +125,8 @@ class Kube:
     def apply(self, manifest: dict[str, Any]) -> str:
         """Server-side apply, skipped when a dry run shows the live object already matches.
 
-        Returns "created", "updated" or "unchanged". The dry run lets the API server do the
-        comparison (defaults, normalized quantities, fields we stopped setting), so an unchanged
+        Returns "created", "updated", "replaced" or "unchanged". The dry run lets the API server do
+        the comparison (defaults, normalized quantities, fields we stopped setting), so an unchanged
         spec costs two reads and no write.
         """
         meta = manifest["metadata"]
@@ -134,10 +134,30 @@ class Kube:
         if live is None:
             self._server_side_apply(manifest, dry_run=False)
             return "created"
-        if _comparable(self._server_side_apply(manifest, dry_run=True)) == _comparable(live):
+        try:
+            preview = self._server_side_apply(manifest, dry_run=True)
+        except ApiException as error:
+            if error.status != 422:
+                raise
+            # Another manager's edit can leave list items ours cannot merge with (e.g. a Service
+            # port renumbered by `kubectl edit` keeps its name `http`): put our object back whole.
+            self._replace(manifest, live)
+            return "replaced"
+        if _comparable(preview) == _comparable(live):
             return "unchanged"
         self._server_side_apply(manifest, dry_run=False)
         return "updated"
+
+    def _replace(self, manifest: dict[str, Any], live: dict[str, Any]) -> None:
+        meta = manifest["metadata"]
+        # The API server keeps what it allocated (a Service's clusterIP) when the new object leaves it out.
+        body = {**manifest, "metadata": {**meta, "resourceVersion": live["metadata"]["resourceVersion"]}}
+        self._call(
+            "PUT",
+            path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]),
+            [("fieldManager", self.field_manager)],
+            body=body,
+        )
 
     def patch_status(self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         self._call(

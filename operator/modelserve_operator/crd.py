@@ -45,6 +45,9 @@ def _convert(node: Any, defs: dict[str, Any]) -> Any:
             continue  # unknown fields are pruned and refused by field validation instead
         if key == "default" and value is None:
             continue
+        if key == "default" and isinstance(value, dict):
+            out[key] = _without_nulls(value)  # pydantic dumps unset optionals of a model default as null
+            continue
         if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
             out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
             out[key] = True
@@ -56,6 +59,10 @@ def _convert(node: Any, defs: dict[str, Any]) -> Any:
         else:
             out[key] = copy.deepcopy(value)
     return _ordered(out)
+
+
+def _without_nulls(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: _without_nulls(v) if isinstance(v, dict) else v for k, v in value.items() if v is not None}
 
 
 def _inline(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +120,8 @@ def crd() -> dict[str, Any]:
             "spec": _schema_of(ModelServerSpec),
             "status": _schema_of(ModelServerStatus),
         },
-        "x-kubernetes-validations": [NAME_RULE.to_validation()],
+        # No fieldPath here: the API server resolves it against the schema, which leaves metadata open.
+        "x-kubernetes-validations": [{k: v for k, v in NAME_RULE.to_validation().items() if k != "fieldPath"}],
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -319,9 +319,8 @@ class ModelServerSpec(WireModel):
         "unset: 1 for the GPU profiles, 0 for cpu.",
     )
     replicas: Replicas = Field(
-        default_factory=Replicas,
+        default=Replicas(),
         description="Replica bounds; the Deployment runs min + buffer for now.",
-        json_schema_extra={"default": {}},  # the API server then fills in the nested defaults
     )
     torch_compile: bool = Field(
         False, description="low-latency only: compile the model (longer start, lower per-token latency)."
@@ -333,11 +332,7 @@ class ModelServerSpec(WireModel):
     sampling_defaults: SamplingDefaults | None = Field(
         None, description="Sampling values the sidecar fills in where a request leaves them out."
     )
-    auth: Auth = Field(
-        default_factory=Auth,
-        description="API-key authentication enforced by the sidecar.",
-        json_schema_extra={"default": {}},
-    )
+    auth: Auth = Field(default=Auth(), description="API-key authentication enforced by the sidecar.")
     hf_token_secret_ref: SecretKeyRef | None = Field(
         None, description="Secret key holding a hub token for gated models (HF_TOKEN)."
     )

@@ -69,15 +69,18 @@ def test_identity_printer_columns_and_status_subresource() -> None:
 
 
 def test_every_cel_rule_names_the_field_it_blames() -> None:
-    rules = [rule for _, node in _nodes(_schema()) for rule in node.get("x-kubernetes-validations", [])]
+    spec = _schema()["properties"]["spec"]
+    rules = [rule for _, node in _nodes(spec) for rule in node.get("x-kubernetes-validations", [])]
     assert len(rules) >= 15
     for rule in rules:
         assert rule["fieldPath"].startswith(".") and rule["message"] and rule["reason"] == "FieldValueInvalid"
+    (name_rule,) = _schema()["x-kubernetes-validations"]
+    assert "metadata.name" in name_rule["message"]
 
 
-def test_nested_defaults_are_reachable() -> None:
-    # `default: {}` on the objects lets the API server fill replicas.* and auth.mode in.
+def test_defaults_are_filled_in_by_the_api_server() -> None:
+    # Whole-object defaults: CEL rules on replicas see complete objects even when the user wrote none.
     spec = _schema()["properties"]["spec"]["properties"]
-    assert spec["replicas"]["default"] == {} and spec["replicas"]["properties"]["min"]["default"] == 1
-    assert spec["auth"]["default"] == {} and spec["auth"]["properties"]["mode"]["default"] == "private"
+    assert spec["replicas"]["default"] == {"min": 1, "buffer": 0, "max": 1}
+    assert spec["auth"]["default"] == {"mode": "private"}
     assert spec["profile"]["default"] == "high-throughput"

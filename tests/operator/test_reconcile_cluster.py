@@ -1,0 +1,172 @@
+"""The operator against the real control plane: create, update, drift repair, cascade, status, no-op."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import time
+from typing import Any
+
+import pytest
+from conftest import RESYNC_SECONDS
+from operator_cluster import OperatorView
+from operator_testdata import EXAMPLES_DIR, examples
+
+pytestmark = pytest.mark.cluster
+
+SMALL = {
+    "apiVersion": "serving.modelserve.dev/v1alpha1",
+    "kind": "ModelServer",
+    "metadata": {"name": "small"},
+    "spec": {"model": "LiquidAI/LFM2-350M", "maxModelLen": 2048},
+}
+
+
+def _small(**spec: Any) -> dict[str, Any]:
+    manifest = copy.deepcopy(SMALL)
+    manifest["spec"].update(spec)
+    return manifest
+
+
+def _engine(deployment: dict[str, Any]) -> dict[str, Any]:
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def _resource_versions(ops: OperatorView, *objects: tuple[str, str]) -> dict[tuple[str, str], str]:
+    return {obj: (ops.get(*obj) or {})["metadata"]["resourceVersion"] for obj in objects}
+
+
+def test_create_makes_owned_children_and_reports_ready(ops: OperatorView) -> None:
+    ops.apply(examples()["lfm2-1.2b"])
+    ms = ops.wait_ready("lfm2-1-2b")
+    status = ms["status"]
+    assert status["endpoint"] == f"http://lfm2-1-2b.{ops.namespace}.svc.cluster.local/v1"
+    assert (status["replicas"], status["readyReplicas"]) == (2, 2)  # min 1 + buffer 1
+
+    deployment = ops.get("deployment", "lfm2-1-2b")
+    service = ops.get("service", "lfm2-1-2b")
+    secret = ops.get("secret", "lfm2-1-2b-api-keys")
+    assert deployment and service and secret
+    for child in (deployment, service, secret):
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == ("ModelServer", ms["metadata"]["uid"], True)
+    assert _engine(deployment)["args"][:2] == ["LiquidAI/LFM2-1.2B", "--served-model-name"]
+    assert service["spec"]["ports"][0]["port"] == 80
+    assert base64.b64decode(secret["data"]["api-key"]).startswith(b"msk-")
+    shown = ops.kubectl("get", "deployment", "lfm2-1-2b", "-o", "json", "--show-managed-fields").stdout
+    fields = json.loads(shown)["metadata"]["managedFields"]
+    assert {entry["manager"] for entry in fields if entry["operation"] == "Apply"} == {"modelserve-operator"}
+
+    events = {(e["type"], e["reason"]) for e in ops.events("lfm2-1-2b")}
+    assert ("Normal", "Ready") in events and ("Normal", "Complete") in events
+    table = ops.kubectl("get", "ms").stdout
+    assert "lfm2-1-2b" in table and "True" in table and "LiquidAI/LFM2-1.2B" in table
+
+
+def test_spec_change_rolls_the_deployment_and_keeps_the_key(ops: OperatorView) -> None:
+    ops.apply(_small())
+    ops.wait_ready("small")
+    before = ops.get("deployment", "small")
+    key = (ops.get("secret", "small-api-keys") or {})["data"]
+    assert before
+
+    ops.apply(_small(maxModelLen=4096))
+    ms = ops.wait_ready("small", generation=2)
+    after = ops.get("deployment", "small")
+    assert after and after["metadata"]["generation"] > before["metadata"]["generation"]
+    args = _engine(after)["args"]
+    assert args[args.index("--max-model-len") + 1] == "4096"
+    revisions = ops.kubectl("get", "replicasets", "-l", "serving.modelserve.dev/modelserver=small", "-o", "name")
+    assert len(revisions.stdout.split()) == 2  # a new ReplicaSet: the pods rolled
+    assert ms["status"]["conditions"][0]["observedGeneration"] == 2
+    assert (ops.get("secret", "small-api-keys") or {})["data"] == key
+
+
+def test_deleted_and_edited_children_are_restored(ops: OperatorView) -> None:
+    ops.apply(_small())
+    ops.wait_ready("small")
+    deployment_uid = (ops.get("deployment", "small") or {})["metadata"]["uid"]
+    key = (ops.get("secret", "small-api-keys") or {})["data"]["api-key"]
+
+    ops.kubectl("delete", "deployment", "small", "--wait=false")
+    ops.wait(
+        lambda: (ops.get("deployment", "small") or {}).get("metadata", {}).get("uid") not in (None, deployment_uid),
+        "the Deployment to be recreated",
+    )
+    ops.kubectl("scale", "deployment", "small", "--replicas=3")
+    image_edit = [{"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "evil:1"}]
+    ops.kubectl("patch", "deployment", "small", "--type=json", "-p", json.dumps(image_edit))
+
+    def restored() -> bool:
+        deployment = ops.get("deployment", "small")
+        return bool(deployment) and deployment["spec"]["replicas"] == 1 and _engine(deployment)["image"] == (
+            "vllm/vllm-openai:v0.32.0"
+        )
+
+    ops.wait(restored, "the edited Deployment to be restored")
+
+    ops.kubectl("delete", "service", "small")
+    ops.wait(lambda: ops.get("service", "small"), "the Service to be recreated")
+    ops.kubectl("patch", "service", "small", "--type=merge", "-p", '{"spec": {"ports": [{"name": "http", "port": 81}]}}')
+    ops.wait(lambda: (ops.get("service", "small") or {})["spec"]["ports"][0]["port"] == 80, "the Service port back")
+
+    # Nobody watches Secrets: the periodic resync finds the key Secret missing and makes a new key.
+    ops.kubectl("delete", "secret", "small-api-keys")
+    ops.wait(lambda: ops.get("secret", "small-api-keys"), "the key Secret to be recreated", timeout=10 * RESYNC_SECONDS)
+    assert (ops.get("secret", "small-api-keys") or {})["data"]["api-key"] != key
+    ops.wait_ready("small")
+
+
+def test_deleting_the_modelserver_deletes_its_children(ops: OperatorView) -> None:
+    ops.apply(_small())
+    ops.wait_ready("small")
+    ops.kubectl("delete", "modelserver", "small")
+    children = (("deployment", "small"), ("service", "small"), ("secret", "small-api-keys"))
+    ops.wait(lambda: not any(ops.get(*child) for child in children), "the garbage collector to delete the children")
+    selector = "serving.modelserve.dev/modelserver=small"
+    ops.wait(lambda: not ops.kubectl("get", "pods", "-l", selector, "-o", "name").stdout.strip(), "the pods to go")
+
+
+def test_insufficient_gpu_is_reported_then_clears(ops: OperatorView) -> None:
+    manifest = examples()["lfm2-24b-a2b-16gpu"]
+    name = manifest["metadata"]["name"]
+    ops.apply(manifest)
+    degraded = ops.wait_reason(name, "Degraded", "True", "InsufficientGPU")
+    assert "Insufficient nvidia.com/gpu" in degraded["message"] and "16" in degraded["message"]
+    ms = ops.get("modelserver", name) or {}
+    assert ms["status"]["phase"] == "Degraded" and ops.condition(name, "Ready")["reason"] == "InsufficientGPU"
+    assert "InsufficientGPU" in ops.kubectl("get", "ms", name).stdout
+    warnings = [e for e in ops.events(name) if (e["type"], e["reason"]) == ("Warning", "InsufficientGPU")]
+    assert warnings and "Insufficient nvidia.com/gpu" in warnings[0]["message"]
+
+    manifest = copy.deepcopy(manifest)
+    manifest["spec"]["gpus"] = 1
+    ops.apply(manifest)
+    ops.wait_ready(name, generation=2)
+    assert ops.condition(name, "Degraded")["reason"] == "AsExpected"
+    assert any((e["type"], e["reason"]) == ("Normal", "AsExpected") for e in ops.events(name))
+
+
+def test_examples_settle_four_ready_and_one_short_of_gpus(ops: OperatorView) -> None:
+    ops.kubectl("apply", "-f", str(EXAMPLES_DIR))
+    by_name = {m["metadata"]["name"]: m for m in examples().values()}
+    schedulable = [name for name, m in by_name.items() if m["spec"].get("gpus", 1) <= 8]
+    assert len(schedulable) == 4
+    for name in schedulable:
+        ops.wait_ready(name)
+    ops.wait_reason("lfm2-24b-a2b-16gpu", "Degraded", "True", "InsufficientGPU")
+    cpu = ops.get("deployment", "gemma3-270m-cpu") or {}
+    assert "tolerations" not in cpu["spec"]["template"]["spec"]
+
+
+def test_nothing_changed_means_nothing_written(ops: OperatorView) -> None:
+    ops.apply(_small())
+    ops.wait_ready("small")
+    objects = (("modelserver", "small"), ("deployment", "small"), ("service", "small"), ("secret", "small-api-keys"))
+    time.sleep(2 * RESYNC_SECONDS)  # let the last status write and its echo events pass
+    before = _resource_versions(ops, *objects)
+    events_before = len(ops.events("small"))
+    time.sleep(3 * RESYNC_SECONDS)  # three resync rounds, each a full reconcile
+    assert _resource_versions(ops, *objects) == before
+    assert len(ops.events("small")) == events_before

@@ -1,0 +1,51 @@
+"""The API server refuses every manifest of the invalid catalog at `kubectl apply`, naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from operator_testdata import examples, invalid_cases
+
+from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.processes import wait_until
+
+pytestmark = pytest.mark.cluster
+CASES = invalid_cases()
+
+
+@pytest.mark.parametrize(("case_id", "manifest", "field"), CASES, ids=[case[0] for case in CASES])
+def test_invalid_manifest_is_refused_naming_the_field(
+    cluster: Cluster, crd_installed: None, namespace: str, case_id: str, manifest: dict[str, Any], field: str
+) -> None:
+    result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest), check=False)
+    assert result.returncode != 0, f"{case_id} was accepted"
+    assert field in result.stderr, result.stderr
+    name = manifest["metadata"]["name"]
+    assert not cluster.kubectl("get", "ms", name, "-n", namespace, "--ignore-not-found", "-o", "name").stdout
+
+
+def test_examples_are_accepted_and_defaulted(cluster: Cluster, crd_installed: None, namespace: str) -> None:
+    def dry_run(manifest: dict[str, Any]) -> dict[str, Any]:
+        result = cluster.kubectl(
+            "apply", "-n", namespace, "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(manifest)
+        )
+        return json.loads(result.stdout)
+
+    stored = {name: dry_run(manifest)["spec"] for name, manifest in examples().items()}
+    cpu = stored["gemma3-270m-cpu"]
+    assert cpu["replicas"] == {"min": 1, "buffer": 0, "max": 1} and cpu["dtype"] == "auto"
+    assert cpu["auth"] == {"mode": "public"} and cpu["torchCompile"] is False
+    assert stored["lfm2-1.2b"]["auth"] == {"mode": "private"}
+
+
+def test_kubectl_explain_shows_the_field_descriptions(cluster: Cluster, crd_installed: None) -> None:
+    def explained() -> bool:
+        result = cluster.kubectl("explain", "modelserver.spec.gpus", check=False)
+        return result.returncode == 0 and "GPUs per replica" in result.stdout
+
+    # The API server publishes a new CRD's OpenAPI a moment after it is Established.
+    wait_until(explained, 60, "kubectl explain modelserver.spec.gpus", interval=1.0)
+    replicas = cluster.kubectl("explain", "ms.spec.replicas").stdout
+    assert "buffer" in replicas and "Idle replicas kept above current demand" in replicas
