@@ -11,6 +11,8 @@ import uvicorn
 from .app import build_app
 from .config import ConfigError, Settings
 
+log = logging.getLogger("modelserve_sidecar")
+
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -19,6 +21,12 @@ def main() -> None:
     except ConfigError as exc:
         print(f"modelserve-sidecar: invalid configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    log.info(
+        "serving %r from %s on %s:%d; auth %s, vision %s, sampling defaults %s, body limit %d bytes",
+        settings.served_model, settings.upstream_url, settings.listen_host, settings.listen_port,
+        "public" if settings.auth_public else f"private (keys in {settings.keys_dir})",
+        settings.vision, dict(settings.sampling_defaults), settings.max_body_bytes,
+    )
     uvicorn.run(
         build_app(settings),
         host=settings.listen_host,

@@ -18,7 +18,7 @@ from .config import Settings
 from .keys import KeyStore
 from .metrics import SidecarMetrics, route_label, status_class
 from .request_checks import SAMPLING_ROUTES, check_body
-from .usage import ResponseTail, usage_from_json, usage_from_sse
+from .usage import ResponseTail, usage_from_tail
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +26,12 @@ log = logging.getLogger(__name__)
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
                         b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade"})
 # Also not sent to the engine: Host and Content-Length (aiohttp sets both for the body it sends,
-# which may have been rewritten) and Authorization (the engine has no use for the key, and this
-# keeps it out of the engine's logs).
-DROP_TO_ENGINE = HOP_BY_HOP | {b"host", b"content-length", b"authorization"}
+# which may have been rewritten), Expect (uvicorn already answered the client's 100-continue, and the
+# whole body is here) and Authorization (the engine has no use for the key; keeps it out of its logs).
+DROP_TO_ENGINE = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authorization"}
 RETRY_AFTER_SECONDS = 5
-# Non-streaming bodies larger than this are passed on without counting their tokens.
-MAX_COUNTED_JSON_BYTES = 4 * 1024 * 1024
 CLIENT_CLOSED = "client_closed"
+USAGE_TYPES = frozenset({"application/json", "text/event-stream"})
 # Bounded, so clients sending endless distinct paths cannot grow the cache.
 MAX_CACHED_TARGETS = 256
 
@@ -149,7 +148,9 @@ class Proxy:
                 await send({"type": "http.response.start", "status": upstream.status,
                             "headers": filter_headers(upstream.raw_headers, HOP_BY_HOP)})
                 started = True
-                tail = self._usage_tail(upstream) if count_usage else None
+                # Only answers that carry usage: JSON, or SSE streams.
+                counted = count_usage and upstream.status == 200 and upstream.content_type in USAGE_TYPES
+                tail = ResponseTail() if counted else None
                 async for chunk in upstream.content.iter_any():
                     if exchange.ttfb is None:
                         exchange.ttfb = perf_counter() - exchange.start
@@ -159,8 +160,7 @@ class Proxy:
                 watcher.cancel()  # before the last send: after it, receive() reports a disconnect
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             if tail is not None:
-                sse = upstream.content_type == "text/event-stream"
-                self.metrics.count_usage((usage_from_sse if sse else usage_from_json)(tail.bytes()))
+                self.metrics.count_usage(usage_from_tail(tail.bytes()))
         except asyncio.CancelledError:
             if not exchange.client_gone:
                 raise  # shutdown, not a disconnect
@@ -178,8 +178,9 @@ class Proxy:
             return await self.session.request(method, target, headers=headers, data=body or None,
                                               allow_redirects=False)
         except aiohttp.ServerDisconnectedError:
-            # The pooled keep-alive connection was one the engine had just closed (servers close idle
-            # or errored connections at will), so the request never reached it: once more, on a new one.
+            # Nearly always a pooled keep-alive connection the engine had just closed (servers close
+            # idle or errored connections at will), which the request never reached: once more, on a
+            # new connection. An engine that is really gone then refuses it, which answers 503.
             return await self.session.request(method, target, headers=headers, data=body or None,
                                               allow_redirects=False)
 
@@ -193,16 +194,6 @@ class Proxy:
             if len(self._targets) < MAX_CACHED_TARGETS:
                 self._targets[key] = url
         return url
-
-    @staticmethod
-    def _usage_tail(upstream: aiohttp.ClientResponse) -> ResponseTail | None:
-        if upstream.status != 200:
-            return None
-        if upstream.content_type == "text/event-stream":
-            return ResponseTail()
-        if upstream.content_type == "application/json":
-            return ResponseTail(MAX_COUNTED_JSON_BYTES)
-        return None
 
     async def _upstream_failed(self, send: Any, exc: BaseException, started: bool, exchange: _Exchange) -> None:
         timeout = isinstance(exc, asyncio.TimeoutError)

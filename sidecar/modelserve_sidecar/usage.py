@@ -1,17 +1,20 @@
-"""Token usage read from engine responses (pure), for the token counters."""
+"""Token usage read from the end of engine responses (pure), for the token counters."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-# The streaming usage chunk is the last event before `data: [DONE]`; a few KiB of tail hold it.
-TAIL_BYTES = 8192
+# Engines put `usage` at the end: the last keys of a JSON answer, the last event before
+# `data: [DONE]` of a stream. Only this much of a response's end is kept and searched.
+TAIL_BYTES = 65536
+
+_DECODER = json.JSONDecoder()
+_WHITESPACE = " \t\r\n"
 
 
-def usage_counts(payload: Any) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) from a response object's `usage`, if it has one."""
-    usage = payload.get("usage") if isinstance(payload, dict) else None
+def usage_counts(usage: Any) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) from a `usage` object, if it is one."""
     if not isinstance(usage, dict):
         return None
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
@@ -20,30 +23,36 @@ def usage_counts(payload: Any) -> tuple[int, int] | None:
     return prompt, completion
 
 
-def usage_from_json(body: bytes) -> tuple[int, int] | None:
-    try:
-        return usage_counts(json.loads(body))
-    except ValueError:
-        return None
-
-
-def usage_from_sse(tail: bytes) -> tuple[int, int] | None:
-    """The usage of the last SSE event that carries one (engines that report usage in every
-    chunk end with the cumulative total)."""
-    for event in reversed(tail.split(b"\n\n")):
-        if b'"usage"' not in event:
-            continue
-        data = b"".join(line[5:] for line in event.split(b"\n") if line.startswith(b"data:"))
-        counts = usage_from_json(data)
-        if counts is not None:
-            return counts
+def usage_from_tail(tail: bytes) -> tuple[int, int] | None:
+    """The last `"usage": {...}` in the end of a JSON answer or an SSE stream (a stream that
+    reports usage in every chunk ends with the cumulative one). Decoding only that object, not
+    the whole answer, keeps the cost independent of the answer's length."""
+    text = tail.decode("utf-8", "replace")
+    end = len(text)
+    while (key := text.rfind('"usage"', 0, end)) >= 0:
+        end = key
+        at = _skip_whitespace(text, key + len('"usage"'))
+        if at < len(text) and text[at] == ":":
+            try:
+                value, _ = _DECODER.raw_decode(text, _skip_whitespace(text, at + 1))
+            except ValueError:
+                continue
+            counts = usage_counts(value)
+            if counts is not None:
+                return counts
     return None
+
+
+def _skip_whitespace(text: str, at: int) -> int:
+    while at < len(text) and text[at] in _WHITESPACE:
+        at += 1
+    return at
 
 
 class ResponseTail:
     """Keeps the last TAIL_BYTES (at least) of a response body without copying every chunk."""
 
-    __slots__ = ("_chunks", "_size", "_limit")
+    __slots__ = ("_chunks", "_limit", "_size")
 
     def __init__(self, limit: int = TAIL_BYTES) -> None:
         self._chunks: list[bytes] = []

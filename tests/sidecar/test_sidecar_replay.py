@@ -5,8 +5,10 @@ metric names), and the failure modes that need an upstream under the test's cont
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
+import subprocess
 from collections.abc import Callable
 
 import httpx
@@ -14,6 +16,7 @@ import openai
 import pytest
 from sidecar_harness import (
     API_KEY,
+    SIDECAR_BIN,
     ReplayEngine,
     SecretDir,
     Sidecar,
@@ -41,6 +44,17 @@ def openai_error(response: httpx.Response) -> dict:
     body = response.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
     return body["error"]
+
+
+# --- start-up -------------------------------------------------------------------------------------
+
+def test_invalid_configuration_stops_the_start_with_the_variable_named() -> None:
+    env = {**os.environ, "MODELSERVE_UPSTREAM_URL": "http://127.0.0.1:1", "MODELSERVE_SERVED_MODEL": "tiny",
+           "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": "low"}'}
+    started = subprocess.run([SIDECAR_BIN], env=env, capture_output=True, text=True, timeout=60)
+    assert started.returncode == 2
+    assert started.stderr.strip() == ("modelserve-sidecar: invalid configuration: MODELSERVE_SAMPLING_DEFAULTS="
+                                      """'{"temperature": "low"}': temperature must be a number""")
 
 
 # --- readiness and passthrough ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from modelserve_sidecar.metrics import SidecarMetrics, route_label
 from modelserve_sidecar.proxy import DROP_TO_ENGINE, HOP_BY_HOP, filter_headers
 from modelserve_sidecar.readiness import listed_models
 from modelserve_sidecar.request_checks import check_body, missing_sampling
-from modelserve_sidecar.usage import ResponseTail, usage_from_json, usage_from_sse
+from modelserve_sidecar.usage import ResponseTail, usage_from_tail
 from sidecar_harness import API_KEY, SecretDir, read_recording
 
 REQUIRED = {"MODELSERVE_UPSTREAM_URL": "http://127.0.0.1:8000/", "MODELSERVE_SERVED_MODEL": "tiny"}
@@ -180,10 +180,21 @@ def test_sampling_defaults_fill_only_what_is_left_out() -> None:
 # --- usage, headers, models, metrics ---------------------------------------------------------------
 
 def test_usage_from_recorded_vllm_answers() -> None:
-    assert usage_from_json(read_recording("chat.http").body) == (28, 8)
-    assert usage_from_sse(read_recording("chat_stream_usage.http").body) == (14, 6)
-    assert usage_from_sse(read_recording("chat_stream.http").body) is None  # no usage asked for
-    assert usage_from_json(b"{not json") is None
+    assert usage_from_tail(read_recording("chat.http").body) == (28, 8)
+    assert usage_from_tail(read_recording("completions.http").body) == (3, 4)
+    assert usage_from_tail(read_recording("chat_stream_usage.http").body) == (14, 6)
+    assert usage_from_tail(read_recording("chat_stream.http").body) is None  # no usage asked for
+
+
+def test_usage_from_tail_takes_the_last_real_usage_object() -> None:
+    # Chunks with `"usage": null`, a cut-off start, and the word in generated text are skipped.
+    stream = (b'ge": {"prompt_tokens": 99}}\n\n'
+              b'data: {"choices": [{"delta": {"content": "\\"usage\\": 5"}}], "usage": null}\n\n'
+              b'data: {"choices": [], "usage": {"prompt_tokens": 14, "completion_tokens": 6}}\n\n'
+              b'data: {"choices": [{"delta": {"content": "usage"}}], "usage" : null}\n\ndata: [DONE]\n\n')
+    assert usage_from_tail(stream) == (14, 6)
+    assert usage_from_tail(b'{"usage": {"prompt_tokens": "many"}}') is None
+    assert usage_from_tail(b"{not json") is None
 
 
 def test_response_tail_keeps_the_end_of_a_long_stream() -> None:
@@ -195,7 +206,7 @@ def test_response_tail_keeps_the_end_of_a_long_stream() -> None:
         tail.add(stream[i:i + 7])
     kept = tail.bytes()
     assert kept.endswith(stream) and len(kept) < 2 * len(stream) + 300
-    assert usage_from_sse(kept) == (14, 6)
+    assert usage_from_tail(kept) == (14, 6)
 
 
 def test_filter_headers_drops_hop_by_hop_and_connection_named_ones() -> None:
