@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import threading
 
 import kopf
@@ -18,6 +19,11 @@ def run(
 ) -> None:
     """Run until SIGINT/SIGTERM or until `stop_flag` is set (to run it in a thread)."""
     kopf.configure(verbose=verbose)
+    if not verbose:
+        # Every watched event would log "Handler succeeded" and every probe an access line;
+        # the reconciler logs what it changes.
+        for noisy in ("kopf.objects", "aiohttp.access"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     kopf.run(
         standalone=True,
         clusterwide=not namespaces,
