@@ -7,7 +7,7 @@ from typing import Any
 
 # Engines put `usage` at the end: the last keys of a JSON answer, the last event before
 # `data: [DONE]` of a stream. Only this much of a response's end is kept and searched.
-TAIL_BYTES = 65536
+TAIL_BYTES = 16384
 
 _DECODER = json.JSONDecoder()
 _WHITESPACE = " \t\r\n"

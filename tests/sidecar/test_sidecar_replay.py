@@ -14,6 +14,7 @@ from collections.abc import Callable
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sidecar_harness import (
     API_KEY,
     SIDECAR_BIN,
@@ -299,6 +300,9 @@ def test_metrics_count_requests_and_tokens_and_append_vllms_series(replay_sideca
     assert "modelserve_sidecar_in_flight_requests 0.0" in after
     for engine_series in ("vllm:num_requests_running{", "vllm:num_requests_waiting{", "vllm:kv_cache_usage_perc{"):
         assert engine_series in after
+    # One valid exposition: the sidecar's process series are prefixed, so none collides with vLLM's.
+    families = [family.name for family in text_string_to_metric_families(after)]
+    assert len(families) == len(set(families)) and "process_cpu_seconds" in families
     assert API_KEY not in after
 
 
