@@ -10,8 +10,9 @@ from typing import Any
 
 from .engines import engine_for
 from .engines.base import CACHE_VOLUME, GPU_RESOURCE, SHM_VOLUME, EngineFacts
-from .settings import Settings
+from .settings import FIELD_MANAGER, Settings
 from .spec import API_VERSION, GROUP, KIND, AuthMode, ModelServer, Profile
+from .status import Transition
 
 SELECTOR_LABEL = f"{GROUP}/modelserver"
 SIDECAR_NAME = "sidecar"
@@ -244,3 +245,30 @@ def everything(ms: ModelServer, settings: Settings, api_key: str) -> list[dict[s
     if secret_name:
         objects.append(key_secret(ms, secret_name, api_key))
     return objects
+
+
+def event(body: dict[str, Any], transition: Transition, now: str, reporter: str) -> dict[str, Any]:
+    """A core/v1 Event about the ModelServer (what `kubectl describe ms` lists)."""
+    meta = body["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "resourceVersion": meta["resourceVersion"],
+        },
+        "type": transition.type,
+        "reason": transition.reason,
+        "message": transition.message[:1024],
+        "source": {"component": FIELD_MANAGER},
+        "reportingComponent": FIELD_MANAGER,
+        "reportingInstance": reporter,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }

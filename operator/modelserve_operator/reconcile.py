@@ -12,15 +12,14 @@ import socket
 import threading
 from collections import defaultdict
 from datetime import UTC, datetime
-from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from . import manifests
 from .apply import Kube, error_message
-from .settings import FIELD_MANAGER, Settings
+from .settings import Settings
 from .spec import API_VERSION, KIND, ModelServer
-from .status import Transition, compute_status, transitions
+from .status import compute_status, transitions
 
 log = logging.getLogger(__name__)
 
@@ -31,33 +30,6 @@ def utc_now() -> str:
 
 def new_api_key() -> str:
     return "msk-" + secrets.token_urlsafe(32)
-
-
-def event(body: dict[str, Any], transition: Transition, now: str) -> dict[str, Any]:
-    """A core/v1 Event about the ModelServer (what `kubectl describe ms` lists)."""
-    meta = body["metadata"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-        "involvedObject": {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-            "resourceVersion": meta["resourceVersion"],
-        },
-        "type": transition.type,
-        "reason": transition.reason,
-        "message": transition.message[:1024],
-        "source": {"component": FIELD_MANAGER},
-        "reportingComponent": FIELD_MANAGER,
-        "reportingInstance": socket.gethostname(),
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
 
 
 class Reconciler:
@@ -104,7 +76,7 @@ class Reconciler:
         self.kube.patch_status(API_VERSION, KIND, namespace, name, status)
         for transition in transitions(previous, status):
             log.info("%s/%s: %s %s", namespace, name, transition.reason, transition.message)
-            self.kube.create(event(body, transition, now))
+            self.kube.create(manifests.event(body, transition, now, socket.gethostname()))
 
     def _apply_children(self, ms: ModelServer) -> str | None:
         """Apply every child; the API server's refusal, if any, becomes the Degraded message."""
