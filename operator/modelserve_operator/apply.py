@@ -57,6 +57,17 @@ def error_message(error: ApiException) -> str:
         return f"{error.status} {error.reason}"
 
 
+def is_gone(error: ApiException) -> bool:
+    """The object, or the namespace it lives in, is going away: nothing is left to reconcile."""
+    if error.status == 404:
+        return True
+    try:
+        causes = json.loads(error.body)["details"]["causes"]
+    except (TypeError, ValueError, KeyError):
+        return False
+    return any(cause.get("reason") == "NamespaceTerminating" for cause in causes)
+
+
 class Kube:
     def __init__(self, api: client.ApiClient, field_manager: str = FIELD_MANAGER):
         self.api = api

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from kubernetes.client.exceptions import ApiException
 
 from . import manifests
-from .apply import Kube, error_message
+from .apply import Kube, error_message, is_gone
 from .settings import Settings
 from .spec import API_VERSION, KIND, ModelServer
 from .status import compute_status, transitions
@@ -46,7 +46,7 @@ class Reconciler:
             try:
                 self._reconcile(namespace, name)
             except ApiException as error:
-                if error.status != 404:
+                if not is_gone(error):
                     raise
                 # Deleted while we looked at it: its children go with it.
                 log.debug("%s/%s: gone mid-reconcile: %s", namespace, name, error_message(error))
@@ -91,6 +91,8 @@ class Reconciler:
                 self.kube.create(manifests.key_secret(ms, secret_name, new_api_key()))
                 log.info("%s/%s: Secret %s created", ms.namespace, ms.name, secret_name)
         except ApiException as error:
+            if is_gone(error):
+                raise
             log.warning("%s/%s: apply refused: %s", ms.namespace, ms.name, error_message(error))
             return error_message(error)
         return None

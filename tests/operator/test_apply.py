@@ -1,0 +1,52 @@
+"""Reading the API server's refusals (bodies as the API server sends them)."""
+
+from __future__ import annotations
+
+import json
+
+from kubernetes.client.exceptions import ApiException
+
+from modelserve_operator.apply import error_message, is_gone, path
+
+TERMINATING = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "status": "Failure",
+    "message": 'events "small." is forbidden: unable to create new content in namespace t-1 because it is being '
+    "terminated",
+    "reason": "Forbidden",
+    "details": {
+        "name": "small.",
+        "kind": "events",
+        "causes": [{"reason": "NamespaceTerminating", "message": "namespace t-1 is being terminated"}],
+    },
+    "code": 403,
+}
+INVALID = {
+    "kind": "Status",
+    "status": "Failure",
+    "reason": "Invalid",
+    "code": 422,
+    "message": 'Service "small" is invalid: spec.ports[1].name: Duplicate value: "http"',
+}
+
+
+def test_a_terminating_namespace_or_a_missing_object_is_gone() -> None:
+    assert is_gone(ApiException(status=403, reason="Forbidden", body=json.dumps(TERMINATING)))
+    assert is_gone(ApiException(status=404, reason="Not Found"))
+    assert not is_gone(ApiException(status=422, reason="Unprocessable Entity", body=json.dumps(INVALID)))
+    assert not is_gone(ApiException(status=403, reason="Forbidden", body="not json"))
+
+
+def test_error_message_is_the_api_servers_own() -> None:
+    assert error_message(ApiException(status=422, body=json.dumps(INVALID))) == INVALID["message"]
+    assert error_message(ApiException(status=500, reason="Internal Server Error")) == "500 Internal Server Error"
+
+
+def test_paths_for_core_grouped_and_cluster_wide_collections() -> None:
+    assert path("v1", "Secret", "ns", "k") == "/api/v1/namespaces/ns/secrets/k"
+    assert path("apps/v1", "Deployment", "ns") == "/apis/apps/v1/namespaces/ns/deployments"
+    ms = path("serving.modelserve.dev/v1alpha1", "ModelServer", "ns", "m", "status")
+    assert ms == "/apis/serving.modelserve.dev/v1alpha1/namespaces/ns/modelservers/m/status"
+    every = path("serving.modelserve.dev/v1alpha1", "ModelServer", None)
+    assert every == "/apis/serving.modelserve.dev/v1alpha1/modelservers"
