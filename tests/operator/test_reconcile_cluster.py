@@ -23,6 +23,9 @@ SMALL = {
 }
 
 
+SERVICE_PORTS = [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": "http"}]
+
+
 def _small(**spec: Any) -> dict[str, Any]:
     manifest = copy.deepcopy(SMALL)
     manifest["spec"].update(spec)
@@ -108,8 +111,10 @@ def test_deleted_and_edited_children_are_restored(ops: OperatorView) -> None:
 
     ops.kubectl("delete", "service", "small")
     ops.wait(lambda: ops.get("service", "small"), "the Service to be recreated")
-    ops.kubectl("patch", "service", "small", "--type=merge", "-p", '{"spec": {"ports": [{"name": "http", "port": 81}]}}')
-    ops.wait(lambda: (ops.get("service", "small") or {})["spec"]["ports"][0]["port"] == 80, "the Service port back")
+    # What `kubectl edit` makes of a renumbered port: a new list item, still named http.
+    renumbered = {"spec": {"ports": [{"name": "http", "port": 81}]}}
+    ops.kubectl("patch", "service", "small", "--type=merge", "-p", json.dumps(renumbered))
+    ops.wait(lambda: (ops.get("service", "small") or {})["spec"]["ports"] == SERVICE_PORTS, "the Service port back")
 
     # Nobody watches Secrets: the periodic resync finds the key Secret missing and makes a new key.
     ops.kubectl("delete", "secret", "small-api-keys")
