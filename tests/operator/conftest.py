@@ -9,18 +9,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from operator_cluster import OperatorView
+from operator_cluster import RESYNC_SECONDS, OperatorView
 from operator_testdata import CRD_PATH
 
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
 
-RESYNC_SECONDS = 2
-
 
 @pytest.fixture(scope="session")
 def crd_installed(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+    # Forced: the chart tests may have installed the chart's copy of the same CRD first.
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
     cluster.kubectl("wait", "--for=condition=Established", "crd/modelservers.serving.modelserve.dev", "--timeout=60s")
 
 

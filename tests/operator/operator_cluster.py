@@ -11,6 +11,7 @@ from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import tail, wait_until
 
 WAIT_SECONDS = 60
+RESYNC_SECONDS = 2  # the operator under test resyncs this often
 
 
 class OperatorView:

@@ -9,8 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import RESYNC_SECONDS
-from operator_cluster import OperatorView
+from operator_cluster import RESYNC_SECONDS, OperatorView
 from operator_testdata import EXAMPLES_DIR, examples
 
 pytestmark = pytest.mark.cluster
