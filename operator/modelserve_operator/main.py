@@ -37,7 +37,11 @@ def run(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="modelserve-operator", description=__doc__)
     parser.add_argument(
-        "-n", "--namespace", action="append", default=[], help="watch this namespace only (repeatable; default: all)"
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace only (repeatable; exact names; default: all namespaces)",
     )
     parser.add_argument("--liveness", metavar="URL", help="serve a liveness probe, e.g. http://0.0.0.0:8081/healthz")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
