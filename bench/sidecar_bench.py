@@ -294,12 +294,20 @@ def median_table(tables: list[Table]) -> Table:
 def ratios(table: Table) -> dict[str, float]:
     plus_p50, rate, errors = COLUMNS.index("+p50 ms"), COLUMNS.index("req/s"), COLUMNS.index("errors")
     c1, s64 = ("plain", 1, 0), ("stream", 64, 1)
+    nginx_added = table[c1, "nginx"][plus_p50]
     return {
-        "added p50 c=1 sidecar/nginx (<= 2)": table[c1, "sidecar"][plus_p50] / table[c1, "nginx"][plus_p50],
+        # Undefined (nan) when noise puts nginx at or below direct: no ratio to a zero cost.
+        "added p50 c=1 sidecar/nginx (<= 2)": table[c1, "sidecar"][plus_p50] / nginx_added if nginx_added > 0
+        else float("nan"),
         "streams/s c=64 1ms sidecar/nginx (>= 1)": table[s64, "sidecar"][rate] / table[s64, "nginx"][rate],
         "streams/s c=64 1ms sidecar/direct (>= 0.9)": table[s64, "sidecar"][rate] / table[s64, "direct"][rate],
         "errors, all levels and targets (== 0)": sum(values[errors] for values in table.values()),
     }
+
+
+def median_of_defined(values: list[float]) -> float:
+    defined = [v for v in values if v == v]
+    return statistics.median(defined) if defined else float("nan")
 
 
 def print_ratios(values: dict[str, float]) -> None:
@@ -362,7 +370,7 @@ def main() -> None:
         if args.runs > 1:
             print(f"medians over {args.runs} runs (each ratio from its own run, then the median):")
             print_table(median_table(tables))
-            print_ratios({name: statistics.median(r[name] for r in all_ratios) for name in all_ratios[0]})
+            print_ratios({name: median_of_defined([r[name] for r in all_ratios]) for name in all_ratios[0]})
     finally:
         for process in reversed(processes):
             stop_process(process)
