@@ -85,6 +85,23 @@ def test_spec_change_rolls_the_deployment_and_keeps_the_key(ops: OperatorView) -
     assert (ops.get("secret", "small-api-keys") or {})["data"] == key
 
 
+def test_what_the_spec_no_longer_asks_for_leaves_the_deployment(ops: OperatorView) -> None:
+    ops.apply(_small(nodeSelector={"pool": "a100"}, env=[{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]))
+    ops.wait(lambda: ops.get("deployment", "small"), "the Deployment")
+    ops.apply({**_small(), "spec": {"model": "LiquidAI/LFM2-350M", "profile": "low-latency", "auth": {"mode": "public"}}})
+
+    def switched() -> bool:
+        deployment = ops.get("deployment", "small")
+        return bool(deployment) and _engine(deployment)["image"].startswith("lmsysorg/sglang")
+
+    ops.wait(switched, "the Deployment to switch to SGLang")
+    pod = (ops.get("deployment", "small") or {})["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod and [volume["name"] for volume in pod["volumes"]] == ["dshm", "hub-cache"]
+    assert [var["name"] for var in pod["containers"][0]["env"]] == ["HF_HOME"]
+    assert "MODELSERVE_KEYS_DIR" not in {var["name"] for var in pod["containers"][1]["env"]}
+    ops.wait_ready("small", generation=2)
+
+
 def test_deleted_and_edited_children_are_restored(ops: OperatorView) -> None:
     ops.apply(_small())
     ops.wait_ready("small")
