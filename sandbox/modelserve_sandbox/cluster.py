@@ -227,6 +227,9 @@ class Cluster:
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             f"--cidr={POD_CIDR}", "--node-ip=10.244.0.1",
             f"--server-address=127.0.0.1:{self.ports.kwok}",
+            # Heartbeat through Leases, as kubelets do; without them the node lifecycle
+            # controller finds every node not-ready ~50 s in and marks their pods unready.
+            "--node-lease-duration-seconds=40",
         ])
 
     def _create_nodes(self) -> None:

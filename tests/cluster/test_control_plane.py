@@ -126,3 +126,16 @@ def test_kubectl_and_helm_answer_with_real_versions(cluster: Cluster) -> None:
     assert helm.startswith("v3.")
     # helm talks to the same API server with the same kubeconfig.
     assert cluster.helm("list", "--all-namespaces").returncode == 0
+
+
+def test_kwok_heartbeats_every_node_through_a_lease(cluster: Cluster) -> None:
+    # Without lease heartbeats the node lifecycle controller declares every node not-ready
+    # after its grace period and turns every pod unready in the middle of a test session.
+    nodes = {n["metadata"]["name"] for n in _get(cluster, "nodes")["items"]}
+
+    def leased() -> bool:
+        leases = _get(cluster, "leases", "-n", "kube-node-lease")["items"]
+        return nodes <= {lease["metadata"]["name"] for lease in leases
+                         if lease["spec"].get("renewTime")}
+
+    wait_until(leased, 30, f"a renewed Lease for each of the nodes {sorted(nodes)}")
