@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
-from pydantic import ValidationError
-
 from . import manifests, spec
+from .validation import InvalidManifest, explain
 from .reconcile import new_api_key
 from .settings import Settings
 
@@ -29,58 +28,13 @@ API_KEY_PLACEHOLDER = "<generated once by the operator>"
 UID_PLACEHOLDER = "<uid of the ModelServer>"
 
 
-class InvalidManifest(ValueError):
-    """A manifest the API server would refuse; the message names the field like the API server."""
-
-
-def rules_by_message() -> dict[str, spec.Rule]:
-    """Every cross-field rule of the spec model, by its message (messages are unique)."""
-    found: dict[str, spec.Rule] = {}
-    pending = [spec.WireModel]
-    while pending:
-        cls = pending.pop()
-        pending.extend(cls.__subclasses__())
-        found.update({rule.message: rule for rule in cls.rules})
-    return found
-
-
-def _path(prefix: str, loc: tuple[int | str, ...]) -> str:
-    out = prefix
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return out
-
-
-def field_errors(error: ValidationError, prefix: str = "spec") -> list[str]:
-    """`<field path>: <message>` lines, the field path spelt as in the API server's refusal.
-
-    Schema errors carry their location; a broken cross-field rule is reported at the location of
-    the object it sits on, and its `field` finishes the path (the CEL rule's fieldPath).
-    """
-    rules = rules_by_message()
-    lines = []
-    for item in error.errors():
-        path = _path(prefix, item["loc"])
-        broken = [rule for message, rule in rules.items() if item["type"] == "value_error" and message in item["msg"]]
-        if broken:
-            lines += [f"{path}.{rule.field}: {rule.message}" for rule in broken]
-        else:
-            lines.append(f"{path}: {item['msg'].removeprefix('Value error, ')}")
-    return lines
-
-
 def parse_model_server(manifest: dict[str, Any], namespace: str) -> spec.ModelServer:
     """Validate one ModelServer manifest; raises InvalidManifest with field-named lines."""
     metadata = {"namespace": namespace, "uid": UID_PLACEHOLDER, **(manifest.get("metadata") or {})}
     try:
         return spec.ModelServer.from_manifest({**manifest, "metadata": metadata})
-    except ValidationError as error:
-        raise InvalidManifest("\n".join(field_errors(error))) from None
     except ValueError as error:
-        message = str(error)
-        if message == spec.NAME_RULE.message:
-            message = f"{spec.NAME_RULE.field}: {message}"
-        raise InvalidManifest(message) from None
+        raise InvalidManifest(explain(error)) from None
 
 
 def _documents(path: str) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -19,7 +19,8 @@ from . import manifests
 from .apply import Kube, error_message, is_gone
 from .settings import Settings
 from .spec import API_VERSION, KIND, ModelServer
-from .status import compute_status, transitions
+from .status import compute_status, invalid_spec_status, transitions
+from .validation import explain
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +56,20 @@ class Reconciler:
         body = self.kube.get(API_VERSION, KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return  # the garbage collector removes the children through their owner references
-        ms = ModelServer.from_manifest(body)
+        previous = body.get("status") or {}
+        generation = body["metadata"]["generation"]
+        now = utc_now()
+        try:
+            ms = ModelServer.from_manifest(body)
+        except ValueError as error:  # pydantic's ValidationError is a ValueError
+            self._report(body, previous, invalid_spec_status(generation, previous, now, explain(error)), now)
+            return
         apply_error = self._apply_children(ms)
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         pods = self.kube.list("v1", "Pod", namespace, f"{manifests.SELECTOR_LABEL}={name}")
-        previous = body.get("status") or {}
-        now = utc_now()
         status = compute_status(
             ms,
-            body["metadata"]["generation"],
+            generation,
             deployment,
             pods,
             previous,
@@ -71,6 +77,11 @@ class Reconciler:
             manifests.endpoint(ms, self.settings.cluster_domain),
             apply_error,
         )
+        self._report(body, previous, status, now)
+
+    def _report(self, body: dict, previous: dict, status: dict, now: str) -> None:
+        """Write the status when it changed, and an Event for each condition that moved."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         if status == previous:
             return
         self.kube.patch_status(API_VERSION, KIND, namespace, name, status)
@@ -87,8 +98,8 @@ class Reconciler:
                     log.info("%s/%s: %s %s", ms.namespace, ms.name, manifest["kind"], outcome)
             secret_name = manifests.generated_secret_name(ms)
             # Created once and never applied again: rewriting it would change the key under clients.
-            if secret_name and self.kube.get("v1", "Secret", ms.namespace, secret_name) is None:
-                self.kube.create(manifests.key_secret(ms, secret_name, new_api_key()))
+            # Create-if-absent (409 = already there) so the operator never needs to read a Secret.
+            if secret_name and self.kube.create(manifests.key_secret(ms, secret_name, new_api_key())):
                 log.info("%s/%s: Secret %s created", ms.namespace, ms.name, secret_name)
         except ApiException as error:
             if is_gone(error):

@@ -138,8 +138,40 @@ def compute_status(
     else:
         phase = "Loading"
 
-    before = {c["type"]: c for c in (previous or {}).get("conditions") or []}
+    status = ModelServerStatus(
+        observed_generation=generation,
+        phase=phase,
+        replicas=replicas,
+        ready_replicas=ready,
+        endpoint=endpoint,
+        conditions=_timed([ready_condition, progressing, degraded], previous, now),
+    )
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def invalid_spec_status(generation: int, previous: dict[str, Any] | None, now: str, message: str) -> dict[str, Any]:
+    """The status of a stored ModelServer the operator cannot read (e.g. written before a stricter
+    CRD): nothing is applied, and the conditions say why instead of only the operator's log."""
+    previous = previous or {}
     conditions = [
+        _condition(type_, ok, "InvalidSpec", message, generation)
+        for type_, ok in (("Ready", False), ("Progressing", False), ("Degraded", True))
+    ]
+    status = ModelServerStatus(
+        observed_generation=generation,
+        phase="Degraded",
+        replicas=previous.get("replicas", 0),
+        ready_replicas=previous.get("readyReplicas", 0),
+        endpoint=previous.get("endpoint"),
+        conditions=_timed(conditions, previous, now),
+    )
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _timed(conditions: list[dict[str, Any]], previous: dict[str, Any] | None, now: str) -> list[Condition]:
+    """Conditions with lastTransitionTime kept from `previous` where their status did not change."""
+    before = {c["type"]: c for c in (previous or {}).get("conditions") or []}
+    return [
         Condition.model_validate(
             {
                 **condition,
@@ -148,17 +180,8 @@ def compute_status(
                 else now,
             }
         )
-        for condition in (ready_condition, progressing, degraded)
+        for condition in conditions
     ]
-    status = ModelServerStatus(
-        observed_generation=generation,
-        phase=phase,
-        replicas=replicas,
-        ready_replicas=ready,
-        endpoint=endpoint,
-        conditions=conditions,
-    )
-    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[Transition]:

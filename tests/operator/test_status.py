@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from modelserve_operator.spec import ModelServer
-from modelserve_operator.status import compute_status, transitions
+from modelserve_operator.status import compute_status, invalid_spec_status, transitions
+from modelserve_operator.validation import explain
 
 ENDPOINT = "http://m.ns.svc.cluster.local/v1"
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -177,3 +178,24 @@ def test_transitions_become_events_warning_only_for_degraded() -> None:
     ]
     assert transitions(degraded, degraded) == []
     assert len(transitions(None, loading)) == 3
+
+
+def test_a_stored_spec_the_model_refuses_is_reported_in_conditions_without_its_values() -> None:
+    secret_value = "sk-live-do-not-leak"
+    try:
+        _ms(profile="no-such-profile", env=[{"name": "TOKEN", "value": secret_value}])
+    except ValueError as error:
+        message = explain(error)
+    else:
+        raise AssertionError("the model accepted an unknown profile")
+    assert message.startswith("spec.profile: ")
+    previous = compute_status(_ms(), 1, _deployment(1, 1, 1), [], None, T0, ENDPOINT)
+    status = invalid_spec_status(2, previous, T1, message)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert status["phase"] == "Degraded" and status["observedGeneration"] == 2
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", "InvalidSpec")
+    assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == ("True", "InvalidSpec")
+    assert conditions["Degraded"]["message"] == message
+    assert status["endpoint"] == ENDPOINT and status["readyReplicas"] == 1
+    assert secret_value not in str(status)
+    assert [t.reason for t in transitions(previous, status)] == ["InvalidSpec"] * 3
