@@ -74,17 +74,19 @@ collector removes children through their owner references).
 - apiGroups: ["serving.modelserve.dev"]
   resources: ["modelservers/finalizers"]
   verbs: ["update"]
-# Server-side apply (patch; create when absent) of the children; watch them to repair drift at once.
+# Server-side apply (patch; create when absent) of the children; watch them to repair drift at once;
+# update puts a child back whole when another manager's edit left it where apply cannot merge.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "update"]
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "create", "patch"]
-# The generated API-key Secret: created once if a read says it is absent; never listed or watched.
+  verbs: ["get", "list", "watch", "create", "patch", "update"]
+# The generated API-key Secret: create-if-absent (409 means it is there). No Secret is ever read,
+# listed, watched, changed or deleted by the operator.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create"]
+  verbs: ["create"]
 # Pods only for status (Ready counts, InsufficientGPU, image pull and crash reasons).
 - apiGroups: [""]
   resources: ["pods"]
