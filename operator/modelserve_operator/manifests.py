@@ -147,13 +147,14 @@ def _volumes(ms: ModelServer, facts: EngineFacts) -> list[dict[str, Any]]:
 def deployment(ms: ModelServer, settings: Settings) -> dict[str, Any]:
     spec = ms.spec
     engine = engine_for(spec.profile)
+    engine_image = settings.engine_image(engine.FACTS.name, engine.FACTS.image)
     pod: dict[str, Any] = {
         # Service links would inject e.g. VLLM_PORT into the engine's environment, which vLLM reads.
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": settings.drain_seconds + ENGINE_SHUTDOWN_SECONDS,
         "containers": [
-            engine.container(ms, settings.drain_seconds),
+            engine.container(ms, engine_image, settings.drain_seconds),
             sidecar_container(ms, engine.FACTS, settings),
         ],
         "volumes": _volumes(ms, engine.FACTS),

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
 FIELD_MANAGER = "modelserve-operator"
+ENGINE_IMAGE_PREFIX = "MODELSERVE_ENGINE_IMAGE_"
 
 
 def _package_version() -> str:
@@ -26,6 +27,9 @@ class Settings:
     startup_seconds: int = 3600  # MODELSERVE_STARTUP_SECONDS: cold start budget (image pull + download + load)
     resync_seconds: float = 60.0  # MODELSERVE_RESYNC_SECONDS: level-based resync of every ModelServer
     cluster_domain: str = "cluster.local"  # MODELSERVE_CLUSTER_DOMAIN: for status.endpoint
+    # MODELSERVE_ENGINE_IMAGE_<ENGINE> (VLLM, SGLANG, LLAMACPP): a mirror or a newer tag for every
+    # ModelServer of that engine; a ModelServer's own spec.image still wins.
+    engine_images: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -35,4 +39,12 @@ class Settings:
             startup_seconds=int(env.get("MODELSERVE_STARTUP_SECONDS", cls.startup_seconds)),
             resync_seconds=float(env.get("MODELSERVE_RESYNC_SECONDS", cls.resync_seconds)),
             cluster_domain=env.get("MODELSERVE_CLUSTER_DOMAIN", cls.cluster_domain),
+            engine_images={
+                key.removeprefix(ENGINE_IMAGE_PREFIX).lower(): value
+                for key, value in env.items()
+                if key.startswith(ENGINE_IMAGE_PREFIX) and value
+            },
         )
+
+    def engine_image(self, engine: str, pinned: str) -> str:
+        return self.engine_images.get(engine, pinned)

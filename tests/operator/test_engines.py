@@ -33,7 +33,8 @@ def _ms(manifest: dict[str, Any], **spec_changes: Any) -> ModelServer:
 
 
 def _container(ms: ModelServer) -> dict[str, Any]:
-    return engine_for(ms.spec.profile).container(ms, 60)
+    engine = engine_for(ms.spec.profile)
+    return engine.container(ms, engine.FACTS.image, 60)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -185,3 +185,17 @@ def test_termination_grace_outlasts_the_drain() -> None:
     engine = pod["containers"][0]
     assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] == SETTINGS.drain_seconds
     assert pod["terminationGracePeriodSeconds"] > SETTINGS.drain_seconds
+
+
+def test_engine_image_comes_from_spec_then_operator_settings_then_the_pinned_tag() -> None:
+    settings = Settings.from_env({"MODELSERVE_ENGINE_IMAGE_VLLM": "mirror.example/vllm-openai:v9",
+                                  "MODELSERVE_ENGINE_IMAGE_SGLANG": ""})
+    assert settings.engine_images == {"vllm": "mirror.example/vllm-openai:v9"}
+
+    def engine_image(ms: ModelServer) -> str:
+        pod = manifests.deployment(ms, settings)["spec"]["template"]["spec"]
+        return next(c["image"] for c in pod["containers"] if c["name"] == "engine")
+
+    assert engine_image(_example("lfm2-1.2b")) == "mirror.example/vllm-openai:v9"
+    assert engine_image(_example("lfm2-1.2b", image="own/vllm:1")) == "own/vllm:1"
+    assert engine_image(_example("lfm2-8b-a1b")).startswith("lmsysorg/sglang:v0.5.")

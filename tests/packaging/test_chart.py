@@ -163,6 +163,7 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
             "ms", "modelserve-system",
             "image.tag=1.2.3", "sidecar.drainSeconds=45", "operator.startupSeconds=900",
             "operator.resyncSeconds=30", "operator.clusterDomain=example.internal",
+            "engines.vllm.image=mirror.example/vllm-openai:v9", "engines.llamacpp.image=mirror.example/llama:b1",
         )
     ).stdout  # fmt: skip
     env = {var["name"]: var["value"] for var in _operator_container(rendered)["env"]}
@@ -173,6 +174,7 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
         startup_seconds=900,
         resync_seconds=30.0,
         cluster_domain="example.internal",
+        engine_images={"vllm": "mirror.example/vllm-openai:v9", "llamacpp": "mirror.example/llama:b1"},
     )
     assert all(name.startswith("MODELSERVE_") for name in env)
 

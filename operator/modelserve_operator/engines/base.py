@@ -21,7 +21,7 @@ class EngineFacts:
     """The small table of facts that differs between engines."""
 
     name: str  # also the pods' app.kubernetes.io/component label
-    image: str  # pinned
+    image: str  # pinned; the operator's settings may name another
     command: tuple[str, ...]  # set explicitly so an `image` override runs the same program
     port: int  # on 127.0.0.1
     health_path: str  # answers 200 once the model is loaded
@@ -36,6 +36,7 @@ def engine_container(
     ms: ModelServer,
     facts: EngineFacts,
     args: list[str],
+    image: str,
     drain_seconds: int,
     env: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
@@ -44,7 +45,7 @@ def engine_container(
     spec = ms.spec
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
-        "image": spec.image or facts.image,
+        "image": spec.image or image,
         "command": list(facts.command),
         "args": [*args, *spec.engine_args],
         "env": merge_env([*_common_env(spec), *(env or [])], [var.to_wire() for var in spec.env]),

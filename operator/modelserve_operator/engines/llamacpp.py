@@ -33,5 +33,5 @@ def env(ms: ModelServer) -> list[dict[str, Any]]:
     return [{"name": "LLAMA_CACHE", "value": f"{HUB_CACHE_PATH}/llama.cpp"}]
 
 
-def container(ms: ModelServer, drain_seconds: int) -> dict[str, Any]:
-    return engine_container(ms, FACTS, args(ms), drain_seconds, env(ms))
+def container(ms: ModelServer, image: str, drain_seconds: int) -> dict[str, Any]:
+    return engine_container(ms, FACTS, args(ms), image, drain_seconds, env(ms))

@@ -37,5 +37,5 @@ def args(ms: ModelServer) -> list[str]:
     return out
 
 
-def container(ms: ModelServer, drain_seconds: int) -> dict[str, Any]:
-    return engine_container(ms, FACTS, args(ms), drain_seconds)
+def container(ms: ModelServer, image: str, drain_seconds: int) -> dict[str, Any]:
+    return engine_container(ms, FACTS, args(ms), image, drain_seconds)
