@@ -15,8 +15,12 @@ fi
 # A stamp of pyproject.toml skips pip entirely when nothing changed.
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 if [[ ! -f $stamp ]]; then
-  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/pip install --quiet --upgrade pip
-  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) .venv/bin/pip install --quiet -e '.[test,engine]'
+  # llama.cpp builds for the native CPU; these VMs report AMX but trap on its instructions
+  # (SIGILL in tilezero on the first generation), so leave the AMX kernels out.
+  export CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+  export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  .venv/bin/pip install --quiet --upgrade pip
+  .venv/bin/pip install --quiet -e '.[test,engine]'
   rm -f .venv/.installed-* && touch "$stamp"
 fi
 
