@@ -287,8 +287,7 @@ class Engine:
 
 
 def launch_engine(model: Path, port: int, log_dir: Path) -> Engine:
-    server = Path(__file__).with_name("llama_server_no_repack.py")  # `python -m llama_cpp.server`, see there
-    argv = [sys.executable, str(server), "--model", str(model), "--model_alias", ENGINE_MODEL,
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", ENGINE_MODEL,
             "--chat_format", "gemma", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]
     # Unbuffered: the engine prints what it does (e.g. a client going away) and the tests read it.
     process = start_process(f"engine-{port}", argv, log_dir, {**os.environ, "PYTHONUNBUFFERED": "1"})
