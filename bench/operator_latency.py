@@ -27,7 +27,7 @@ from modelserve_operator.manifests import deployment
 from modelserve_operator.settings import Settings
 from modelserve_operator.spec import API_VERSION, KIND, ModelServer
 from modelserve_sandbox.cluster import Cluster
-from modelserve_sandbox.processes import start_process, stop_process
+from modelserve_sandbox.processes import start_process, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "default"
@@ -46,12 +46,8 @@ def model_server(name: str) -> dict[str, Any]:
 
 def first_time(condition: Callable[[], bool], started: float) -> float:
     """Seconds from `started` until `condition` first holds (polled every 20 ms)."""
-    deadline = time.monotonic() + TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if condition():
-            return time.monotonic() - started
-        time.sleep(POLL_SECONDS)
-    raise TimeoutError("condition not reached in time")
+    wait_until(condition, TIMEOUT_SECONDS, "the measured condition", interval=POLL_SECONDS)
+    return time.monotonic() - started
 
 
 def ready(kube: Kube, name: str) -> bool:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from .cluster import Cluster
-from .processes import environ_with_path, start_process, stop_process, tail, wait_until
+from .processes import start_process, stop_process, tail, wait_until
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         operator = start_process(
             "modelserve-operator", [str(Path(sys.executable).with_name("modelserve-operator"))],
-            cluster.log_dir, env=environ_with_path(cluster.bin_dir, {"KUBECONFIG": str(cluster.kubeconfig)}))
+            cluster.log_dir, env=cluster.env)
         try:
             cluster.kubectl("apply", "-f", str(args.examples))
             try:
