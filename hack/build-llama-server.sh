@@ -25,7 +25,8 @@ start=$(date +%s)
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
   -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_NUMBER="$LLAMA_BUILD" \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
+  -DLLAMA_BUILD_WEBUI=OFF >/dev/null  # the sdist has no web UI assets; the API needs none
 cmake --build "$work/build" --target llama-server -j "$(nproc)" >/dev/null
 mkdir -p "$OUT.tmp"
 install -m 0755 "$work/build/bin/llama-server" "$OUT.tmp/llama-server"

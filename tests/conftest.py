@@ -14,9 +14,12 @@ from modelserve_sandbox.cluster import Cluster
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """etcd + kube-apiserver + controller-manager + scheduler + kwok (2 nodes x 8 GPUs, 1 CPU node)."""
+    """etcd + kube-apiserver + controller-manager + scheduler + kwok (2 nodes x 8 GPUs, 1 CPU node).
+
+    KWOK only: the tests of reconcile logic get pods that turn Ready at once. The tests that run
+    pods for real have a cluster of their own with the real node (tests/realnode)."""
     workdir = tmp_path_factory.mktemp("cluster")
-    with Cluster(workdir) as running:
+    with Cluster(workdir, real_node=False) as running:
         yield running
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if request.session.testsfailed:

@@ -24,6 +24,9 @@ GENERATED_KEY_FIELD = "api-key"
 PROBE_PERIOD_SECONDS = 10
 # The engine's preStop sleep lasts the sidecar's drain; this covers the engine's own shutdown after it.
 ENGINE_SHUTDOWN_SECONDS = 30
+# The sidecar keeps accepting new connections this long after the pod is deleted, while the
+# endpoint removal reaches every kube-proxy; only then does SIGTERM start its drain.
+ENDPOINT_PROPAGATION_SECONDS = 5
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 NONROOT_UID = 65532
 
@@ -119,6 +122,7 @@ def sidecar_container(ms: ModelServer, facts: EngineFacts, settings: Settings) -
         "readinessProbe": _http_probe("/readyz", 5, 3),
         "livenessProbe": _http_probe("/healthz", PROBE_PERIOD_SECONDS, 3),
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_PROPAGATION_SECONDS}}},
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": NONROOT_UID,
@@ -148,13 +152,15 @@ def deployment(ms: ModelServer, settings: Settings) -> dict[str, Any]:
     spec = ms.spec
     engine = engine_for(spec.profile)
     engine_image = settings.engine_image(engine.FACTS.name, engine.FACTS.image)
+    # The engine outlives the sidecar's preStop and drain, so a draining stream keeps its engine.
+    sidecar_done_seconds = ENDPOINT_PROPAGATION_SECONDS + settings.drain_seconds
     pod: dict[str, Any] = {
         # Service links would inject e.g. VLLM_PORT into the engine's environment, which vLLM reads.
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": settings.drain_seconds + ENGINE_SHUTDOWN_SECONDS,
+        "terminationGracePeriodSeconds": sidecar_done_seconds + ENGINE_SHUTDOWN_SECONDS,
         "containers": [
-            engine.container(ms, engine_image, settings.drain_seconds),
+            engine.container(ms, engine_image, sidecar_done_seconds, settings.hub_endpoint),
             sidecar_container(ms, engine.FACTS, settings),
         ],
         "volumes": _volumes(ms, engine.FACTS),

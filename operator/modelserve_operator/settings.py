@@ -27,6 +27,9 @@ class Settings:
     startup_seconds: int = 3600  # MODELSERVE_STARTUP_SECONDS: cold start budget (image pull + download + load)
     resync_seconds: float = 60.0  # MODELSERVE_RESYNC_SECONDS: level-based resync of every ModelServer
     cluster_domain: str = "cluster.local"  # MODELSERVE_CLUSTER_DOMAIN: for status.endpoint
+    # MODELSERVE_HUB_ENDPOINT: a Hugging Face Hub mirror every engine downloads from (air-gapped
+    # clusters, the sandbox); set as HF_ENDPOINT and llama.cpp's MODEL_ENDPOINT. Empty: the hub.
+    hub_endpoint: str = ""
     # MODELSERVE_ENGINE_IMAGE_<ENGINE> (VLLM, SGLANG, LLAMACPP): a mirror or a newer tag for every
     # ModelServer of that engine; a ModelServer's own spec.image still wins.
     engine_images: Mapping[str, str] = field(default_factory=dict)
@@ -39,6 +42,7 @@ class Settings:
             startup_seconds=int(env.get("MODELSERVE_STARTUP_SECONDS", cls.startup_seconds)),
             resync_seconds=float(env.get("MODELSERVE_RESYNC_SECONDS", cls.resync_seconds)),
             cluster_domain=env.get("MODELSERVE_CLUSTER_DOMAIN", cls.cluster_domain),
+            hub_endpoint=env.get("MODELSERVE_HUB_ENDPOINT", cls.hub_endpoint),
             engine_images={
                 key.removeprefix(ENGINE_IMAGE_PREFIX).lower(): value
                 for key, value in env.items()

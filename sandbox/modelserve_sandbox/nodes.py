@@ -1,4 +1,9 @@
-"""The fake nodes KWOK manages: GPU nodes tainted as GPU clouds do, and plain CPU nodes."""
+"""The fake nodes KWOK manages: GPU nodes tainted as GPU clouds do, and plain CPU nodes.
+
+Beside a real node the fake CPU nodes carry KWOK's own taint, so a pod that does not ask for
+a fake node (a cpu ModelServer, the chart's operator) runs for real; a test that wants a fake
+CPU pod tolerates `kwok.x-k8s.io/node`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from dataclasses import dataclass
 
 KWOK_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+FAKE_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
 
 
 @dataclass(frozen=True)
@@ -13,6 +19,7 @@ class NodeShape:
     gpu_nodes: int = 2
     gpus_per_node: int = 8
     cpu_nodes: int = 1
+    taint_fake_cpu: bool = False  # True beside a real node
 
 
 def _node(name: str, labels: dict[str, str], capacity: dict[str, str],
@@ -39,7 +46,8 @@ def node_manifests(shape: NodeShape) -> list[dict]:
         for i in range(shape.gpu_nodes)
     ]
     cpu = [
-        _node(f"cpu-{i}", {}, {"cpu": "16", "memory": "64Gi", "pods": "110"}, [])
+        _node(f"cpu-{i}", {}, {"cpu": "16", "memory": "64Gi", "pods": "110"},
+              [dict(FAKE_TAINT)] if shape.taint_fake_cpu else [])
         for i in range(shape.cpu_nodes)
     ]
     return gpu + cpu

@@ -19,13 +19,17 @@ class Pki:
     serving_key: Path
     service_account_key: Path
     service_account_pub: Path
+    kubelet_client_cert: Path  # the API server's identity towards kubelets (logs, exec, port-forward)
+    kubelet_client_key: Path
 
 
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, text=True)
 
 
-def make_pki(directory: Path) -> Pki:
+def make_pki(directory: Path, server_ips: tuple[str, ...] = ()) -> Pki:
+    """`server_ips`: addresses besides 127.0.0.1 the API server is reached at (the `kubernetes`
+    Service's ClusterIP, the real node's bridge)."""
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(
         ca_cert=directory / "ca.crt",
@@ -34,13 +38,16 @@ def make_pki(directory: Path) -> Pki:
         serving_key=directory / "apiserver.key",
         service_account_key=directory / "sa.key",
         service_account_pub=directory / "sa.pub",
+        kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
+        kubelet_client_key=directory / "apiserver-kubelet-client.key",
     )
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
              "-subj", "/CN=modelserve-sandbox-ca", "-keyout", str(pki.ca_key),
              "-out", str(pki.ca_cert), cwd=directory)
     ext = directory / "serving.ext"
     ext.write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        f"subjectAltName={','.join(f'IP:{ip}' for ip in ('127.0.0.1', *server_ips))},DNS:localhost,"
+        "DNS:kubernetes,DNS:kubernetes.default,"
         "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
         "extendedKeyUsage=serverAuth\n"
     )
@@ -50,6 +57,14 @@ def make_pki(directory: Path) -> Pki:
     _openssl("x509", "-req", "-in", str(csr), "-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key),
              "-CAcreateserial", "-days", "30", "-extfile", str(ext), "-out", str(pki.serving_cert),
              cwd=directory)
+    client_ext = directory / "client.ext"
+    client_ext.write_text("extendedKeyUsage=clientAuth\n")
+    client_csr = directory / "apiserver-kubelet-client.csr"
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+             "-keyout", str(pki.kubelet_client_key), "-out", str(client_csr), cwd=directory)
+    _openssl("x509", "-req", "-in", str(client_csr), "-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key),
+             "-CAcreateserial", "-days", "30", "-extfile", str(client_ext),
+             "-out", str(pki.kubelet_client_cert), cwd=directory)
     _openssl("genrsa", "-out", str(pki.service_account_key), "2048", cwd=directory)
     _openssl("rsa", "-in", str(pki.service_account_key), "-pubout",
              "-out", str(pki.service_account_pub), cwd=directory)

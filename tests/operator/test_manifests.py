@@ -182,9 +182,13 @@ def test_service_maps_port_80_to_the_sidecar() -> None:
 
 def test_termination_grace_outlasts_the_drain() -> None:
     pod = manifests.deployment(_example("lfm2-1.2b"), SETTINGS)["spec"]["template"]["spec"]
-    engine = pod["containers"][0]
-    assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] == SETTINGS.drain_seconds
-    assert pod["terminationGracePeriodSeconds"] > SETTINGS.drain_seconds
+    engine, sidecar = pod["containers"]
+    # The sidecar keeps taking connections while endpoints update, then drains; the engine
+    # outlives both, and the grace period outlives the engine's shutdown.
+    propagation = sidecar["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert propagation == manifests.ENDPOINT_PROPAGATION_SECONDS > 0
+    assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] == propagation + SETTINGS.drain_seconds
+    assert pod["terminationGracePeriodSeconds"] > propagation + SETTINGS.drain_seconds
 
 
 def test_engine_image_comes_from_spec_then_operator_settings_then_the_pinned_tag() -> None:

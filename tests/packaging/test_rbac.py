@@ -33,7 +33,7 @@ DENIALS = ("is forbidden: User", "Not enough permissions")
 
 @pytest.fixture(scope="module")
 def rbac_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("rbac-cluster"), gpu_nodes=1, cpu_nodes=1) as cluster:
+    with Cluster(tmp_path_factory.mktemp("rbac-cluster"), gpu_nodes=1, cpu_nodes=1, real_node=False) as cluster:
         yield cluster
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 from aiohttp import web
+from modelserve_sandbox.llama_server import llama_server_binary
 from modelserve_sandbox.processes import (
     free_ports,
     start_process,
@@ -260,11 +261,11 @@ def start_replay() -> ReplayEngine:
     return ReplayEngine(port).start()
 
 
-# --- the real engine: llama.cpp's server (llama-cpp-python) with a real GGUF model -----------------
+# --- the real engine: llama.cpp's llama-server (built from source) with a real GGUF model ----------
 
 @dataclass
 class Engine:
-    """A llama.cpp server process (llama-cpp-python) serving the GGUF model as ENGINE_MODEL."""
+    """A llama-server process serving the GGUF model as ENGINE_MODEL: the cpu profile's engine."""
 
     url: str
     log: Path
@@ -287,8 +288,8 @@ class Engine:
 
 
 def launch_engine(model: Path, port: int, log_dir: Path) -> Engine:
-    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", ENGINE_MODEL,
-            "--chat_format", "gemma", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]
-    # Unbuffered: the engine prints what it does (e.g. a client going away) and the tests read it.
-    process = start_process(f"engine-{port}", argv, log_dir, {**os.environ, "PYTHONUNBUFFERED": "1"})
+    # The flags the operator gives the cpu profile's engine, with a local model file.
+    argv = [str(llama_server_binary()), "-m", str(model), "--alias", ENGINE_MODEL, "--host", "127.0.0.1",
+            "--port", str(port), "-c", "2048", "--metrics", "--jinja"]
+    process = start_process(f"engine-{port}", argv, log_dir)
     return Engine(f"http://127.0.0.1:{port}", log_dir / f"engine-{port}.log", process)

@@ -43,8 +43,6 @@ def sidecar(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     running = launch_sidecar(base / "logs", engine.url, ENGINE_MODEL, {
         "MODELSERVE_KEYS_DIR": str(base / "keys"),
         "MODELSERVE_SAMPLING_DEFAULTS": json.dumps({"max_tokens": DEFAULT_MAX_TOKENS, "temperature": 0}),
-        # llama-cpp-python's server has no /health and no /metrics: its model list is its health.
-        "MODELSERVE_ENGINE_HEALTH_PATH": "/v1/models",
         "MODELSERVE_MAX_BODY_BYTES": "65536",
     })
     try:
@@ -162,13 +160,12 @@ def test_client_disconnect_stops_the_generation(engine: Engine, sidecar: Sidecar
     with httpx.stream("POST", sidecar.url + "/v1/chat/completions", json=request, headers=AUTH, timeout=60) as stream:
         assert stream.status_code == 200
         next(stream.iter_raw())  # generation has started; hang up
-    # llama-cpp-python notices the closed connection at its next token and says so.
-    wait_until(lambda: "Disconnected from client" in engine.logs(), 30, "the engine to stop generating")
+    # llama-server notices the closed connection at its next token and cancels the task.
+    wait_until(lambda: "cancel task" in engine.logs(), 30, "the engine to stop generating")
 
 
 def test_sigterm_lets_a_real_stream_finish(engine: Engine, start_sidecar: Callable[..., Sidecar]) -> None:
-    sidecar = start_sidecar(engine.url, ENGINE_MODEL, MODELSERVE_AUTH="public",
-                            MODELSERVE_ENGINE_HEALTH_PATH="/v1/models")
+    sidecar = start_sidecar(engine.url, ENGINE_MODEL, MODELSERVE_AUTH="public")
     request = {"model": ENGINE_MODEL, "messages": PROMPT, "max_tokens": 48, "stream": True, "logit_bias": NO_END}
     with httpx.stream("POST", sidecar.url + "/v1/chat/completions", json=request, timeout=60) as stream:
         chunks = stream.iter_raw()
@@ -183,8 +180,7 @@ def test_sigterm_lets_a_real_stream_finish(engine: Engine, start_sidecar: Callab
 def test_readyz_follows_a_real_engine_starting(gguf_model: Path, tmp_path: Path,
                                                start_sidecar: Callable[..., Sidecar]) -> None:
     (port,) = free_ports(1)
-    sidecar = start_sidecar(f"http://127.0.0.1:{port}", ENGINE_MODEL, MODELSERVE_AUTH="public",
-                            MODELSERVE_ENGINE_HEALTH_PATH="/v1/models")
+    sidecar = start_sidecar(f"http://127.0.0.1:{port}", ENGINE_MODEL, MODELSERVE_AUTH="public")
     before = httpx.get(sidecar.url + "/readyz", timeout=10)
     assert before.status_code == 503 and before.json()["ready"] is False
     starting = launch_engine(gguf_model, port, tmp_path)

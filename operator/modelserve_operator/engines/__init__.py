@@ -15,5 +15,5 @@ ENGINES: dict[Profile, ModuleType] = {
 
 
 def engine_for(profile: Profile) -> ModuleType:
-    """The engine module serving a profile: it has FACTS and container(ms, image, drain_seconds)."""
+    """The engine module serving a profile: it has FACTS and container(ms, image, drain_seconds, hub_endpoint)."""
     return ENGINES[profile]

@@ -39,6 +39,7 @@ def engine_container(
     image: str,
     drain_seconds: int,
     env: list[dict[str, Any]] | None = None,
+    hub_endpoint: str = "",
 ) -> dict[str, Any]:
     """The engine container: no ports (nothing outside the pod may reach it), no probes (the sidecar's
     readiness covers the engine), and a preStop sleep so it keeps answering while the sidecar drains."""
@@ -48,7 +49,7 @@ def engine_container(
         "image": spec.image or image,
         "command": list(facts.command),
         "args": [*args, *spec.engine_args],
-        "env": merge_env([*_common_env(spec), *(env or [])], [var.to_wire() for var in spec.env]),
+        "env": merge_env([*_common_env(spec, hub_endpoint), *(env or [])], [var.to_wire() for var in spec.env]),
     }
     resources = _resources(spec)
     if resources:
@@ -61,8 +62,11 @@ def engine_container(
     return container
 
 
-def _common_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
+def _common_env(spec: ModelServerSpec, hub_endpoint: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HUB_CACHE_PATH}]
+    if hub_endpoint:
+        # huggingface_hub (vLLM, SGLang) reads HF_ENDPOINT; llama.cpp reads MODEL_ENDPOINT first.
+        env += [{"name": "HF_ENDPOINT", "value": hub_endpoint}, {"name": "MODEL_ENDPOINT", "value": hub_endpoint}]
     if spec.hf_token_secret_ref:
         ref = spec.hf_token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})

@@ -9,7 +9,7 @@ from .base import HUB_CACHE_PATH, LOOPBACK, EngineFacts, engine_container
 
 FACTS = EngineFacts(
     name="llamacpp",
-    image="ghcr.io/ggml-org/llama.cpp:server-b9006",
+    image="ghcr.io/ggml-org/llama.cpp:server-b9093",
     command=("/app/llama-server",),  # the image's own ENTRYPOINT
     port=8081,  # its old default, 8080, is the sidecar's
     health_path="/health",
@@ -33,5 +33,5 @@ def env(ms: ModelServer) -> list[dict[str, Any]]:
     return [{"name": "LLAMA_CACHE", "value": f"{HUB_CACHE_PATH}/llama.cpp"}]
 
 
-def container(ms: ModelServer, image: str, drain_seconds: int) -> dict[str, Any]:
-    return engine_container(ms, FACTS, args(ms), image, drain_seconds, env(ms))
+def container(ms: ModelServer, image: str, drain_seconds: int, hub_endpoint: str = "") -> dict[str, Any]:
+    return engine_container(ms, FACTS, args(ms), image, drain_seconds, env(ms), hub_endpoint=hub_endpoint)

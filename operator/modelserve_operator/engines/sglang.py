@@ -43,5 +43,5 @@ def env(ms: ModelServer) -> list[dict[str, Any]]:
     return []
 
 
-def container(ms: ModelServer, image: str, drain_seconds: int) -> dict[str, Any]:
-    return engine_container(ms, FACTS, args(ms), image, drain_seconds, env(ms))
+def container(ms: ModelServer, image: str, drain_seconds: int, hub_endpoint: str = "") -> dict[str, Any]:
+    return engine_container(ms, FACTS, args(ms), image, drain_seconds, env(ms), hub_endpoint=hub_endpoint)

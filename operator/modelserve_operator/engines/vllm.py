@@ -37,5 +37,5 @@ def args(ms: ModelServer) -> list[str]:
     return out
 
 
-def container(ms: ModelServer, image: str, drain_seconds: int) -> dict[str, Any]:
-    return engine_container(ms, FACTS, args(ms), image, drain_seconds)
+def container(ms: ModelServer, image: str, drain_seconds: int, hub_endpoint: str = "") -> dict[str, Any]:
+    return engine_container(ms, FACTS, args(ms), image, drain_seconds, hub_endpoint=hub_endpoint)

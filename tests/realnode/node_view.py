@@ -1,0 +1,70 @@
+"""Reading and waiting on ModelServers whose pods really run (longer waits, pod-level helpers)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+
+from operator_cluster import OperatorView  # noqa: E402
+
+REAL_WAIT_SECONDS = 180  # image unpack, the model's download from the sandbox hub, its load
+PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+NO_END = {"1": -100, "106": -100}  # Gemma 3's end tokens banned: generations run to max_tokens
+
+
+class NodeView(OperatorView):
+    def wait_phase(self, name: str, phase: str, timeout: float = REAL_WAIT_SECONDS) -> dict[str, Any]:
+        self.wait(lambda: (self.get("modelserver", name) or {}).get("status", {}).get("phase") == phase,
+                  f"ModelServer {name} phase {phase}", timeout)
+        return self.get("modelserver", name) or {}
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        out = self.kubectl("get", "pods", "-l", f"serving.modelserve.dev/modelserver={name}", "-o", "json")
+        return json.loads(out.stdout)["items"]
+
+    def ready_pods(self, name: str) -> list[dict[str, Any]]:
+        return [p for p in self.pods(name) if p.get("metadata", {}).get("deletionTimestamp") is None and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))]
+
+    def secret_value(self, secret: str, key: str) -> str:
+        import base64
+
+        data = json.loads(self.kubectl("get", "secret", secret, "-o", "json").stdout)["data"]
+        return base64.b64decode(data[key]).decode()
+
+    def cluster_ip(self, service: str) -> str:
+        return json.loads(self.kubectl("get", "service", service, "-o", "json").stdout)["spec"]["clusterIP"]
+
+
+class Timeline:
+    """What was seen when, printed when an assertion about order fails."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.entries: list[tuple[float, str]] = []
+
+    def add(self, what: str) -> None:
+        if not self.entries or self.entries[-1][1] != what:
+            self.entries.append((time.monotonic() - self.start, what))
+
+    def first(self, what: str) -> float | None:
+        return next((t for t, w in self.entries if w == what), None)
+
+    def __str__(self) -> str:
+        return "\n".join(f"{t:7.2f}s {w}" for t, w in self.entries)
+
+
+def cpu_server(name: str, public: bool = False, **spec: object) -> dict:
+    """A cpu ModelServer serving the real Gemma-3-270M, small enough that a few fit the node."""
+    body = {"model": "unsloth/gemma-3-270m-it-GGUF:Q4_K_M", "profile": "cpu", "maxModelLen": 2048,
+            "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+            **spec}
+    if public:
+        body["auth"] = {"mode": "public"}
+    return {"apiVersion": "serving.modelserve.dev/v1alpha1", "kind": "ModelServer",
+            "metadata": {"name": name}, "spec": body}

@@ -1,0 +1,101 @@
+"""The README quickstart on the real node: the operator's pods run, the engine serves the real
+Gemma-3-270M from the sandbox's model hub, and callers reach it the ways a user does."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
+
+from modelserve_sandbox import realnode
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+NAME = "my-first-model"
+
+
+def readme_quickstart_manifest() -> str:
+    """Step 2 of the README's quickstart, verbatim."""
+    text = README.read_text()
+    match = re.search(r"kubectl apply -f - <<'YAML'\n(.*?)\n\s*YAML", text, re.S)
+    assert match, "the README quickstart's manifest"
+    return textwrap.dedent(match.group(1))
+
+
+def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -> None:
+    timeline = Timeline()
+    node.kubectl("apply", "-f", "-", input=readme_quickstart_manifest())
+    # Honest readiness: the ModelServer says ModelLoading until the engine answers, then Ready.
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        ms = node.get("modelserver", NAME) or {}
+        ready = next((c for c in ms.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
+        timeline.add(f"ms Ready={ready.get('status')} reason={ready.get('reason')}")
+        pods = node.pods(NAME)
+        for pod in pods:
+            statuses = {c["name"]: c for c in pod.get("status", {}).get("containerStatuses", [])}
+            timeline.add(f"pod engine running={'running' in statuses.get('engine', {}).get('state', {})} "
+                         f"sidecar ready={statuses.get('sidecar', {}).get('ready')}")
+        if ready.get("status") == "True":
+            break
+        time.sleep(0.25)
+    assert timeline.first("ms Ready=True reason=Ready") is not None, f"never Ready:\n{timeline}"
+    loading = timeline.first("ms Ready=False reason=ModelLoading")
+    assert loading is not None and loading < timeline.first("ms Ready=True reason=Ready"), str(timeline)
+    events = [e["reason"] for e in sorted(node.events(NAME), key=lambda e: e["firstTimestamp"])]
+    assert "ModelLoading" in events and events.index("ModelLoading") < events.index("Ready"), events
+
+    # The pod turned Ready only after the engine could answer: its sidecar's readiness is the
+    # engine's model list, and the engine logged that it serves before the pod was Ready.
+    pod = node.ready_pods(NAME)[0]
+    assert pod["spec"]["nodeName"] == realnode.NODE_NAME
+    ready_at = next(c["lastTransitionTime"] for c in pod["status"]["conditions"] if c["type"] == "Ready")
+    engine_log = node.kubectl("logs", pod["metadata"]["name"], "-c", "engine", "--timestamps").stdout
+    listening = next(line.split()[0] for line in engine_log.splitlines() if "server is listening" in line)
+    assert listening[:19] <= ready_at[:19], (listening, ready_at)
+
+    # Steps 4 and 5: the generated key, a port-forward to the Service, curl-like calls and the SDK.
+    key = node.secret_value(f"{NAME}-api-keys", "api-key")
+    base = port_forward(node.namespace, f"svc/{NAME}", 80)
+    request = {"model": NAME, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
+    with_key = httpx.post(f"{base}/v1/chat/completions", json=request, timeout=60,
+                          headers={"Authorization": f"Key {key}"})
+    assert with_key.status_code == 200, with_key.text
+    assert with_key.json()["choices"][0]["message"]["content"]
+    missing = httpx.post(f"{base}/v1/chat/completions", json=request, timeout=60)
+    assert missing.status_code == 401 and missing.json()["error"]["code"] == "missing_api_key"
+
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)
+    reply = client.chat.completions.create(model=NAME, messages=request["messages"], max_tokens=16)
+    assert reply.choices[0].message.content and reply.model == NAME
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base}/v1", api_key="sk-wrong", max_retries=0).models.list()
+
+    # A stream arrives as it is generated, not in one piece at the end.
+    arrivals: list[float] = []
+    started = time.monotonic()
+    stream = client.chat.completions.create(model=NAME, messages=PROMPT, max_tokens=64, stream=True,
+                                            logit_bias=NO_END)
+    text = ""
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic() - started)
+            text += chunk.choices[0].delta.content
+    assert len(arrivals) >= 32, text
+    spread = arrivals[-1] - arrivals[0]
+    assert spread > 0.3 * arrivals[-1], f"chunks arrived at {arrivals}"
+
+
+def test_service_through_kube_proxy_reaches_the_sidecar(node: NodeView) -> None:
+    node.apply(cpu_server("via-service", public=True))
+    node.wait_phase("via-service", "Ready")
+    ip = node.cluster_ip("via-service")  # kube-proxy's rules take the host to a pod on the bridge
+    models = httpx.get(f"http://{ip}/v1/models", timeout=30)
+    assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["via-service"]
+    metrics = httpx.get(f"http://{ip}/metrics", timeout=30).text
+    assert "modelserve_sidecar_requests_total" in metrics and "llamacpp:" in metrics
