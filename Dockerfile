@@ -30,7 +30,8 @@ LABEL org.opencontainers.image.title="modelserve" \
       org.opencontainers.image.revision="${REVISION}"
 # A numeric UID (the operator gives its sidecars the same one) so the kubelet can verify
 # runAsNonRoot without reading /etc/passwd.
-RUN useradd --system --uid 65532 --user-group --no-create-home --home-dir /nonexistent \
+RUN groupadd --system --gid 65532 modelserve \
+    && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin modelserve
 COPY --from=build /opt/modelserve /opt/modelserve
 # Bytecode was compiled at install time; the root filesystem is read-only in the chart.

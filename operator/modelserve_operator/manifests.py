@@ -126,6 +126,7 @@ def sidecar_container(ms: ModelServer, facts: EngineFacts, settings: Settings) -
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": NONROOT_UID,
+            "runAsGroup": NONROOT_UID,
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},

@@ -1,0 +1,36 @@
+"""The chart's operator as a real pod on the real node: its image from our Dockerfile, its
+ServiceAccount, the API server through the `kubernetes` Service, and a ModelServer it serves."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from node_view import NodeView, cpu_server
+
+from modelserve_sandbox import realnode
+from modelserve_sandbox.cluster import Cluster
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "modelserve"
+
+
+def test_chart_operator_runs_as_a_pod_and_serves_a_model(node_cluster: Cluster, tmp_path: Path) -> None:
+    release, system, apps = "modelserve", f"ms-system-{uuid.uuid4().hex[:6]}", f"apps-{uuid.uuid4().hex[:6]}"
+    node_cluster.create_namespace(apps)
+    node_cluster.helm("install", release, str(CHART), "--namespace", system, "--create-namespace",
+                      "--set", f"hub.endpoint={node_cluster.hub_endpoint}", "--wait", "--timeout", "180s")
+    try:
+        pods = json.loads(node_cluster.kubectl("get", "pods", "-n", system, "-o", "json").stdout)["items"]
+        assert len(pods) == 1 and pods[0]["spec"]["nodeName"] == realnode.NODE_NAME
+        assert pods[0]["spec"]["serviceAccountName"] == release
+        view = NodeView(node_cluster, apps, tmp_path / "no-host-operator.log")
+        view.apply(cpu_server("from-chart", public=True))
+        ready = view.wait_phase("from-chart", "Ready")
+        # No operator runs outside the cluster in this module: the pod's operator did this.
+        assert ready["status"]["readyReplicas"] == 1
+    finally:
+        node_cluster.kubectl("delete", "namespace", apps, "--wait=false", check=False)
+        node_cluster.kubectl("delete", "pods", "--all", "-n", apps, "--grace-period=1", "--wait=false",
+                             check=False)
+        node_cluster.helm("uninstall", release, "--namespace", system, "--wait", "--timeout", "120s")

@@ -1,0 +1,153 @@
+"""What only a kubelet shows: key rotation through the Secret volume, drain on pod deletion, a
+crashing engine, and the generated securityContext as it runs."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
+
+from modelserve_sandbox import realnode
+
+
+def _chat(base: str, key: str | None, name: str) -> httpx.Response:
+    return httpx.post(f"{base}/v1/chat/completions", timeout=60,
+                      headers={"Authorization": f"Bearer {key}"} if key else {},
+                      json={"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+
+
+def test_key_rotation_through_the_secret_volume(node: NodeView) -> None:
+    node.apply(cpu_server("rotating"))
+    node.wait_phase("rotating", "Ready")
+    base = f"http://{node.cluster_ip('rotating')}"
+    old = node.secret_value("rotating-api-keys", "api-key")
+    assert _chat(base, old, "rotating").status_code == 200
+    new = "sk-rotated-" + old[-12:]
+    node.kubectl("patch", "secret", "rotating-api-keys", "--type=merge", "-p",
+                 json.dumps({"stringData": {"api-key": new}}))
+    edited = time.monotonic()
+    node.wait(lambda: _chat(base, new, "rotating").status_code == 200, "the new key accepted", timeout=180)
+    delay = time.monotonic() - edited
+    assert _chat(base, old, "rotating").status_code == 401
+    restarts = [c["restartCount"] for p in node.pods("rotating") for c in p["status"]["containerStatuses"]]
+    assert restarts == [0, 0], restarts  # no restart: the sidecar reloads the mounted keys
+    print(f"key rotation: new key accepted {delay:.1f}s after the Secret was edited")
+
+
+def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
+    node.apply(cpu_server("draining", public=True, replicas={"min": 2, "buffer": 0, "max": 2}))
+    node.wait(lambda: len(node.ready_pods("draining")) == 2, "two ready replicas", timeout=180)
+    base = f"http://{node.cluster_ip('draining')}"
+    timeline = Timeline()
+    streamed: dict[str, object] = {}
+
+    def long_stream() -> None:
+        # Well inside the drain deadline (60 s) even on a busy 2-core machine.
+        request = {"model": "draining", "messages": PROMPT, "max_tokens": 64, "stream": True,
+                   "logit_bias": NO_END}
+        try:
+            with httpx.stream("POST", f"{base}/v1/chat/completions", json=request, timeout=120) as response:
+                streamed["body"] = b"".join(response.iter_raw())
+                streamed["status"] = response.status_code
+        except httpx.HTTPError as error:
+            streamed["error"] = repr(error)
+        timeline.add("stream ended")
+
+    thread = threading.Thread(target=long_stream)
+    thread.start()
+    # The replica serving the stream is the one whose sidecar counts a request in flight.
+    serving = None
+    deadline = time.monotonic() + 30
+    while serving is None and time.monotonic() < deadline:
+        for pod in node.ready_pods("draining"):
+            metrics = httpx.get(f"http://{pod['status']['podIP']}:8080/metrics", timeout=10).text
+            if "modelserve_sidecar_in_flight_requests 1.0" in metrics:
+                serving = pod["metadata"]["name"]
+        time.sleep(0.1)
+    assert serving, "no replica shows the stream in flight"
+    node.kubectl("delete", "pod", serving, "--wait=false")
+    timeline.add(f"deleted {serving}")
+    answered, failures = 0, []
+    while thread.is_alive() or answered < 10:
+        try:
+            response = _chat(base, None, "draining")
+            if response.status_code == 200:
+                answered += 1
+            else:
+                failures.append(f"{response.status_code} {response.text[:200]}")
+        except httpx.HTTPError as error:
+            failures.append(repr(error))
+        if time.monotonic() > deadline + 150 or len(failures) > 20:
+            break
+        time.sleep(0.2)
+    thread.join(timeout=120)
+    timeline.add(f"{answered} requests answered during the drain")
+    body = streamed.get("body", b"")
+    assert streamed.get("status") == 200 and isinstance(body, bytes), f"{streamed}\n{timeline}"
+    assert body.rstrip().endswith(b"data: [DONE]"), f"stream cut:\n{body[-300:]!r}\n{timeline}"
+    assert failures == [], f"{failures}\n{timeline}"
+    assert answered >= 10
+
+
+def test_a_bad_engine_flag_shows_as_crash_loop(node: NodeView) -> None:
+    node.apply(cpu_server("crashing", public=True, engineArgs=["--no-such-flag"]))
+    condition = node.wait_reason("crashing", "Degraded", "True", "CrashLoop", timeout=180)
+    assert "engine" in condition["message"] and "code 1" in condition["message"], condition
+    warnings = [e for e in node.events("crashing") if e["reason"] == "CrashLoop"]
+    assert warnings and warnings[0]["type"] == "Warning"
+
+
+def test_generated_security_context_runs_as_generated(node: NodeView) -> None:
+    node.apply(cpu_server("confined", public=True))
+    node.wait_phase("confined", "Ready")
+    pod = node.ready_pods("confined")[0]
+    deployment = node.get("deployment", "confined") or {}
+    assert deployment["metadata"]["generation"] == 1, "the operator rolled the Deployment after creating it"
+    name = pod["metadata"]["name"]
+    probe = ("import os,pathlib\n"
+             "status = pathlib.Path('/proc/self/status').read_text()\n"
+             "cap = next(l.split()[1] for l in status.splitlines() if l.startswith('CapEff'))\n"
+             "nnp = next(l.split()[1] for l in status.splitlines() if l.startswith('NoNewPrivs'))\n"
+             "try:\n    open('/written', 'w'); ro = False\nexcept OSError:\n    ro = True\n"
+             "print(os.getuid(), os.getgid(), cap, nnp, ro)")
+    out = node.cluster.kubectl("exec", "-n", node.namespace, name, "-c", "sidecar", "--",
+                               "python", "-c", probe).stdout.split()
+    assert out == ["65532", "65532", "0000000000000000", "1", "True"], out
+    # Nothing in the pod wrote to its image's filesystem: every container's overlay upper
+    # layer holds no file after serving (what it writes goes to its volumes).
+    httpx.post(f"http://{pod['status']['podIP']}:8080/v1/chat/completions", timeout=60,
+               json={"model": "confined", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    ids = [c["containerID"].split("//")[1] for c in pod["status"]["containerStatuses"]]
+    uppers = _overlay_upper_dirs(ids)
+    assert len(uppers) == 2, uppers
+    written = {cid[:12]: [str(p.relative_to(upper)) for p in upper.rglob("*") if p.is_file()]
+               for cid, upper in uppers.items()}
+    assert written == {cid[:12]: [] for cid in uppers}, written
+
+
+def _overlay_upper_dirs(container_ids: list[str]) -> dict[str, Path]:
+    """Each running container's rootfs overlay upperdir, read from the host's mount table."""
+    uppers = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        point = fields[4]
+        for cid in container_ids:
+            if point.endswith(f"/{cid}/rootfs") and "upperdir=" in line:
+                option = next(o for o in line.split(" - ")[1].split()[2].split(",") if o.startswith("upperdir="))
+                uppers[cid] = Path(option.removeprefix("upperdir="))
+    return uppers
+
+
+def test_node_and_host_facts(node_cluster) -> None:
+    nodes = json.loads(node_cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    by_name = {n["metadata"]["name"]: n for n in nodes}
+    real = by_name[realnode.NODE_NAME]
+    assert real["metadata"]["labels"]["type"] == "real"
+    assert real["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    assert not real["spec"].get("taints")
+    # The fake CPU node is kept for pods that ask for it; the real one takes everything else.
+    assert by_name["cpu-0"]["spec"]["taints"][0]["key"] == "kwok.x-k8s.io/node"
