@@ -25,8 +25,7 @@ from modelserve_sandbox.processes import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-# The CI clone has shared/ beside the repository.
-VLLM_FIXTURES = REPO.parent / "shared" / "fixtures" / "vllm-0.32.0-cpu"
+VLLM_FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu"  # how they were recorded: its README.md
 SIDECAR_BIN = str(Path(sys.executable).parent / "modelserve-sidecar")
 API_KEY = "sk-test-3f9a1c"  # what the tests' Secret holds
 ENGINE_MODEL = "gemma-3-270m"  # the served name of the real engine
