@@ -17,6 +17,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .choices import Dtype, Profile
+
 GROUP = "serving.modelserve.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -94,23 +96,6 @@ _OWNED_FLAG_CEL = " || ".join(f"a == '{flag}' || a.startsWith('{flag}=')" for fl
 
 def _sets_owned_flag(arg: str) -> bool:
     return any(arg == flag or arg.startswith(f"{flag}=") for flag in OWNED_FLAGS)
-
-
-class Profile(StrEnum):
-    """Deployment profile: which engine serves the model."""
-
-    HIGH_THROUGHPUT = "high-throughput"
-    LOW_LATENCY = "low-latency"
-    CPU = "cpu"
-
-
-class Dtype(StrEnum):
-    """Numeric type of the weights and activations."""
-
-    AUTO = "auto"
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"
-    FLOAT32 = "float32"
 
 
 class AuthMode(StrEnum):

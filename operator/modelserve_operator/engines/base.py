@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..spec import ModelServer, ModelServerSpec
+if TYPE_CHECKING:  # the spec imports the engines for their facts
+    from ..spec import ModelServer, ModelServerSpec
 
 CONTAINER_NAME = "engine"
 LOOPBACK = "127.0.0.1"  # engines listen here only: every request goes through the sidecar

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..spec import Dtype, ModelServer
+from ..choices import Dtype
 from .base import LOOPBACK, EngineFacts, engine_container
+
+if TYPE_CHECKING:  # the spec imports the engines for their facts
+    from ..spec import ModelServer
 
 FACTS = EngineFacts(
     name="sglang",

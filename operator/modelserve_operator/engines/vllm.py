@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..spec import ModelServer
 from .base import LOOPBACK, EngineFacts, engine_container
+
+if TYPE_CHECKING:  # the spec imports the engines for their facts
+    from ..spec import ModelServer
 
 FACTS = EngineFacts(
     name="vllm",
