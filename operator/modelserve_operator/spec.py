@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 from pydantic.alias_generators import to_camel
 
 from .choices import Dtype, Profile
+from .engines import sglang, vllm
 
 GROUP = "serving.modelserve.dev"
 VERSION = "v1alpha1"
@@ -96,6 +97,19 @@ _OWNED_FLAG_CEL = " || ".join(f"a == '{flag}' || a.startsWith('{flag}=')" for fl
 
 def _sets_owned_flag(arg: str) -> bool:
     return any(arg == flag or arg.startswith(f"{flag}=") for flag in OWNED_FLAGS)
+
+
+def _tool_call_parser_rule(profile: Profile, engine: str, parsers: tuple[str, ...]) -> Rule:
+    """toolCallParser must be a name the profile's pinned engine knows: the engines spell the same
+    parser differently (vLLM llama3_json, SGLang llama3), and a wrong name only shows when the
+    engine exits at start."""
+    cel_list = ", ".join(f"'{name}'" for name in parsers)
+    return Rule(
+        f"self.profile != '{profile}' || !has(self.toolCallParser) || self.toolCallParser in [{cel_list}]",
+        f"toolCallParser must be a parser {engine} knows for profile {profile}: {', '.join(parsers)}",
+        "toolCallParser",
+        lambda s: s.profile != profile or s.tool_call_parser is None or s.tool_call_parser in parsers,
+    )
 
 
 class AuthMode(StrEnum):
@@ -294,7 +308,11 @@ class ModelServerSpec(WireModel):
         "SGLang --mem-fraction-static); unset: the engine's default.",
     )
     tool_call_parser: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=64)] | None = (
-        Field(None, description="Tool-call parser of the model family (e.g. lfm2, hermes); enables tool_choice auto.")
+        Field(
+            None,
+            description="Tool-call parser of the model family, as the profile's engine spells it (vLLM: e.g. lfm2, "
+            "hermes, llama3_json; SGLang: e.g. lfm2, hermes, llama3); enables tool_choice auto.",
+        )
     )
     gpus: int | None = Field(
         None,
@@ -395,6 +413,8 @@ class ModelServerSpec(WireModel):
             "toolCallParser",
             lambda s: s.profile != Profile.CPU or s.tool_call_parser is None,
         ),
+        _tool_call_parser_rule(Profile.HIGH_THROUGHPUT, f"vLLM {vllm.VERSION}", vllm.TOOL_CALL_PARSERS),
+        _tool_call_parser_rule(Profile.LOW_LATENCY, f"SGLang {sglang.VERSION}", sglang.TOOL_CALL_PARSERS),
         Rule(
             "self.profile == 'cpu' || self.model.startsWith('/') || !self.model.contains(':')",
             "model takes a :<quant> tag only with profile cpu (a GGUF repo for llama.cpp)",

@@ -10,14 +10,24 @@ from .base import LOOPBACK, EngineFacts, engine_container
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from ..spec import ModelServer
 
+VERSION = "0.5.10"  # LFM2 support starts here
 FACTS = EngineFacts(
     name="sglang",
-    image="lmsysorg/sglang:v0.5.10",  # LFM2 support starts at v0.5.10
+    image=f"lmsysorg/sglang:v{VERSION}",
     command=("python3", "-m", "sglang.launch_server"),  # the image has no server ENTRYPOINT
     port=30000,
     health_path="/health",
     metrics_path="/metrics",
     shm_size="32Gi",  # what the upstream container form uses
+)
+# The names `--tool-call-parser` takes in SGLang 0.5.10: the keys of
+# `FunctionCallParser.ToolCallParserEnum` (python/sglang/srt/function_call/function_call_parser.py),
+# which server_args.py makes the flag's argparse choices; read from the sglang-0.5.10 wheel on PyPI.
+# Any other name stops the server at start with `invalid choice`.
+TOOL_CALL_PARSERS = (
+    "deepseekv3", "deepseekv31", "deepseekv32", "gigachat3", "glm", "glm45", "glm47", "gpt-oss", "hermes",
+    "interns1", "kimi_k2", "lfm2", "llama3", "mimo", "minimax-m2", "mistral", "pythonic", "qwen", "qwen25",
+    "qwen3_coder", "step3", "step3p5", "trinity",
 )
 
 
