@@ -45,6 +45,10 @@ def args(ms: ModelServer) -> list[str]:
         out.append("--enable-torch-compile")
     if spec.chunked_prefill_size is not None:
         out += ["--chunked-prefill-size", str(spec.chunked_prefill_size)]
+    if spec.vision:
+        # SGLang 0.5.10 turns image input off for some vision architectures (Gemma3, Llama4,
+        # Step3-VL) unless told (srt/configs/model_config.py); the flag does nothing to others.
+        out.append("--enable-multimodal")
     out.append("--enable-metrics")
     return out
 

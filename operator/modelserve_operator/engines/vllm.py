@@ -49,6 +49,8 @@ def args(ms: ModelServer) -> list[str]:
     if spec.tool_call_parser:
         out += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
     if spec.vision:
+        # No switch to turn images on: vLLM 0.32.0 takes them for every architecture that supports
+        # them (config/model.py), only --language-model-only turns them off. This caps them.
         out += ["--limit-mm-per-prompt", json.dumps({"image": IMAGES_PER_PROMPT}, separators=(",", ":"))]
     return out
 
