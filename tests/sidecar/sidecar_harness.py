@@ -165,12 +165,14 @@ class ReplayEngine:
 
     Test-only knobs, sent as request headers through the sidecar: `x-replay-gap` (seconds between
     SSE events, to make a stream last), `x-replay-stall` (seconds before answering) and
-    `x-replay-drop-once: <id>` (close the connection instead of answering, the first time)."""
+    `x-replay-drop-once: <id>` (close the connection instead of answering, the first time); and
+    as attributes: `healthy` and `health_delay` (seconds /health takes, as a busy SGLang's does)."""
 
     port: int
     received: list[dict] = field(default_factory=list)  # JSON bodies of the POSTs that arrived
     streams: list[str] = field(default_factory=list)  # "complete" or "client_gone", per stream
     healthy: bool = True
+    health_delay: float = 0.0
 
     def __post_init__(self) -> None:
         self.url = f"http://127.0.0.1:{self.port}"
@@ -208,6 +210,7 @@ class ReplayEngine:
         return handler
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(self.health_delay)
         if not self.healthy:  # what a vLLM whose engine died answers
             return web.Response(status=503)
         return await self._replay(request, read_recording("health.http"))

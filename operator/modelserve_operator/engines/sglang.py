@@ -19,6 +19,9 @@ FACTS = EngineFacts(
     health_path="/health",
     metrics_path="/metrics",
     shm_size="32Gi",  # what the upstream container form uses
+    # Above SGLANG_HEALTH_CHECK_TIMEOUT (20 s): should /health generate again (env() turns that
+    # off; spec.env may turn it back on), SGLang's own verdict comes before the sidecar gives up.
+    probe_timeout_seconds=25.0,
 )
 # The names `--tool-call-parser` takes in SGLang 0.5.10: the keys of
 # `FunctionCallParser.ToolCallParserEnum` (python/sglang/srt/function_call/function_call_parser.py),
@@ -54,10 +57,15 @@ def args(ms: ModelServer) -> list[str]:
 
 
 def env(ms: ModelServer) -> list[dict[str, Any]]:
+    # SGLang 0.5.10's /health otherwise generates a token per call and polls for it in 1 s sleeps
+    # (>= 1 s, up to 20 s under a long prefill), and on giving up marks the server unhealthy, which
+    # makes SIGTERM skip the drain. Without it /health answers from the server's status: 503 until
+    # SGLang's own warm-up request succeeded and while shutting down, else 200 (http_server.py).
+    out = [{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"}]
     # Hybrid models such as LFM2 keep a convolution state, bfloat16 unless told otherwise.
     if ms.spec.dtype == Dtype.FLOAT16:
-        return [{"name": "SGLANG_MAMBA_CONV_DTYPE", "value": "float16"}]
-    return []
+        out.append({"name": "SGLANG_MAMBA_CONV_DTYPE", "value": "float16"})
+    return out
 
 
 def container(ms: ModelServer, image: str, drain_seconds: int) -> dict[str, Any]:
