@@ -343,7 +343,9 @@ class ModelServerSpec(WireModel):
         None, description="Hub cache volume at /root/.cache/huggingface; unset: an emptyDir per pod."
     )
     image: Annotated[str, StringConstraints(pattern=r"^[^\s]+$", max_length=512)] | None = Field(
-        None, description="Engine image instead of the profile's pinned one."
+        None,
+        description="Engine image instead of the profile's pinned one; the operator still writes the pinned "
+        "version's flags and checks toolCallParser against the pinned version's parsers.",
     )
     engine_args: Annotated[
         list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]], Field(max_length=64)
