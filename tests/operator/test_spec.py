@@ -109,7 +109,7 @@ def test_a_valid_low_latency_spec_with_every_tuning_flag_passes() -> None:
 
 @pytest.mark.parametrize(("profile", "parsers"), [(Profile.HIGH_THROUGHPUT, vllm.TOOL_CALL_PARSERS),
                                                   (Profile.LOW_LATENCY, sglang.TOOL_CALL_PARSERS)])
-def test_every_parser_of_the_pinned_engine_is_accepted_for_its_profile(profile: Profile, parsers: tuple[str, ...]) -> None:
+def test_every_parser_of_the_pinned_engine_is_accepted(profile: Profile, parsers: tuple[str, ...]) -> None:
     assert list(parsers) == sorted(set(parsers))  # one name once, in the order the message lists them
     for name in parsers:
         assert ModelServerSpec.model_validate({"model": "a/b", "profile": profile, "toolCallParser": name})
