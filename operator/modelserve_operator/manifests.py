@@ -100,6 +100,7 @@ def sidecar_container(ms: ModelServer, facts: EngineFacts, settings: Settings) -
         "MODELSERVE_UPSTREAM_URL": facts.upstream_url(),
         "MODELSERVE_SERVED_MODEL": ms.name,
         "MODELSERVE_ENGINE_HEALTH_PATH": facts.health_path,
+        "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS": f"{facts.probe_timeout_seconds:g}",
         "MODELSERVE_ENGINE_METRICS_PATH": facts.metrics_path,
         "MODELSERVE_AUTH": spec.auth.mode.value,
         "MODELSERVE_VISION": json.dumps(spec.vision),

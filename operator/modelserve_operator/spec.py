@@ -17,6 +17,9 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .choices import Dtype, Profile
+from .engines import sglang, vllm
+
 GROUP = "serving.modelserve.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -96,21 +99,17 @@ def _sets_owned_flag(arg: str) -> bool:
     return any(arg == flag or arg.startswith(f"{flag}=") for flag in OWNED_FLAGS)
 
 
-class Profile(StrEnum):
-    """Deployment profile: which engine serves the model."""
-
-    HIGH_THROUGHPUT = "high-throughput"
-    LOW_LATENCY = "low-latency"
-    CPU = "cpu"
-
-
-class Dtype(StrEnum):
-    """Numeric type of the weights and activations."""
-
-    AUTO = "auto"
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"
-    FLOAT32 = "float32"
+def _tool_call_parser_rule(profile: Profile, engine: str, parsers: tuple[str, ...]) -> Rule:
+    """toolCallParser must be a name the profile's pinned engine knows: the engines spell the same
+    parser differently (vLLM llama3_json, SGLang llama3), and a wrong name only shows when the
+    engine exits at start."""
+    cel_list = ", ".join(f"'{name}'" for name in parsers)
+    return Rule(
+        f"self.profile != '{profile}' || !has(self.toolCallParser) || self.toolCallParser in [{cel_list}]",
+        f"toolCallParser must be a parser {engine} knows for profile {profile}: {', '.join(parsers)}",
+        "toolCallParser",
+        lambda s: s.profile != profile or s.tool_call_parser is None or s.tool_call_parser in parsers,
+    )
 
 
 class AuthMode(StrEnum):
@@ -309,7 +308,11 @@ class ModelServerSpec(WireModel):
         "SGLang --mem-fraction-static); unset: the engine's default.",
     )
     tool_call_parser: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]*$", max_length=64)] | None = (
-        Field(None, description="Tool-call parser of the model family (e.g. lfm2, hermes); enables tool_choice auto.")
+        Field(
+            None,
+            description="Tool-call parser of the model family, as the profile's engine spells it (vLLM: e.g. lfm2, "
+            "hermes, llama3_json; SGLang: e.g. lfm2, hermes, llama3); enables tool_choice auto.",
+        )
     )
     gpus: int | None = Field(
         None,
@@ -340,7 +343,9 @@ class ModelServerSpec(WireModel):
         None, description="Hub cache volume at /root/.cache/huggingface; unset: an emptyDir per pod."
     )
     image: Annotated[str, StringConstraints(pattern=r"^[^\s]+$", max_length=512)] | None = Field(
-        None, description="Engine image instead of the profile's pinned one."
+        None,
+        description="Engine image instead of the profile's pinned one; the operator still writes the pinned "
+        "version's flags and checks toolCallParser against the pinned version's parsers.",
     )
     engine_args: Annotated[
         list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]], Field(max_length=64)
@@ -410,6 +415,8 @@ class ModelServerSpec(WireModel):
             "toolCallParser",
             lambda s: s.profile != Profile.CPU or s.tool_call_parser is None,
         ),
+        _tool_call_parser_rule(Profile.HIGH_THROUGHPUT, f"vLLM {vllm.VERSION}", vllm.TOOL_CALL_PARSERS),
+        _tool_call_parser_rule(Profile.LOW_LATENCY, f"SGLang {sglang.VERSION}", sglang.TOOL_CALL_PARSERS),
         Rule(
             "self.profile == 'cpu' || self.model.startsWith('/') || !self.model.contains(':')",
             "model takes a :<quant> tag only with profile cpu (a GGUF repo for llama.cpp)",

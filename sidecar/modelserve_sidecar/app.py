@@ -18,7 +18,7 @@ from .keys import KeyStore
 from .metrics import CONTENT_TYPE, SidecarMetrics
 from .proxy import Proxy
 from .readiness import Readiness
-from .upstream import PROBE_TIMEOUT, open_session
+from .upstream import METRICS_TIMEOUT, open_session
 
 OWN_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
@@ -57,6 +57,7 @@ def build_app(settings: Settings) -> Dispatcher:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await readiness.close()
             await session.close()
 
     api = FastAPI(title="modelserve-sidecar", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -86,7 +87,7 @@ def build_app(settings: Settings) -> Dispatcher:
         assert proxy.session is not None
         try:
             async with proxy.session.get(settings.upstream_url + settings.engine_metrics_path,
-                                         headers={"Accept": "text/plain"}, timeout=PROBE_TIMEOUT) as answer:
+                                         headers={"Accept": "text/plain"}, timeout=METRICS_TIMEOUT) as answer:
                 if answer.status == 200:
                     return await answer.read()
         except (TimeoutError, aiohttp.ClientError):

@@ -35,6 +35,9 @@ class Settings:
     listen_port: int = 8080
     engine_health_path: str = "/health"
     engine_metrics_path: str = "/metrics"
+    # How long the engine may take to answer its health route and model list before it counts as
+    # unreachable; the operator sets it per engine (SGLang's health route may generate a token).
+    engine_probe_timeout_seconds: float = 5.0
     auth_public: bool = False
     keys_dir: Path = Path("/etc/modelserve/keys")
     metrics_public: bool = True
@@ -57,6 +60,7 @@ class Settings:
             listen_port=_read(env, "MODELSERVE_LISTEN_PORT", "8080", _port),
             engine_health_path=_read(env, "MODELSERVE_ENGINE_HEALTH_PATH", "/health", _route),
             engine_metrics_path=_read(env, "MODELSERVE_ENGINE_METRICS_PATH", "/metrics", _route),
+            engine_probe_timeout_seconds=_read(env, "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS", "5", _positive_float),
             auth_public=_read(env, "MODELSERVE_AUTH", "private", _auth_mode) == "public",
             keys_dir=Path(_read(env, "MODELSERVE_KEYS_DIR", "/etc/modelserve/keys", _non_empty)),
             metrics_public=_read(env, "MODELSERVE_METRICS_PUBLIC", "true", _bool),

@@ -1,5 +1,10 @@
 """Readiness: the engine answers its health check and lists the served model; one warm-up request
-after it first does."""
+after it first does.
+
+A busy engine answers its health check late, and is no less ready for it: /readyz answers from the
+latest finished check while a slow one runs, so the kubelet's probe never times out waiting for
+the engine. The engine loses readiness when it says so (a non-200 health answer), refuses the
+connection (gone), or stays silent past its probe timeout (hung)."""
 
 from __future__ import annotations
 
@@ -13,11 +18,11 @@ import aiohttp
 
 from .config import Settings
 from .metrics import SidecarMetrics
-from .upstream import PROBE_TIMEOUT
 
 log = logging.getLogger(__name__)
 
 CACHE_SECONDS = 1.0  # probes from several kubelet checks within a second share one engine round trip
+ANSWER_SECONDS = 0.5  # how long /readyz waits for a running check before it answers the latest verdict
 POLL_SECONDS = 0.5  # how often the start-up watcher asks until the engine is first ready
 WARMUP_PROMPT = "Hello"
 
@@ -38,7 +43,8 @@ class Readiness:
         self.warmed_up = False
         self._result: tuple[bool, str] = (False, "not checked yet")
         self._checked_at = float("-inf")
-        self._lock = asyncio.Lock()
+        self._checking: asyncio.Task[None] | None = None
+        self._timeout = aiohttp.ClientTimeout(total=settings.engine_probe_timeout_seconds)
 
     async def status(self) -> tuple[bool, str]:
         """(ready, why): what /readyz reports."""
@@ -48,22 +54,35 @@ class Readiness:
         return ready, reason
 
     async def engine_ready(self) -> tuple[bool, str]:
-        if monotonic() - self._checked_at < CACHE_SECONDS:
-            return self._result
-        async with self._lock:  # concurrent probes wait for the one check in progress
-            if monotonic() - self._checked_at >= CACHE_SECONDS:
-                self._result = await self._check()
-                self._checked_at = monotonic()
+        """The latest verdict, after starting a check when it is older than CACHE_SECONDS and giving
+        the check in progress (one at a time) ANSWER_SECONDS to finish."""
+        if self._checking is None and monotonic() - self._checked_at >= CACHE_SECONDS:
+            self._checking = asyncio.create_task(self._refresh())
+        if self._checking is not None:
+            await asyncio.wait([self._checking], timeout=ANSWER_SECONDS)  # never cancels the check
         return self._result
+
+    async def close(self) -> None:
+        """Stop a check in progress (at shutdown, before the session closes)."""
+        if self._checking is not None:
+            self._checking.cancel()
+            await asyncio.gather(self._checking, return_exceptions=True)
+
+    async def _refresh(self) -> None:
+        try:
+            self._result = await self._check()
+            self._checked_at = monotonic()
+        finally:
+            self._checking = None
 
     async def _check(self) -> tuple[bool, str]:
         assert self.session is not None
         base = self.settings.upstream_url
         try:
-            async with self.session.get(base + self.settings.engine_health_path, timeout=PROBE_TIMEOUT) as health:
+            async with self.session.get(base + self.settings.engine_health_path, timeout=self._timeout) as health:
                 if health.status != 200:
                     return False, f"engine health check answered {health.status}"
-            async with self.session.get(base + "/v1/models", timeout=PROBE_TIMEOUT) as models:
+            async with self.session.get(base + "/v1/models", timeout=self._timeout) as models:
                 if models.status != 200:
                     return False, f"engine /v1/models answered {models.status}"
                 listed = listed_models(await models.json(content_type=None))

@@ -11,8 +11,8 @@ from .config import Settings
 KEEPALIVE_SECONDS = 3.0
 # aiohttp adds these unless told not to; a transparent proxy sends only what the client sent.
 SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
-# The sidecar's own short calls (health, model list, metrics) must answer fast or count as down.
-PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+# A scrape of the engine's metrics must answer fast or is left out of the sidecar's /metrics.
+METRICS_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 
 
 def open_session(settings: Settings) -> aiohttp.ClientSession:

@@ -29,8 +29,8 @@ def _merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def invalid_cases() -> list[tuple[str, dict[str, Any], str]]:
-    """(id, manifest, field the refusal must name) for every catalog entry."""
+def invalid_cases() -> list[tuple[str, dict[str, Any], str, tuple[str, ...]]]:
+    """(id, manifest, field the refusal must name, words it must hold) for every catalog entry."""
     catalog = yaml.safe_load(CATALOG_PATH.read_text())
     base = catalog["base"]
     cases = []
@@ -38,5 +38,5 @@ def invalid_cases() -> list[tuple[str, dict[str, Any], str]]:
         manifest = copy.deepcopy(base)
         manifest["metadata"] = _merge(base["metadata"], case.get("metadata", {}))
         manifest["spec"] = _merge(base["spec"], case.get("spec", {}))
-        cases.append((case["id"], manifest, case["field"]))
+        cases.append((case["id"], manifest, case["field"], tuple(case.get("says", ()))))
     return cases

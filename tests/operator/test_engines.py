@@ -72,6 +72,21 @@ def test_sglang_memory_fraction_and_context_length() -> None:
     assert args[args.index("--context-length") + 1] == "32768"
 
 
+def test_sglang_vision_enables_multimodal() -> None:
+    # SGLang leaves image input off for Gemma3, Llama4 and Step3-VL unless told.
+    base = examples()["lfm2-8b-a1b"]
+    assert "--enable-multimodal" in _container(_ms(base, vision=True))["args"]
+    assert "--enable-multimodal" not in _container(_ms(base))["args"]
+
+
+def test_sglang_health_answers_from_the_server_status_unless_the_user_says_otherwise() -> None:
+    base = examples()["lfm2-8b-a1b"]
+    env = {var["name"]: var["value"] for var in _container(_ms(base))["env"] if "value" in var}
+    assert env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "false"
+    overridden = _ms(base, env=[{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "true"}])
+    assert {"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "true"} in _container(overridden)["env"]
+
+
 def test_llamacpp_takes_a_path_with_m() -> None:
     args = _container(_ms(examples()["gemma3-270m-cpu"], model="/root/.cache/huggingface/gemma.gguf"))["args"]
     assert args[:2] == ["-m", "/root/.cache/huggingface/gemma.gguf"]

@@ -10,6 +10,7 @@ from operator_testdata import examples, invalid_cases
 from pydantic import BaseModel, ValidationError
 
 from modelserve_operator import spec as spec_module
+from modelserve_operator.engines import sglang, vllm
 from modelserve_operator.spec import AuthMode, Dtype, ModelServer, ModelServerSpec, Profile
 
 
@@ -65,12 +66,15 @@ def test_every_example_is_valid(name: str) -> None:
     assert ms.name == examples()[name]["metadata"]["name"]
 
 
-@pytest.mark.parametrize(("case_id", "manifest", "field"), invalid_cases(), ids=[c[0] for c in invalid_cases()])
-def test_the_model_refuses_what_the_api_server_refuses(case_id: str, manifest: dict[str, Any], field: str) -> None:
+@pytest.mark.parametrize(("case_id", "manifest", "field", "says"), invalid_cases(), ids=[c[0] for c in invalid_cases()])
+def test_the_model_refuses_what_the_api_server_refuses(
+    case_id: str, manifest: dict[str, Any], field: str, says: tuple[str, ...]
+) -> None:
     # The offline renderer must not accept a manifest `kubectl apply` would refuse, and says why.
     with pytest.raises(ValueError) as refused:
         ModelServer.from_manifest(manifest)
     assert re.sub(r"\[\d+\]", "", field).split(".")[-1] in str(refused.value)
+    assert all(words in str(refused.value) for words in says), str(refused.value)
 
 
 def test_catalog_is_at_least_twenty_cases_with_unique_ids() -> None:
@@ -101,6 +105,14 @@ def test_a_valid_low_latency_spec_with_every_tuning_flag_passes() -> None:
         }
     )
     assert spec.gpu_count == 2 and spec.cache and spec.cache.size == "100Gi"
+
+
+@pytest.mark.parametrize(("profile", "parsers"), [(Profile.HIGH_THROUGHPUT, vllm.TOOL_CALL_PARSERS),
+                                                  (Profile.LOW_LATENCY, sglang.TOOL_CALL_PARSERS)])
+def test_every_parser_of_the_pinned_engine_is_accepted(profile: Profile, parsers: tuple[str, ...]) -> None:
+    assert list(parsers) == sorted(set(parsers))  # one name once, in the order the message lists them
+    for name in parsers:
+        assert ModelServerSpec.model_validate({"model": "a/b", "profile": profile, "toolCallParser": name})
 
 
 def test_names_must_be_dns_labels() -> None:

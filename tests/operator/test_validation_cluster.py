@@ -15,13 +15,20 @@ pytestmark = pytest.mark.cluster
 CASES = invalid_cases()
 
 
-@pytest.mark.parametrize(("case_id", "manifest", "field"), CASES, ids=[case[0] for case in CASES])
+@pytest.mark.parametrize(("case_id", "manifest", "field", "says"), CASES, ids=[case[0] for case in CASES])
 def test_invalid_manifest_is_refused_naming_the_field(
-    cluster: Cluster, crd_installed: None, namespace: str, case_id: str, manifest: dict[str, Any], field: str
+    cluster: Cluster,
+    crd_installed: None,
+    namespace: str,
+    case_id: str,
+    manifest: dict[str, Any],
+    field: str,
+    says: tuple[str, ...],
 ) -> None:
     result = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(manifest), check=False)
     assert result.returncode != 0, f"{case_id} was accepted"
     assert field in result.stderr, result.stderr
+    assert all(words in result.stderr for words in says), result.stderr
     name = manifest["metadata"]["name"]
     assert not cluster.kubectl("get", "ms", name, "-n", namespace, "--ignore-not-found", "-o", "name").stdout
 

@@ -63,14 +63,17 @@ def test_render_takes_many_files_documents_and_stdin(tmp_path: Path) -> None:
     assert owners == {"<uid of the ModelServer>"}
 
 
-@pytest.mark.parametrize(("case", "manifest", "field"), invalid_cases(), ids=[c[0] for c in invalid_cases()])
-def test_render_refuses_what_the_api_server_refuses(tmp_path: Path, case: str, manifest: dict, field: str) -> None:
+@pytest.mark.parametrize(("case", "manifest", "field", "says"), invalid_cases(), ids=[c[0] for c in invalid_cases()])
+def test_render_refuses_what_the_api_server_refuses(
+    tmp_path: Path, case: str, manifest: dict, field: str, says: tuple[str, ...]
+) -> None:
     result = modelserve("render", _write(tmp_path / f"{case}.yaml", manifest))
     assert result.returncode == 1 and not result.stdout
     assert f'ModelServer "{manifest["metadata"]["name"]}" is invalid:' in result.stderr
     named = [line.split(": ", 1)[0] for line in result.stderr.splitlines()[1:]]
     # A repeated list-map key: the API server names the repeat (spec.env[1]), render the list.
     assert any(field == path or field.startswith(f"{path}[") for path in named), result.stderr
+    assert all(words in result.stderr for words in says), result.stderr
 
 
 def test_render_names_the_file_and_document_of_a_bad_manifest(tmp_path: Path) -> None:
@@ -114,7 +117,7 @@ def test_render_and_the_api_server_name_the_same_fields(cluster: Cluster, namesp
     cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
     cluster.kubectl("wait", "--for=condition=Established", "crd/modelservers.serving.modelserve.dev")
     rule_messages = {NAME_RULE.message, *rules_by_message()}
-    for case, manifest, _ in invalid_cases():
+    for case, manifest, _, _ in invalid_cases():
         refusal = _api_server_refusal(cluster, namespace, manifest)
         cli = modelserve("render", _write(tmp_path / f"{case}.yaml", manifest)).stderr.splitlines()[1:]
         for line in cli:

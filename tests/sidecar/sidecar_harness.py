@@ -26,8 +26,7 @@ from modelserve_sandbox.processes import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-# The CI clone has shared/ beside the repository.
-VLLM_FIXTURES = REPO.parent / "shared" / "fixtures" / "vllm-0.32.0-cpu"
+VLLM_FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu"  # how they were recorded: its README.md
 SIDECAR_BIN = str(Path(sys.executable).parent / "modelserve-sidecar")
 API_KEY = "sk-test-3f9a1c"  # what the tests' Secret holds
 ENGINE_MODEL = "gemma-3-270m"  # the served name of the real engine
@@ -167,12 +166,14 @@ class ReplayEngine:
 
     Test-only knobs, sent as request headers through the sidecar: `x-replay-gap` (seconds between
     SSE events, to make a stream last), `x-replay-stall` (seconds before answering) and
-    `x-replay-drop-once: <id>` (close the connection instead of answering, the first time)."""
+    `x-replay-drop-once: <id>` (close the connection instead of answering, the first time); and
+    as attributes: `healthy` and `health_delay` (seconds /health takes, as a busy SGLang's does)."""
 
     port: int
     received: list[dict] = field(default_factory=list)  # JSON bodies of the POSTs that arrived
     streams: list[str] = field(default_factory=list)  # "complete" or "client_gone", per stream
     healthy: bool = True
+    health_delay: float = 0.0
 
     def __post_init__(self) -> None:
         self.url = f"http://127.0.0.1:{self.port}"
@@ -210,6 +211,7 @@ class ReplayEngine:
         return handler
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(self.health_delay)
         if not self.healthy:  # what a vLLM whose engine died answers
             return web.Response(status=503)
         return await self._replay(request, read_recording("health.http"))

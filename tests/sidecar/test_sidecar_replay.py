@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 
 import httpx
@@ -29,7 +30,10 @@ from sidecar_harness import (
     wait_until,
 )
 
+from modelserve_operator.engines import sglang
+
 StartSidecar = Callable[..., Sidecar]
+KUBELET_PROBE_TIMEOUT = 5  # the readinessProbe's timeoutSeconds in the operator's Deployment
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
@@ -83,6 +87,43 @@ def test_not_ready_when_vllm_health_fails(replay: ReplayEngine, start_sidecar: S
         assert httpx.get(sidecar.url + "/readyz", timeout=10).json()["reason"] == "engine health check answered 503"
     finally:
         replay.healthy = True
+
+
+def test_a_slow_health_check_keeps_readiness_and_a_gone_engine_loses_it(start_sidecar: StartSidecar) -> None:
+    # SGLang's health check takes >= 1 s when it generates a token, more under load; the sidecar
+    # runs with the probe timeout the operator gives SGLang.
+    replay = start_replay()
+    replay.health_delay = 1.5
+    sidecar = start_sidecar(replay.url, "tiny", MODELSERVE_AUTH="public",
+                            MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS=str(sglang.FACTS.probe_timeout_seconds))
+    try:
+        wait_ready(sidecar)
+        answers = []
+        for _ in range(12):  # several checks, each of them slower than a /readyz answer may take
+            started = time.monotonic()
+            status = httpx.get(sidecar.url + "/readyz", timeout=KUBELET_PROBE_TIMEOUT).status_code
+            answers.append((status, round(time.monotonic() - started, 2)))
+            time.sleep(0.2)
+        assert {status for status, _ in answers} == {200}, answers
+        assert max(seconds for _, seconds in answers) < replay.health_delay, answers  # never waits out the engine
+    finally:
+        replay.stop()
+    wait_until(lambda: httpx.get(sidecar.url + "/readyz", timeout=KUBELET_PROBE_TIMEOUT).status_code == 503, 10,
+               "readiness to drop with the engine gone")
+    assert httpx.get(sidecar.url + "/readyz", timeout=10).json()["reason"].startswith("engine not reachable")
+
+
+def test_an_engine_silent_past_its_probe_timeout_loses_readiness(replay: ReplayEngine,
+                                                                 start_sidecar: StartSidecar) -> None:
+    sidecar = start_sidecar(replay.url, "tiny", MODELSERVE_AUTH="public", MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS="1")
+    wait_ready(sidecar)
+    replay.health_delay = 3
+    try:
+        wait_until(lambda: httpx.get(sidecar.url + "/readyz", timeout=10).status_code == 503, 10,
+                   "readiness to drop with the engine silent")
+        assert httpx.get(sidecar.url + "/readyz", timeout=10).json()["reason"] == "engine not reachable (TimeoutError)"
+    finally:
+        replay.health_delay = 0
 
 
 def test_non_streaming_answer_passes_through_byte_for_byte(replay_sidecar: Sidecar) -> None:

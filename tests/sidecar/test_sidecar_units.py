@@ -27,6 +27,7 @@ def test_settings_defaults_follow_the_contract() -> None:
     assert s.upstream_url == "http://127.0.0.1:8000"  # trailing slash dropped: paths are appended
     assert (s.listen_host, s.listen_port) == ("0.0.0.0", 8080)
     assert (s.engine_health_path, s.engine_metrics_path) == ("/health", "/metrics")
+    assert s.engine_probe_timeout_seconds == 5.0
     assert s.auth_public is False and s.metrics_public is True and s.vision is False
     assert s.keys_dir == Path("/etc/modelserve/keys")
     assert dict(s.sampling_defaults) == {}
@@ -37,11 +38,12 @@ def test_settings_parse_every_variable() -> None:
     s = Settings.from_env({**REQUIRED, "MODELSERVE_AUTH": "public", "MODELSERVE_METRICS_PUBLIC": "false",
                            "MODELSERVE_VISION": "true", "MODELSERVE_LISTEN_PORT": "9000",
                            "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": 0.1, "top_k": 50, "max_tokens": 512}',
-                           "MODELSERVE_DRAIN_SECONDS": "0", "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS": "2.5"})
+                           "MODELSERVE_DRAIN_SECONDS": "0", "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS": "2.5",
+                           "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS": "25"})
     assert s.auth_public and not s.metrics_public and s.vision and s.listen_port == 9000
     assert dict(s.sampling_defaults) == {"temperature": 0.1, "top_k": 50, "max_tokens": 512}
     assert isinstance(s.sampling_defaults["top_k"], int)
-    assert (s.drain_seconds, s.upstream_timeout_seconds) == (0.0, 2.5)
+    assert (s.drain_seconds, s.upstream_timeout_seconds, s.engine_probe_timeout_seconds) == (0.0, 2.5, 25.0)
     with pytest.raises(TypeError):
         s.sampling_defaults["top_p"] = 1.0  # type: ignore[index]
 

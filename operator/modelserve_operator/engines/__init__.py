@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from ..spec import Profile
+from ..choices import Profile
 from . import llamacpp, sglang, vllm
 
 ENGINES: dict[Profile, ModuleType] = {

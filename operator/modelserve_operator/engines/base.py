@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..spec import ModelServer, ModelServerSpec
+if TYPE_CHECKING:  # the spec imports the engines for their facts
+    from ..spec import ModelServer, ModelServerSpec
 
 CONTAINER_NAME = "engine"
 LOOPBACK = "127.0.0.1"  # engines listen here only: every request goes through the sidecar
@@ -27,6 +28,10 @@ class EngineFacts:
     health_path: str  # answers 200 once the model is loaded
     metrics_path: str  # Prometheus text, appended to the sidecar's /metrics
     shm_size: str  # /dev/shm default; tensor parallelism exchanges through it
+    # How long the sidecar lets a live engine take to answer health_path and /v1/models before it
+    # calls the engine unreachable. vLLM's and llama.cpp's health routes only look at a flag, so
+    # only a busy event loop delays them; the sidecar answers the kubelet meanwhile.
+    probe_timeout_seconds: float = 5.0
 
     def upstream_url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"

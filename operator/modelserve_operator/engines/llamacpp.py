@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..spec import ModelServer
 from .base import HUB_CACHE_PATH, LOOPBACK, EngineFacts, engine_container
+
+if TYPE_CHECKING:  # the spec imports the engines for their facts
+    from ..spec import ModelServer
 
 FACTS = EngineFacts(
     name="llamacpp",
