@@ -8,7 +8,7 @@ downloads for real, the way it would from the hub:
 
 - `GET /api/models/<repo>/refs`: the `main` branch and its commit;
 - `GET /api/models/<repo>/tree/<commit>`: the files, with their LFS sha256 and size;
-- `HEAD|GET /<repo>/resolve/<revision>/<file>`: the bytes (ETag, ranges).
+- `HEAD|GET /<repo>/resolve/<revision>/<file>`: the bytes (X-Linked-Etag, ranges).
 """
 
 from __future__ import annotations
@@ -79,7 +79,10 @@ def build_app(files: list[HubFile]) -> web.Application:
         match = next((f for f in repos[repo] if f.name == name), None)
         if match is None or request.match_info["revision"] not in (commits[repo], "main"):
             raise web.HTTPNotFound(text='{"error": "Entry not found"}', content_type="application/json")
-        return web.FileResponse(match.path, headers={"ETag": f'"{oids[match]}"',
+        # As the hub answers for LFS files: the content's sha256 in X-Linked-Etag (what
+        # huggingface_hub names the cached blob after); aiohttp sets ETag itself.
+        return web.FileResponse(match.path, headers={"X-Linked-Etag": f'"{oids[match]}"',
+                                                     "X-Linked-Size": str(match.path.stat().st_size),
                                                      "X-Repo-Commit": commits[repo]})
 
     app = web.Application()
