@@ -26,8 +26,11 @@ cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=
   -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_NUMBER="$LLAMA_BUILD" \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
-  -DLLAMA_BUILD_WEBUI=OFF >/dev/null  # the sdist has no web UI assets; the API needs none
-cmake --build "$work/build" --target llama-server -j "$(nproc)" >/dev/null
+  -DLLAMA_BUILD_WEBUI=OFF >"$work/cmake.log" 2>&1 \
+  || { tail -40 "$work/cmake.log" >&2; exit 1; }  # the sdist has no web UI assets; the API needs none
+# The compiler's warnings go to a log, shown only when the build fails.
+cmake --build "$work/build" --target llama-server -j "$(nproc)" >"$work/build.log" 2>&1 \
+  || { tail -40 "$work/build.log" >&2; exit 1; }
 mkdir -p "$OUT.tmp"
 install -m 0755 "$work/build/bin/llama-server" "$OUT.tmp/llama-server"
 "$OUT.tmp/llama-server" --version 2>&1 | grep -q "version: $LLAMA_BUILD" \
