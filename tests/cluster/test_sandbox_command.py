@@ -15,7 +15,7 @@ def test_sandbox_brings_the_examples_up_and_explains_the_one_that_cannot_fit(tmp
         [str(sandbox), "--exit-when-settled", "--settle-timeout", "240", "--workdir", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    table = result.stdout.split("NAMESPACE", 1)[1]
+    table = result.stdout.split("NAMESPACE", 1)[1].split("\n\n", 1)[0]  # `kubectl get ms -A`, up to the pods
     rows = {line.split()[1]: line for line in table.splitlines()[1:] if line.startswith("default ")}
     examples = sorted(p.stem for p in (REPO / "examples").glob("*.yaml"))
     assert len(rows) == len(examples) == 5
