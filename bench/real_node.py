@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from modelserve_sandbox.cluster import Cluster, hub_files
+from modelserve_sandbox.hoststate import kubepods_cgroups
 from modelserve_sandbox.llama_server import llama_server_binary
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, wait_until
 
@@ -128,10 +129,11 @@ def pids_of(executable: str) -> list[int]:
 
 def pod_memory_mib(cluster: Cluster, namespace: str) -> float:
     """memory.current of the serving pod's cgroup (both containers and the pause)."""
-    (pod,) = kubectl_json(cluster, "pods", "-n", namespace)["items"]
+    (pod,) = kubectl_json(cluster, "pods", "-n", namespace, "-l", f"serving.modelserve.dev/modelserver={NAME}")["items"]
     uid = pod["metadata"]["uid"]
-    for path in Path("/sys/fs/cgroup").glob(f"kubepods*/**/pod{uid}/memory.current"):
-        return int(path.read_text()) / 2**20
+    for root in kubepods_cgroups():
+        for path in root.glob(f"**/pod{uid}/memory.current"):
+            return int(path.read_text()) / 2**20
     return float("nan")
 
 
