@@ -53,8 +53,12 @@ def kubectl_json(cluster: Cluster, *args: str) -> dict:
 
 def engine_started(cluster: Cluster, namespace: str) -> bool:
     pods = kubectl_json(cluster, "pods", "-n", namespace).get("items", [])
-    return any("running" in s.get("state", {}) for p in pods
-               for s in p.get("status", {}).get("containerStatuses", []) if s["name"] == "engine")
+    return any(
+        "running" in s.get("state", {})
+        for p in pods
+        for s in p.get("status", {}).get("containerStatuses", [])
+        if s["name"] == "engine"
+    )
 
 
 def ms_ready(cluster: Cluster, namespace: str) -> bool:
@@ -66,17 +70,25 @@ def measure_example(cluster: Cluster, namespace: str) -> tuple[float, float, flo
     cluster.create_namespace(namespace)
     started = time.monotonic()
     cluster.kubectl("apply", "-n", namespace, "-f", str(EXAMPLE))
-    created = first_time(lambda: bool(kubectl_json(cluster, "deployment", NAME, "-n", namespace)),
-                         started, "the Deployment")
+    created = first_time(
+        lambda: bool(kubectl_json(cluster, "deployment", NAME, "-n", namespace)), started, "the Deployment"
+    )
     running = first_time(lambda: engine_started(cluster, namespace), started, "the engine container")
     ready = first_time(lambda: ms_ready(cluster, namespace), started, "the ModelServer Ready")
     return created, running, ready
 
 
 def measure_pause_pod(cluster: Cluster, namespace: str) -> float:
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pause", "namespace": namespace},
-           "spec": {"nodeSelector": {"type": "real"}, "terminationGracePeriodSeconds": 1,
-                    "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "pause", "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"type": "real"},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
     started = time.monotonic()
     cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
 
@@ -90,11 +102,23 @@ def measure_pause_pod(cluster: Cluster, namespace: str) -> float:
 def measure_engine_alone(workdir: Path) -> float:
     (model,) = [f.path for f in hub_files() if f.name.endswith(".gguf")]
     port = free_ports(1)[0]
-    argv = [str(llama_server_binary()), "-m", str(model), "-c", "4096", "--host", "127.0.0.1",
-            "--port", str(port), "--alias", NAME]
+    argv = [
+        str(llama_server_binary()),
+        "-m",
+        str(model),
+        "-c",
+        "4096",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--alias",
+        NAME,
+    ]
     started = time.monotonic()
     process = start_process("llama-server-alone", argv, workdir)
     try:
+
         def answers() -> bool:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
@@ -138,8 +162,10 @@ def pod_memory_mib(cluster: Cluster, namespace: str) -> float:
 
 
 def summary(label: str, values: list[float]) -> str:
-    return (f"{label:<58} median {statistics.median(values):6.2f} s   "
-            f"min {min(values):6.2f}   max {max(values):6.2f}   (n={len(values)})")
+    return (
+        f"{label:<58} median {statistics.median(values):6.2f} s   "
+        f"min {min(values):6.2f}   max {max(values):6.2f}   (n={len(values)})"
+    )
 
 
 def main() -> int:

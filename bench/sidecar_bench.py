@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shutil
 import statistics
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+
 from modelserve_sandbox.processes import (
     free_ports,
     start_process,
@@ -49,12 +51,22 @@ STREAM_REQUEST = json.dumps({"model": MODEL, "messages": HELLO, "stream": True})
 
 # --- the fake engine -----------------------------------------------------------------------------
 
-ANSWER = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": MODEL,
-                     "choices": [{"index": 0, "message": {"role": "assistant", "content": " 2 2 2 2 2 2 2 2"},
-                                  "finish_reason": "length"}],
-                     "usage": {"prompt_tokens": 28, "total_tokens": 36, "completion_tokens": 8}}).encode()
-EVENT = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":0,"model":"fake",'
-         b'"choices":[{"index":0,"delta":{"content":" 2"},"logprobs":null,"finish_reason":null}]}\n\n')
+ANSWER = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": " 2 2 2 2 2 2 2 2"}, "finish_reason": "length"}
+        ],
+        "usage": {"prompt_tokens": 28, "total_tokens": 36, "completion_tokens": 8},
+    }
+).encode()
+EVENT = (
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":0,"model":"fake",'
+    b'"choices":[{"index":0,"delta":{"content":" 2"},"logprobs":null,"finish_reason":null}]}\n\n'
+)
 DONE = b"data: [DONE]\n\n"
 
 
@@ -181,6 +193,7 @@ def wait_http(url: str, what: str, log: Path) -> None:
 
 # --- the load ------------------------------------------------------------------------------------
 
+
 @dataclass
 class Result:
     requests: int = 0
@@ -267,10 +280,12 @@ def summarize(results: dict[tuple, dict[str, Result]]) -> Table:
             added = name != "direct"
             nan = float("nan")
             table[level, name] = (
-                r.rate, r.p(.5), r.p(.99),
-                r.p(.5) - direct.p(.5) if added else nan,
-                r.p(.99) - direct.p(.99) if added else nan,
-                r.p(.5, r.ttfbs) - direct.p(.5, direct.ttfbs) if added else nan,
+                r.rate,
+                r.p(0.5),
+                r.p(0.99),
+                r.p(0.5) - direct.p(0.5) if added else nan,
+                r.p(0.99) - direct.p(0.99) if added else nan,
+                r.p(0.5, r.ttfbs) - direct.p(0.5, direct.ttfbs) if added else nan,
                 r.cpu / max(r.requests, 1) * 1000 if added else nan,
                 float(r.errors),
             )
@@ -280,15 +295,15 @@ def summarize(results: dict[tuple, dict[str, Result]]) -> Table:
 def print_table(table: Table) -> None:
     print(f"{'level':<26}{'target':<9}" + "".join(f"{c:>11}" for c in COLUMNS))
     for (level, name), values in table.items():
-        cells = "".join("          -" if v != v else f"{v:>11.3f}" if i else f"{v:>11.1f}"
-                        for i, v in enumerate(values))
+        cells = "".join(
+            "          -" if math.isnan(v) else f"{v:>11.3f}" if i else f"{v:>11.1f}" for i, v in enumerate(values)
+        )
         print(f"{level_name(*level):<26}{name:<9}{cells}")
     print(flush=True)
 
 
 def median_table(tables: list[Table]) -> Table:
-    return {key: tuple(statistics.median(t[key][i] for t in tables) for i in range(len(COLUMNS)))
-            for key in tables[0]}
+    return {key: tuple(statistics.median(t[key][i] for t in tables) for i in range(len(COLUMNS))) for key in tables[0]}
 
 
 def ratios(table: Table) -> dict[str, float]:
@@ -297,7 +312,8 @@ def ratios(table: Table) -> dict[str, float]:
     nginx_added = table[c1, "nginx"][plus_p50]
     return {
         # Undefined (nan) when noise puts nginx at or below direct: no ratio to a zero cost.
-        "added p50 c=1 sidecar/nginx (<= 2)": table[c1, "sidecar"][plus_p50] / nginx_added if nginx_added > 0
+        "added p50 c=1 sidecar/nginx (<= 2)": table[c1, "sidecar"][plus_p50] / nginx_added
+        if nginx_added > 0
         else float("nan"),
         "streams/s c=64 1ms sidecar/nginx (>= 1)": table[s64, "sidecar"][rate] / table[s64, "nginx"][rate],
         "streams/s c=64 1ms sidecar/direct (>= 0.9)": table[s64, "sidecar"][rate] / table[s64, "direct"][rate],
@@ -306,7 +322,7 @@ def ratios(table: Table) -> dict[str, float]:
 
 
 def median_of_defined(values: list[float]) -> float:
-    defined = [v for v in values if v == v]
+    defined = [v for v in values if not math.isnan(v)]
     return statistics.median(defined) if defined else float("nan")
 
 
@@ -339,27 +355,45 @@ def main() -> None:
         (workdir / "keys").mkdir()
         (workdir / "keys" / "api-key").write_text(KEY + "\n")
         sidecar_bin = str(Path(sys.executable).parent / "modelserve-sidecar")
-        sidecar = start_process("sidecar", ["taskset", "-c", PROXY_CPU, sidecar_bin], workdir, {
-            **os.environ, "MODELSERVE_LISTEN_HOST": "127.0.0.1", "MODELSERVE_LISTEN_PORT": str(sidecar_port),
-            "MODELSERVE_UPSTREAM_URL": engine_url, "MODELSERVE_SERVED_MODEL": MODEL,
-            "MODELSERVE_KEYS_DIR": str(workdir / "keys")})
+        sidecar = start_process(
+            "sidecar",
+            ["taskset", "-c", PROXY_CPU, sidecar_bin],
+            workdir,
+            {
+                **os.environ,
+                "MODELSERVE_LISTEN_HOST": "127.0.0.1",
+                "MODELSERVE_LISTEN_PORT": str(sidecar_port),
+                "MODELSERVE_UPSTREAM_URL": engine_url,
+                "MODELSERVE_SERVED_MODEL": MODEL,
+                "MODELSERVE_KEYS_DIR": str(workdir / "keys"),
+            },
+        )
         processes.append(sidecar)
         sidecar_url = f"http://127.0.0.1:{sidecar_port}"
         wait_http(sidecar_url + "/readyz", "the sidecar to be ready", workdir / "sidecar.log")
 
         for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (workdir / sub).mkdir()
-        (workdir / "nginx.conf").write_text(NGINX_CONF.format(dir=workdir, key=KEY, engine_port=engine_port,
-                                                              port=nginx_port))
-        proxy = start_process("nginx", ["taskset", "-c", PROXY_CPU, nginx, "-p", str(workdir), "-c",
-                                        str(workdir / "nginx.conf")], workdir)
+        (workdir / "nginx.conf").write_text(
+            NGINX_CONF.format(dir=workdir, key=KEY, engine_port=engine_port, port=nginx_port)
+        )
+        proxy = start_process(
+            "nginx", ["taskset", "-c", PROXY_CPU, nginx, "-p", str(workdir), "-c", str(workdir / "nginx.conf")], workdir
+        )
         processes.append(proxy)
         nginx_url = f"http://127.0.0.1:{nginx_port}"
-        wait_until(lambda: asyncio.run(load(nginx_url, 1, 0.05, False, 0)).requests > 0, 30, "nginx",
-                   on_timeout=lambda: "\n" + tail(workdir / "nginx.log") + tail(workdir / "nginx-error.log"))
+        wait_until(
+            lambda: asyncio.run(load(nginx_url, 1, 0.05, False, 0)).requests > 0,
+            30,
+            "nginx",
+            on_timeout=lambda: "\n" + tail(workdir / "nginx.log") + tail(workdir / "nginx-error.log"),
+        )
 
-        targets = [Target("direct", engine_url), Target("sidecar", sidecar_url, sidecar),
-                   Target("nginx", nginx_url, proxy)]
+        targets = [
+            Target("direct", engine_url),
+            Target("sidecar", sidecar_url, sidecar),
+            Target("nginx", nginx_url, proxy),
+        ]
         tables, all_ratios = [], []
         for run in range(1, args.runs + 1):
             print(f"run {run}/{args.runs} ({args.seconds:g} s per level and target)", flush=True)

@@ -15,7 +15,8 @@ import urllib.request
 def index_url() -> str:
     configured = subprocess.run(
         [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     return (os.environ.get("PIP_INDEX_URL") or configured or "https://pypi.org/simple").rstrip("/")
 

@@ -12,8 +12,7 @@ from modelserve_sandbox.cluster import Cluster
 
 
 @pytest.fixture(scope="session")
-def cluster(request: pytest.FixtureRequest,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """etcd + kube-apiserver + controller-manager + scheduler + kwok (2 nodes x 8 GPUs, 1 CPU node).
 
     KWOK only: the tests of reconcile logic get pods that turn Ready at once. The tests that run

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
+
 from . import manifests, spec
-from .validation import InvalidManifest, explain
 from .reconcile import new_api_key
 from .settings import Settings
+from .validation import InvalidManifest, explain
 
 # render never invents a key or a uid: the operator makes the one, the API server the other.
 API_KEY_PLACEHOLDER = "<generated once by the operator>"

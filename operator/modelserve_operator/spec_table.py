@@ -55,8 +55,15 @@ def rows(node: dict[str, Any], path: str = "spec") -> list[tuple[str, ...]]:
     for name, child in node.get("properties", {}).items():
         field = f"{path}.{name}"
         default = json.dumps(child["default"]) if "default" in child else ("required" if name in required else "")
-        out.append((f"`{field}`", _type(child), f"`{default}`" if default and default != "required" else default,
-                    _allowed(child), _cell(child.get("description", ""))))  # fmt: skip
+        out.append(
+            (
+                f"`{field}`",
+                _type(child),
+                f"`{default}`" if default and default != "required" else default,
+                _allowed(child),
+                _cell(child.get("description", "")),
+            )
+        )
         items = child.get("items", {})
         if child.get("type") == "object":
             out += rows(child, field)
@@ -79,11 +86,20 @@ def section() -> str:
     schema = spec_schema()
     header = ["| field | type | default | allowed | meaning |", "|---|---|---|---|---|"]
     table = [f"| {' | '.join(row)} |" for row in rows(schema)]
-    return "\n".join([
-        START, "", *header, *table, "",
-        "Rules across fields, checked by the API server at `kubectl apply` and by `modelserve render`:", "",
-        *rules(schema), "", END,
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            START,
+            "",
+            *header,
+            *table,
+            "",
+            "Rules across fields, checked by the API server at `kubectl apply` and by `modelserve render`:",
+            "",
+            *rules(schema),
+            "",
+            END,
+        ]
+    )
 
 
 def updated(readme: str) -> str:

@@ -37,8 +37,7 @@ from .processes import (
 SERVICE_CIDR = "10.0.0.0/24"
 API_SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service: the first address of SERVICE_CIDR
 POD_CIDR = "10.244.0.1/16"  # kwok's default pod range overlaps the service range above
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-            "kubectl", "kwok", "helm")
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
 
 
 def default_cache() -> Path:
@@ -64,7 +63,8 @@ def find_binaries(bin_dir: Path) -> Path:
     if missing:
         raise FileNotFoundError(
             f"control plane binaries missing in {bin_dir}: {', '.join(missing)}; "
-            "build them with `bash hack/build-control-plane.sh` (or `make test`)")
+            "build them with `bash hack/build-control-plane.sh` (or `make test`)"
+        )
     return bin_dir
 
 
@@ -83,16 +83,22 @@ class Ports:
     hub: int
 
     @classmethod
-    def pick(cls) -> "Ports":
+    def pick(cls) -> Ports:
         return cls(*free_ports(len(fields(cls))))
 
 
 class Cluster:
     """Start with `start()` (or `with Cluster(...)`), stop with `stop()`; logs stay in workdir/logs."""
 
-    def __init__(self, workdir: Path, gpu_nodes: int = 2, gpus_per_node: int = 8,
-                 cpu_nodes: int = 1, bin_dir: Path | None = None,
-                 real_node: bool | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        gpu_nodes: int = 2,
+        gpus_per_node: int = 8,
+        cpu_nodes: int = 1,
+        bin_dir: Path | None = None,
+        real_node: bool | None = None,
+    ) -> None:
         """`real_node`: True needs it (start fails saying why the host cannot run it), None runs
         it where the host can and says why not otherwise (`real_node_problem`), False: KWOK only."""
         self.workdir = Path(workdir)
@@ -101,12 +107,16 @@ class Cluster:
         self.kubeconfig = self.workdir / "kubeconfig"
         self.ports = Ports.pick()
         self.token = secrets.token_hex(16)
-        self.real_node_problem = "not asked for" if real_node is False else \
-            realnode.host_problem(self.bin_dir, realnode.image_archives(default_cache()))
+        self.real_node_problem = (
+            "not asked for"
+            if real_node is False
+            else realnode.host_problem(self.bin_dir, realnode.image_archives(default_cache()))
+        )
         if real_node and self.real_node_problem:
             raise RuntimeError(f"this host cannot run the sandbox's real node: {self.real_node_problem}")
-        self.nodes = NodeShape(gpu_nodes=gpu_nodes, gpus_per_node=gpus_per_node, cpu_nodes=cpu_nodes,
-                               taint_fake_cpu=self.has_real_node)
+        self.nodes = NodeShape(
+            gpu_nodes=gpu_nodes, gpus_per_node=gpus_per_node, cpu_nodes=cpu_nodes, taint_fake_cpu=self.has_real_node
+        )
         self.hub_endpoint = f"http://{realnode.GATEWAY}:{self.ports.hub}" if self.has_real_node else None
         extra = {"KUBECONFIG": str(self.kubeconfig)}
         if self.hub_endpoint:
@@ -115,9 +125,11 @@ class Cluster:
         self._processes: dict[str, subprocess.Popen] = {}
         self._pki: Pki | None = None
         self._node_tokens = realnode.NodeCredentials(secrets.token_hex(16), secrets.token_hex(16))
-        self._real_node = realnode.RealNode(self.workdir, self.bin_dir, self.log_dir,
-                                            realnode.image_archives(default_cache())) \
-            if self.has_real_node else None
+        self._real_node = (
+            realnode.RealNode(self.workdir, self.bin_dir, self.log_dir, realnode.image_archives(default_cache()))
+            if self.has_real_node
+            else None
+        )
         self._servers: list[Forwarder | HubMirror] = []
 
     @property
@@ -129,7 +141,7 @@ class Cluster:
         return f"https://127.0.0.1:{self.ports.apiserver}"
 
     # --- life cycle -------------------------------------------------------------------
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             if self._real_node:
@@ -161,23 +173,32 @@ class Cluster:
             stop_process(self._processes[name])
         self._processes.clear()
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     # --- conveniences for tests and tools ---------------------------------------------
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
-                timeout: float = 120) -> subprocess.CompletedProcess:
-        result = subprocess.run([str(self.bin_dir / "kubectl"), *args], env=self.env, input=input,
-                                capture_output=True, text=True, timeout=timeout)
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [str(self.bin_dir / "kubectl"), *args],
+            env=self.env,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         return _checked(result, check)
 
     def helm(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
-        result = subprocess.run([str(self.bin_dir / "helm"), *args], env=self.env,
-                                capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            [str(self.bin_dir / "helm"), *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         return _checked(result, check)
 
     def api_client(self):  # -> kubernetes.client.ApiClient, imported lazily: tools may not need it
@@ -191,9 +212,11 @@ class Cluster:
 
     def wait_for_service_account(self, namespace: str, timeout: float = 60) -> None:
         # Pods are refused until the controller-manager has made the namespace's `default` SA.
-        wait_until(lambda: self.kubectl("get", "serviceaccount", "default", "-n", namespace,
-                                        check=False).returncode == 0,
-                   timeout, f"the default ServiceAccount in namespace {namespace}")
+        wait_until(
+            lambda: self.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0,
+            timeout,
+            f"the default ServiceAccount in namespace {namespace}",
+        )
 
     # --- the processes ----------------------------------------------------------------
     def _bin(self, name: str) -> str:
@@ -211,14 +234,30 @@ class Cluster:
     def _start_etcd(self) -> None:
         client = f"http://127.0.0.1:{self.ports.etcd_client}"
         peer = f"http://127.0.0.1:{self.ports.etcd_peer}"
-        self._start("etcd", [
-            self._bin("etcd"), "--name", "sandbox", "--data-dir", str(self.workdir / "etcd"),
-            "--listen-client-urls", client, "--advertise-client-urls", client,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"sandbox={peer}", "--unsafe-no-fsync",
-        ])
-        wait_until(lambda: _http_ok(f"{client}/health"), 30, "etcd /health",
-                   on_timeout=lambda: self._check_alive("etcd"))
+        self._start(
+            "etcd",
+            [
+                self._bin("etcd"),
+                "--name",
+                "sandbox",
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"sandbox={peer}",
+                "--unsafe-no-fsync",
+            ],
+        )
+        wait_until(
+            lambda: _http_ok(f"{client}/health"), 30, "etcd /health", on_timeout=lambda: self._check_alive("etcd")
+        )
 
     def _start_apiserver(self) -> None:
         assert self._pki
@@ -226,119 +265,182 @@ class Cluster:
         tokens.write_text(
             f'{self.token},admin,1,"system:masters"\n'
             f'{self._node_tokens.kubelet_token},system:node:{realnode.NODE_NAME},2,"system:nodes"\n'
-            f'{self._node_tokens.proxy_token},system:kube-proxy,3\n')
+            f"{self._node_tokens.proxy_token},system:kube-proxy,3\n"
+        )
         tokens.chmod(0o600)
         # With a real node, the `kubernetes` Service points at the bridge address, which
         # forwards to loopback: pods reach the API server as on any cluster.
         advertise = realnode.GATEWAY if self._real_node else "127.0.0.1"
-        self._start("kube-apiserver", [
-            self._bin("kube-apiserver"),
-            f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
-            "--bind-address=127.0.0.1", f"--advertise-address={advertise}",
-            f"--secure-port={self.ports.apiserver}",
-            f"--tls-cert-file={self._pki.serving_cert}", f"--tls-private-key-file={self._pki.serving_key}",
-            f"--client-ca-file={self._pki.ca_cert}",
-            f"--token-auth-file={tokens}", "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
-            f"--kubelet-client-certificate={self._pki.kubelet_client_cert}",
-            f"--kubelet-client-key={self._pki.kubelet_client_key}",
-            "--kubelet-preferred-address-types=InternalIP,Hostname",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={self._pki.service_account_pub}",
-            f"--service-account-signing-key-file={self._pki.service_account_key}",
-            f"--cert-dir={self.workdir / 'pki'}",
-        ])
+        self._start(
+            "kube-apiserver",
+            [
+                self._bin("kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
+                "--bind-address=127.0.0.1",
+                f"--advertise-address={advertise}",
+                f"--secure-port={self.ports.apiserver}",
+                f"--tls-cert-file={self._pki.serving_cert}",
+                f"--tls-private-key-file={self._pki.serving_key}",
+                f"--client-ca-file={self._pki.ca_cert}",
+                f"--token-auth-file={tokens}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--kubelet-client-certificate={self._pki.kubelet_client_cert}",
+                f"--kubelet-client-key={self._pki.kubelet_client_key}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--allow-privileged=true",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={self._pki.service_account_pub}",
+                f"--service-account-signing-key-file={self._pki.service_account_key}",
+                f"--cert-dir={self.workdir / 'pki'}",
+            ],
+        )
         ctx = ssl.create_default_context(cafile=str(self._pki.ca_cert))
-        wait_until(lambda: _http_ok(f"{self.server}/readyz", ctx, self.token), 90,
-                   "kube-apiserver /readyz", on_timeout=lambda: self._check_alive("kube-apiserver"))
+        wait_until(
+            lambda: _http_ok(f"{self.server}/readyz", ctx, self.token),
+            90,
+            "kube-apiserver /readyz",
+            on_timeout=lambda: self._check_alive("kube-apiserver"),
+        )
 
     def _start_controller_manager(self) -> None:
         assert self._pki
         kc = str(self.kubeconfig)
-        self._start("kube-controller-manager", [
-            self._bin("kube-controller-manager"), f"--kubeconfig={kc}",
-            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-            "--leader-elect=false", "--bind-address=127.0.0.1",
-            f"--secure-port={self.ports.controller_manager}",
-            f"--service-account-private-key-file={self._pki.service_account_key}",
-            f"--root-ca-file={self._pki.ca_cert}", f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--use-service-account-credentials",
-            # Sandbox-sized: settle fast, and no cloud or node IPAM controllers.
-            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
-        ])
+        self._start(
+            "kube-controller-manager",
+            [
+                self._bin("kube-controller-manager"),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports.controller_manager}",
+                f"--service-account-private-key-file={self._pki.service_account_key}",
+                f"--root-ca-file={self._pki.ca_cert}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--use-service-account-credentials",
+                # Sandbox-sized: settle fast, and no cloud or node IPAM controllers.
+                "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+            ],
+        )
 
     def _start_scheduler(self) -> None:
         config = self.workdir / "scheduler.yaml"
-        config.write_text(json.dumps({
-            "apiVersion": "kubescheduler.config.k8s.io/v1",
-            "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(self.kubeconfig)},
-            "leaderElection": {"leaderElect": False},
-        }))
+        config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": str(self.kubeconfig)},
+                    "leaderElection": {"leaderElect": False},
+                }
+            )
+        )
         kc = str(self.kubeconfig)
-        self._start("kube-scheduler", [
-            self._bin("kube-scheduler"), f"--config={config}", "--bind-address=127.0.0.1",
-            f"--secure-port={self.ports.scheduler}",
-            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-        ])
+        self._start(
+            "kube-scheduler",
+            [
+                self._bin("kube-scheduler"),
+                f"--config={config}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports.scheduler}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+            ],
+        )
 
     def _start_kwok(self) -> None:
-        self._start("kwok", [
-            self._bin("kwok"), f"--kubeconfig={self.kubeconfig}",
-            "--manage-all-nodes=false",
-            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            f"--cidr={POD_CIDR}", "--node-ip=10.244.0.1",
-            f"--server-address=127.0.0.1:{self.ports.kwok}",
-            # Heartbeat through Leases, as kubelets do; without them the node lifecycle
-            # controller finds every node not-ready ~50 s in and marks their pods unready.
-            "--node-lease-duration-seconds=40",
-        ])
+        self._start(
+            "kwok",
+            [
+                self._bin("kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--cidr={POD_CIDR}",
+                "--node-ip=10.244.0.1",
+                f"--server-address=127.0.0.1:{self.ports.kwok}",
+                # Heartbeat through Leases, as kubelets do; without them the node lifecycle
+                # controller finds every node not-ready ~50 s in and marks their pods unready.
+                "--node-lease-duration-seconds=40",
+            ],
+        )
 
     def _create_nodes(self) -> None:
         manifests = node_manifests(self.nodes)
-        self.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                            "items": manifests}))
+        self.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}))
         names = [m["metadata"]["name"] for m in manifests]
-        wait_until(lambda: self._nodes_ready(names), 60, f"nodes {names} Ready (kwok)",
-                   on_timeout=lambda: self._check_alive("kwok"))
+        wait_until(
+            lambda: self._nodes_ready(names),
+            60,
+            f"nodes {names} Ready (kwok)",
+            on_timeout=lambda: self._check_alive("kwok"),
+        )
 
     def _start_real_node(self) -> None:
         assert self._pki and self._real_node
-        self._servers.append(Forwarder(realnode.GATEWAY, self.ports.apiserver,
-                                       "127.0.0.1", self.ports.apiserver).start())
+        self._servers.append(
+            Forwarder(realnode.GATEWAY, self.ports.apiserver, "127.0.0.1", self.ports.apiserver).start()
+        )
         self._servers.append(HubMirror(hub_files(), realnode.GATEWAY, self.ports.hub).start())
         # The kubelet checks callers through SubjectAccessReviews; the Node authorizer leaves
         # those to RBAC, and no default binding gives nodes the system:node role any more.
-        self.kubectl("create", "clusterrolebinding", "modelserve-sandbox:nodes",
-                     "--clusterrole=system:node", "--group=system:nodes")
-        self._real_node.start(self._pki.ca_cert, self.server, self._node_tokens,
-                              (self.ports.kubelet, self.ports.kubelet_healthz,
-                               self.ports.proxy_healthz, self.ports.proxy_metrics))
-        wait_until(lambda: self._nodes_ready([realnode.NODE_NAME]), 90,
-                   f"the real node {realnode.NODE_NAME} Ready",
-                   on_timeout=self._real_node.check_alive)
+        self.kubectl(
+            "create",
+            "clusterrolebinding",
+            "modelserve-sandbox:nodes",
+            "--clusterrole=system:node",
+            "--group=system:nodes",
+        )
+        self._real_node.start(
+            self._pki.ca_cert,
+            self.server,
+            self._node_tokens,
+            (self.ports.kubelet, self.ports.kubelet_healthz, self.ports.proxy_healthz, self.ports.proxy_metrics),
+        )
+        wait_until(
+            lambda: self._nodes_ready([realnode.NODE_NAME]),
+            90,
+            f"the real node {realnode.NODE_NAME} Ready",
+            on_timeout=self._real_node.check_alive,
+        )
 
     def _nodes_ready(self, names: list[str]) -> bool:
         out = self.kubectl("get", "nodes", "-o", "json", check=False)
         if out.returncode != 0:
             return False
-        ready = {n["metadata"]["name"] for n in json.loads(out.stdout)["items"]
-                 if any(c["type"] == "Ready" and c["status"] == "True"
-                        for c in n.get("status", {}).get("conditions", []))}
+        ready = {
+            n["metadata"]["name"]
+            for n in json.loads(out.stdout)["items"]
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
+        }
         return set(names) <= ready
 
     def _write_kubeconfig(self) -> None:
         assert self._pki
         # JSON is valid YAML; kubectl, helm and the Python client all read it.
-        self.kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "sandbox",
-            "clusters": [{"name": "sandbox", "cluster": {
-                "server": self.server, "certificate-authority": str(self._pki.ca_cert)}}],
-            "users": [{"name": "admin", "user": {"token": self.token}}],
-            "contexts": [{"name": "sandbox", "context": {
-                "cluster": "sandbox", "user": "admin", "namespace": "default"}}],
-        }, indent=2))
+        self.kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "sandbox",
+                    "clusters": [
+                        {
+                            "name": "sandbox",
+                            "cluster": {"server": self.server, "certificate-authority": str(self._pki.ca_cert)},
+                        }
+                    ],
+                    "users": [{"name": "admin", "user": {"token": self.token}}],
+                    "contexts": [
+                        {"name": "sandbox", "context": {"cluster": "sandbox", "user": "admin", "namespace": "default"}}
+                    ],
+                },
+                indent=2,
+            )
+        )
         self.kubeconfig.chmod(0o600)
 
 

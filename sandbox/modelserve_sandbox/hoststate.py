@@ -8,6 +8,7 @@ kept in a file so that a run killed before it could clean up is cleaned up by th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -20,10 +21,17 @@ from pathlib import Path
 
 # Every sysctl the kubelet, kube-proxy or the CNI plugins may write on a node like ours.
 SYSCTLS = (
-    "vm.overcommit_memory", "vm.panic_on_oom", "kernel.panic", "kernel.panic_on_oops",
-    "kernel.keys.root_maxkeys", "kernel.keys.root_maxbytes", "net.ipv4.ip_forward",
-    "net.ipv4.conf.all.route_localnet", "net.bridge.bridge-nf-call-iptables",
-    "net.bridge.bridge-nf-call-ip6tables", "net.ipv6.conf.all.forwarding",
+    "vm.overcommit_memory",
+    "vm.panic_on_oom",
+    "kernel.panic",
+    "kernel.panic_on_oops",
+    "kernel.keys.root_maxkeys",
+    "kernel.keys.root_maxbytes",
+    "net.ipv4.ip_forward",
+    "net.ipv4.conf.all.route_localnet",
+    "net.bridge.bridge-nf-call-iptables",
+    "net.bridge.bridge-nf-call-ip6tables",
+    "net.ipv6.conf.all.forwarding",
 )
 IPTABLES = ("iptables", "ip6tables")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -133,31 +141,25 @@ def kill_cgroup_processes(cgroups: list[Path], timeout: float = 15.0) -> None:
     """SIGKILL every process in these cgroup trees (containers whose shims are gone keep running)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = {int(pid) for root in cgroups for procs in root.rglob("cgroup.procs")
-                for pid in _read_lines(procs)}
+        pids = {int(pid) for root in cgroups for procs in root.rglob("cgroup.procs") for pid in _read_lines(procs)}
         pids.discard(os.getpid())
         if not pids:
             return
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.2)
 
 
 def remove_cgroup_tree(root: Path) -> None:
-    for directory in sorted((p for p in root.rglob("*") if p.is_dir()),
-                            key=lambda p: len(p.parts), reverse=True):
+    for directory in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
         _rmdir(directory)
     _rmdir(root)
 
 
 def _rmdir(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         path.rmdir()
-    except OSError:
-        pass
 
 
 def _listing(directory: Path) -> list[str]:
@@ -188,11 +190,15 @@ class HostState:
 
     @classmethod
     def record(cls, node_dirs: list[Path], bridge: str) -> HostState:
-        return cls(pid=os.getpid(), node_dirs=[str(d) for d in node_dirs], bridge=bridge,
-                   sysctls=read_sysctls(),
-                   iptables={command: iptables_save(command) for command in IPTABLES},
-                   kubepods_existed=bool(kubepods_cgroups()),
-                   shim_sockets=_listing(SHIM_SOCKETS))
+        return cls(
+            pid=os.getpid(),
+            node_dirs=[str(d) for d in node_dirs],
+            bridge=bridge,
+            sysctls=read_sysctls(),
+            iptables={command: iptables_save(command) for command in IPTABLES},
+            kubepods_existed=bool(kubepods_cgroups()),
+            shim_sockets=_listing(SHIM_SOCKETS),
+        )
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -58,20 +58,30 @@ def build_app(files: list[HubFile]) -> web.Application:
 
     async def refs(request: web.Request) -> web.Response:
         repo = repo_of(request)
-        return web.json_response({"branches": [{"name": "main", "ref": "refs/heads/main",
-                                                "targetCommit": commits[repo]}],
-                                  "converts": [], "tags": []})
+        return web.json_response(
+            {
+                "branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": commits[repo]}],
+                "converts": [],
+                "tags": [],
+            }
+        )
 
     async def tree(request: web.Request) -> web.Response:
         repo = repo_of(request)
         if request.match_info["revision"] not in (commits[repo], "main"):
             raise web.HTTPNotFound(text='{"error": "Invalid rev id"}', content_type="application/json")
-        return web.json_response([
-            {"type": "file", "path": f.name, "size": f.path.stat().st_size,
-             "oid": hashlib.sha1(oids[f].encode()).hexdigest(),
-             "lfs": {"oid": oids[f], "size": f.path.stat().st_size, "pointerSize": 134}}
-            for f in repos[repo]
-        ])
+        return web.json_response(
+            [
+                {
+                    "type": "file",
+                    "path": f.name,
+                    "size": f.path.stat().st_size,
+                    "oid": hashlib.sha1(oids[f].encode()).hexdigest(),
+                    "lfs": {"oid": oids[f], "size": f.path.stat().st_size, "pointerSize": 134},
+                }
+                for f in repos[repo]
+            ]
+        )
 
     async def resolve(request: web.Request) -> web.StreamResponse:
         repo = repo_of(request)
@@ -81,9 +91,14 @@ def build_app(files: list[HubFile]) -> web.Application:
             raise web.HTTPNotFound(text='{"error": "Entry not found"}', content_type="application/json")
         # As the hub answers for LFS files: the content's sha256 in X-Linked-Etag (what
         # huggingface_hub names the cached blob after); aiohttp sets ETag itself.
-        return web.FileResponse(match.path, headers={"X-Linked-Etag": f'"{oids[match]}"',
-                                                     "X-Linked-Size": str(match.path.stat().st_size),
-                                                     "X-Repo-Commit": commits[repo]})
+        return web.FileResponse(
+            match.path,
+            headers={
+                "X-Linked-Etag": f'"{oids[match]}"',
+                "X-Linked-Size": str(match.path.stat().st_size),
+                "X-Repo-Commit": commits[repo],
+            },
+        )
 
     app = web.Application()
     app.router.add_get("/api/models/{org}/{name}/refs", refs)

@@ -25,16 +25,21 @@ from .processes import start_process, stop_process, tail, wait_until
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="modelserve-sandbox", description=__doc__.splitlines()[0])
     parser.add_argument("--crds", type=Path, default=Path("crds"), help="CRD manifests to install")
-    parser.add_argument("--examples", type=Path, default=Path("examples"),
-                        help="ModelServer manifests to apply")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="where the cluster keeps its data and logs (default: a new temp dir)")
-    parser.add_argument("--no-real-node", action="store_true",
-                        help="KWOK nodes only: nothing runs for real (no root needed for the node)")
-    parser.add_argument("--settle-timeout", type=float, default=300,
-                        help="seconds to wait for the examples to settle before printing")
-    parser.add_argument("--exit-when-settled", action="store_true",
-                        help="stop after printing instead of running until interrupted")
+    parser.add_argument("--examples", type=Path, default=Path("examples"), help="ModelServer manifests to apply")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where the cluster keeps its data and logs (default: a new temp dir)"
+    )
+    parser.add_argument(
+        "--no-real-node",
+        action="store_true",
+        help="KWOK nodes only: nothing runs for real (no root needed for the node)",
+    )
+    parser.add_argument(
+        "--settle-timeout", type=float, default=300, help="seconds to wait for the examples to settle before printing"
+    )
+    parser.add_argument(
+        "--exit-when-settled", action="store_true", help="stop after printing instead of running until interrupted"
+    )
     return parser.parse_args(argv)
 
 
@@ -66,37 +71,58 @@ def main(argv: list[str] | None = None) -> int:
     with Cluster(workdir, real_node=False if args.no_real_node else None) as cluster:
         print(f"control plane up in {time.monotonic() - started:.1f}s: {cluster.server}", flush=True)
         if not cluster.has_real_node:
-            print(f"no real node ({cluster.real_node_problem}): KWOK plays every node, so pods turn "
-                  "Ready but nothing runs", flush=True)
+            print(
+                f"no real node ({cluster.real_node_problem}): KWOK plays every node, so pods turn "
+                "Ready but nothing runs",
+                flush=True,
+            )
         print(cluster.kubectl("get", "nodes", "-L", "type", "-o", "wide").stdout, flush=True)
         cluster.kubectl("apply", "--server-side", "-f", str(args.crds))
         cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         operator = start_process(
-            "modelserve-operator", [str(Path(sys.executable).with_name("modelserve-operator"))],
-            cluster.log_dir, env=cluster.env)
+            "modelserve-operator",
+            [str(Path(sys.executable).with_name("modelserve-operator"))],
+            cluster.log_dir,
+            env=cluster.env,
+        )
         try:
             cluster.kubectl("apply", "-f", str(args.examples))
             try:
-                wait_until(lambda: operator.poll() is not None or _settled(cluster),
-                           args.settle_timeout, "the examples to become Ready or Degraded",
-                           interval=1.0)
+                wait_until(
+                    lambda: operator.poll() is not None or _settled(cluster),
+                    args.settle_timeout,
+                    "the examples to become Ready or Degraded",
+                    interval=1.0,
+                )
             except TimeoutError as error:
                 print(f"warning: {error}", flush=True)
             if operator.poll() is not None:
-                print(f"the operator exited with {operator.returncode}:\n"
-                      f"{tail(cluster.log_dir / 'modelserve-operator.log')}", flush=True)
+                print(
+                    f"the operator exited with {operator.returncode}:\n"
+                    f"{tail(cluster.log_dir / 'modelserve-operator.log')}",
+                    flush=True,
+                )
                 return 1
             print(cluster.kubectl("get", "ms", "-A").stdout, flush=True)
             print(cluster.kubectl("get", "pods", "-A", "-o", "wide").stdout, flush=True)
-            print(cluster.kubectl(
-                "get", "ms", "-A", "-o",
-                "custom-columns=NAME:.metadata.name,READY:.status.conditions[?(@.type=='Ready')].reason,"
-                "WHY:.status.conditions[?(@.type=='Degraded')].message").stdout, flush=True)
+            print(
+                cluster.kubectl(
+                    "get",
+                    "ms",
+                    "-A",
+                    "-o",
+                    "custom-columns=NAME:.metadata.name,READY:.status.conditions[?(@.type=='Ready')].reason,"
+                    "WHY:.status.conditions[?(@.type=='Degraded')].message",
+                ).stdout,
+                flush=True,
+            )
             if args.exit_when_settled:
                 return 0
-            print(f"sandbox running; use it with:\n  export KUBECONFIG={cluster.kubeconfig} "
-                  f"PATH={cluster.bin_dir}:$PATH\nlogs: {cluster.log_dir}\nCtrl-C stops it.",
-                  flush=True)
+            print(
+                f"sandbox running; use it with:\n  export KUBECONFIG={cluster.kubeconfig} "
+                f"PATH={cluster.bin_dir}:$PATH\nlogs: {cluster.log_dir}\nCtrl-C stops it.",
+                flush=True,
+            )
             while not stop.wait(1.0):
                 if operator.poll() is not None:
                     print("the operator exited; see its log", flush=True)

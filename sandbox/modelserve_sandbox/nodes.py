@@ -22,16 +22,22 @@ class NodeShape:
     taint_fake_cpu: bool = False  # True beside a real node
 
 
-def _node(name: str, labels: dict[str, str], capacity: dict[str, str],
-          taints: list[dict[str, str]]) -> dict:
+def _node(name: str, labels: dict[str, str], capacity: dict[str, str], taints: list[dict[str, str]]) -> dict:
     # Created with its status: a create keeps it, and the scheduler reads allocatable from it.
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "annotations": dict(KWOK_ANNOTATION),
-                     "labels": {"type": "kwok", "kubernetes.io/hostname": name,
-                                "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                                **labels}},
+        "metadata": {
+            "name": name,
+            "annotations": dict(KWOK_ANNOTATION),
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                **labels,
+            },
+        },
         "spec": {"taints": taints},
         "status": {"capacity": dict(capacity), "allocatable": dict(capacity)},
     }
@@ -39,15 +45,21 @@ def _node(name: str, labels: dict[str, str], capacity: dict[str, str],
 
 def node_manifests(shape: NodeShape) -> list[dict]:
     gpu = [
-        _node(f"gpu-{i}", {"nvidia.com/gpu.present": "true"},
-              {"cpu": "32", "memory": "256Gi", "pods": "110",
-               "nvidia.com/gpu": str(shape.gpus_per_node)},
-              [dict(GPU_TAINT)])
+        _node(
+            f"gpu-{i}",
+            {"nvidia.com/gpu.present": "true"},
+            {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(shape.gpus_per_node)},
+            [dict(GPU_TAINT)],
+        )
         for i in range(shape.gpu_nodes)
     ]
     cpu = [
-        _node(f"cpu-{i}", {}, {"cpu": "16", "memory": "64Gi", "pods": "110"},
-              [dict(FAKE_TAINT)] if shape.taint_fake_cpu else [])
+        _node(
+            f"cpu-{i}",
+            {},
+            {"cpu": "16", "memory": "64Gi", "pods": "110"},
+            [dict(FAKE_TAINT)] if shape.taint_fake_cpu else [],
+        )
         for i in range(shape.cpu_nodes)
     ]
     return gpu + cpu

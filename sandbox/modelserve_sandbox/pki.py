@@ -41,9 +41,22 @@ def make_pki(directory: Path, server_ips: tuple[str, ...] = ()) -> Pki:
         kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
         kubelet_client_key=directory / "apiserver-kubelet-client.key",
     )
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
-             "-subj", "/CN=modelserve-sandbox-ca", "-keyout", str(pki.ca_key),
-             "-out", str(pki.ca_cert), cwd=directory)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "30",
+        "-subj",
+        "/CN=modelserve-sandbox-ca",
+        "-keyout",
+        str(pki.ca_key),
+        "-out",
+        str(pki.ca_cert),
+        cwd=directory,
+    )
     ext = directory / "serving.ext"
     ext.write_text(
         f"subjectAltName={','.join(f'IP:{ip}' for ip in ('127.0.0.1', *server_ips))},DNS:localhost,"
@@ -52,20 +65,71 @@ def make_pki(directory: Path, server_ips: tuple[str, ...] = ()) -> Pki:
         "extendedKeyUsage=serverAuth\n"
     )
     csr = directory / "apiserver.csr"
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver",
-             "-keyout", str(pki.serving_key), "-out", str(csr), cwd=directory)
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key),
-             "-CAcreateserial", "-days", "30", "-extfile", str(ext), "-out", str(pki.serving_cert),
-             cwd=directory)
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=kube-apiserver",
+        "-keyout",
+        str(pki.serving_key),
+        "-out",
+        str(csr),
+        cwd=directory,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(pki.ca_cert),
+        "-CAkey",
+        str(pki.ca_key),
+        "-CAcreateserial",
+        "-days",
+        "30",
+        "-extfile",
+        str(ext),
+        "-out",
+        str(pki.serving_cert),
+        cwd=directory,
+    )
     client_ext = directory / "client.ext"
     client_ext.write_text("extendedKeyUsage=clientAuth\n")
     client_csr = directory / "apiserver-kubelet-client.csr"
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
-             "-keyout", str(pki.kubelet_client_key), "-out", str(client_csr), cwd=directory)
-    _openssl("x509", "-req", "-in", str(client_csr), "-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key),
-             "-CAcreateserial", "-days", "30", "-extfile", str(client_ext),
-             "-out", str(pki.kubelet_client_cert), cwd=directory)
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/O=system:masters/CN=kube-apiserver-kubelet-client",
+        "-keyout",
+        str(pki.kubelet_client_key),
+        "-out",
+        str(client_csr),
+        cwd=directory,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(client_csr),
+        "-CA",
+        str(pki.ca_cert),
+        "-CAkey",
+        str(pki.ca_key),
+        "-CAcreateserial",
+        "-days",
+        "30",
+        "-extfile",
+        str(client_ext),
+        "-out",
+        str(pki.kubelet_client_cert),
+        cwd=directory,
+    )
     _openssl("genrsa", "-out", str(pki.service_account_key), "2048", cwd=directory)
-    _openssl("rsa", "-in", str(pki.service_account_key), "-pubout",
-             "-out", str(pki.service_account_pub), cwd=directory)
+    _openssl("rsa", "-in", str(pki.service_account_key), "-pubout", "-out", str(pki.service_account_pub), cwd=directory)
     return pki

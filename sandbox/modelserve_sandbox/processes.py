@@ -32,13 +32,18 @@ def free_ports(count: int) -> list[int]:
         return [s.getsockname()[1] for s in sockets]
 
 
-def start_process(name: str, argv: list[str], log_dir: Path,
-                  env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_process(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     log_dir.mkdir(parents=True, exist_ok=True)
     log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
     try:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, preexec_fn=_die_with_parent)
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - sets PDEATHSIG only
+        )
     finally:
         log.close()
 
@@ -54,8 +59,13 @@ def stop_process(process: subprocess.Popen, grace_seconds: float = 10.0) -> None
         process.wait(timeout=grace_seconds)
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str,
-               interval: float = 0.2, on_timeout: Callable[[], str] | None = None) -> None:
+def wait_until(
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+    on_timeout: Callable[[], str] | None = None,
+) -> None:
     """Poll `condition` until it holds; raise TimeoutError naming `what` after `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -10,6 +10,7 @@ of our own, apart from KWOK's 10.244.0.0/16. Stopping puts the host back (`hosts
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -30,8 +31,13 @@ BRIDGE = "msbr0"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 RUN_DIR = Path("/run/modelserve-realnode")  # one real node per host: its lock and host record
-HOST_PACKAGES = {"containerd": "containerd", "runc": "runc", "iptables": "iptables",
-                 "conntrack": "conntrack", "ip": "iproute2"}
+HOST_PACKAGES = {
+    "containerd": "containerd",
+    "runc": "runc",
+    "iptables": "iptables",
+    "conntrack": "conntrack",
+    "ip": "iproute2",
+}
 
 
 def containerd_config(root: Path, state: Path, socket: Path, runc_root: Path, cni_conf: Path) -> str:
@@ -70,11 +76,19 @@ def cni_conflist(ipam_dir: Path) -> dict:
         "cniVersion": "0.4.0",
         "name": "modelserve-sandbox",
         "plugins": [
-            {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "hairpinMode": True,
-             "ipMasq": False,
-             "ipam": {"type": "host-local", "dataDir": str(ipam_dir),
-                      "ranges": [[{"subnet": POD_CIDR, "gateway": GATEWAY}]],
-                      "routes": [{"dst": "0.0.0.0/0"}]}},
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "hairpinMode": True,
+                "ipMasq": False,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(ipam_dir),
+                    "ranges": [[{"subnet": POD_CIDR, "gateway": GATEWAY}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
             # Required where the FORWARD policy is DROP and bridged traffic meets iptables:
             # otherwise pod-to-pod and pod-to-ClusterIP packets are dropped.
             {"type": "firewall", "backend": "iptables"},
@@ -98,11 +112,13 @@ def kubelet_config(ca_cert: Path, runtime_socket: Path, port: int, healthz_port:
         "cgroupsPerQOS": True,
         "enforceNodeAllocatable": ["pods"],
         "failSwapOn": False,
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                           "x509": {"clientCAFile": str(ca_cert)}},
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(ca_cert)},
+        },
         "authorization": {"mode": "Webhook"},
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "5%",
-                         "imagefs.available": "5%"},
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "5%", "imagefs.available": "5%"},
         # The images are imported, never pulled: do not collect them.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
@@ -124,8 +140,7 @@ def kube_proxy_config(kubeconfig: Path, healthz_port: int, metrics_port: int) ->
         "healthzBindAddress": f"127.0.0.1:{healthz_port}",
         "metricsBindAddress": f"127.0.0.1:{metrics_port}",
         # Zeros leave the host's conntrack sysctls alone.
-        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
-                      "tcpCloseWaitTimeout": "0s"},
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
         "iptables": {"localhostNodePorts": False, "masqueradeAll": False},
         "nodePortAddresses": [f"{GATEWAY}/32"],
     }
@@ -204,8 +219,7 @@ class RealNode:
         _run("ip", "link", "set", BRIDGE, "up")
 
     # --- life cycle ----------------------------------------------------------------------
-    def start(self, ca_cert: Path, server: str, credentials: NodeCredentials,
-              ports: tuple[int, int, int, int]) -> None:
+    def start(self, ca_cert: Path, server: str, credentials: NodeCredentials, ports: tuple[int, int, int, int]) -> None:
         kubelet_port, kubelet_healthz, proxy_healthz, proxy_metrics = ports
         self._start_containerd()
         self._import_images()
@@ -214,13 +228,20 @@ class RealNode:
         kubelet_yaml = self.dir / "kubelet.yaml"
         kubelet_yaml.write_text(json.dumps(kubelet_config(ca_cert, self.socket, kubelet_port, kubelet_healthz)))
         labels = ",".join(f"{k}={v}" for k, v in NODE_LABELS.items())
-        self._start("kubelet", [
-            str(self.bin_dir / "kubelet"), f"--config={kubelet_yaml}",
-            f"--kubeconfig={kubelet_kubeconfig}", f"--root-dir={self.dir / 'kubelet'}",
-            f"--cert-dir={self.dir / 'kubelet-pki'}", f"--hostname-override={NODE_NAME}",
-            f"--node-ip={GATEWAY}", f"--node-labels={labels}",
-            f"--pod-infra-container-image={PAUSE_IMAGE}",  # image GC keeps it
-        ])
+        self._start(
+            "kubelet",
+            [
+                str(self.bin_dir / "kubelet"),
+                f"--config={kubelet_yaml}",
+                f"--kubeconfig={kubelet_kubeconfig}",
+                f"--root-dir={self.dir / 'kubelet'}",
+                f"--cert-dir={self.dir / 'kubelet-pki'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={GATEWAY}",
+                f"--node-labels={labels}",
+                f"--pod-infra-container-image={PAUSE_IMAGE}",  # image GC keeps it
+            ],
+        )
         proxy_yaml = self.dir / "kube-proxy.yaml"
         proxy_yaml.write_text(json.dumps(kube_proxy_config(proxy_kubeconfig, proxy_healthz, proxy_metrics)))
         self._start("kube-proxy", [str(self.bin_dir / "kube-proxy"), f"--config={proxy_yaml}"])
@@ -254,36 +275,62 @@ class RealNode:
         cni_conf.mkdir(parents=True, exist_ok=True)
         (cni_conf / "10-modelserve.conflist").write_text(json.dumps(cni_conflist(self.dir / "cni" / "ipam")))
         config = self.dir / "containerd.toml"
-        config.write_text(containerd_config(self.dir / "containerd" / "root", self.dir / "containerd" / "state",
-                                            self.socket, self.dir / "runc", cni_conf))
+        config.write_text(
+            containerd_config(
+                self.dir / "containerd" / "root",
+                self.dir / "containerd" / "state",
+                self.socket,
+                self.dir / "runc",
+                cni_conf,
+            )
+        )
         self._start("containerd", ["containerd", "--config", str(config)])
-        wait_until(lambda: self._ctr("version", check=False).returncode == 0, 30, "containerd",
-                   on_timeout=lambda: "\n" + tail(self.log_dir / "containerd.log"))
+        wait_until(
+            lambda: self._ctr("version", check=False).returncode == 0,
+            30,
+            "containerd",
+            on_timeout=lambda: "\n" + tail(self.log_dir / "containerd.log"),
+        )
 
     def _import_images(self) -> None:
         for archive in self.archives:
             self._ctr("images", "import", str(archive), timeout=300)
 
     def _ctr(self, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
-        return subprocess.run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
-                              capture_output=True, text=True, timeout=timeout, check=check)
+        return subprocess.run(
+            ["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+        )
 
     def _kubeconfig(self, user: str, ca_cert: Path, server: str, token: str) -> Path:
         path = self.dir / f"{user}.kubeconfig"
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": user,
-            "clusters": [{"name": "sandbox", "cluster": {"server": server, "certificate-authority": str(ca_cert)}}],
-            "users": [{"name": user, "user": {"token": token}}],
-            "contexts": [{"name": user, "context": {"cluster": "sandbox", "user": user}}],
-        }))
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": user,
+                    "clusters": [
+                        {"name": "sandbox", "cluster": {"server": server, "certificate-authority": str(ca_cert)}}
+                    ],
+                    "users": [{"name": user, "user": {"token": token}}],
+                    "contexts": [{"name": user, "context": {"cluster": "sandbox", "user": user}}],
+                }
+            )
+        )
         path.chmod(0o600)
         return path
 
     def check_alive(self) -> str:
         """The logs of whichever node process has exited, for a timeout's message."""
         dead = [name for name, p in self._processes.items() if p.poll() is not None]
-        return "".join(f"\n{name} exited:\n{tail(self.log_dir / f'{name}.log')}" for name in dead) or \
-            f"\nkubelet log:\n{tail(self.log_dir / 'kubelet.log')}"
+        return (
+            "".join(f"\n{name} exited:\n{tail(self.log_dir / f'{name}.log')}" for name in dead)
+            or f"\nkubelet log:\n{tail(self.log_dir / 'kubelet.log')}"
+        )
 
 
 def _run(*argv: str) -> None:
@@ -302,9 +349,10 @@ def _kill_shims(sockets) -> None:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"containerd-shim-runc-v2") and \
-                any(a.decode(errors="replace") in addresses for a in argv):
-            try:
+        if (
+            argv
+            and argv[0].endswith(b"containerd-shim-runc-v2")
+            and any(a.decode(errors="replace") in addresses for a in argv)
+        ):
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(proc.name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass

@@ -86,8 +86,11 @@ def build_app(settings: Settings) -> Dispatcher:
     async def engine_metrics() -> bytes | None:
         assert proxy.session is not None
         try:
-            async with proxy.session.get(settings.upstream_url + settings.engine_metrics_path,
-                                         headers={"Accept": "text/plain"}, timeout=METRICS_TIMEOUT) as answer:
+            async with proxy.session.get(
+                settings.upstream_url + settings.engine_metrics_path,
+                headers={"Accept": "text/plain"},
+                timeout=METRICS_TIMEOUT,
+            ) as answer:
                 if answer.status == 200:
                     return await answer.read()
         except (TimeoutError, aiohttp.ClientError):

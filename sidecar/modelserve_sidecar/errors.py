@@ -36,8 +36,10 @@ _CHALLENGE = ((b"www-authenticate", b'Bearer realm="modelserve", Key realm="mode
 
 # Why a key was refused -> (message, code). The reason is also the metrics label.
 _AUTH_FAILURES = {
-    "missing": ("Missing API key: send 'Authorization: Bearer <key>' or 'Authorization: Key <key>'.",
-                "missing_api_key"),
+    "missing": (
+        "Missing API key: send 'Authorization: Bearer <key>' or 'Authorization: Key <key>'.",
+        "missing_api_key",
+    ),
     "malformed": ("Malformed Authorization header: expected 'Bearer <key>' or 'Key <key>'.", "malformed_authorization"),
     "invalid": ("Invalid API key.", "invalid_api_key"),
 }

@@ -23,9 +23,14 @@ def main() -> None:
         raise SystemExit(2) from None
     log.info(
         "serving %r from %s on %s:%d; auth %s, vision %s, sampling defaults %s, body limit %d bytes",
-        settings.served_model, settings.upstream_url, settings.listen_host, settings.listen_port,
+        settings.served_model,
+        settings.upstream_url,
+        settings.listen_host,
+        settings.listen_port,
         "public" if settings.auth_public else f"private (keys in {settings.keys_dir})",
-        settings.vision, dict(settings.sampling_defaults), settings.max_body_bytes,
+        settings.vision,
+        dict(settings.sampling_defaults),
+        settings.max_body_bytes,
     )
     uvicorn.run(
         build_app(settings),

@@ -9,18 +9,79 @@ PREFIX = "modelserve_sidecar"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # vLLM's time-to-first-token buckets, so the sidecar's view lines up with the engine's.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 # vLLM's end-to-end latency buckets, with a few below 0.3 s for the cheap routes (/v1/models).
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
-                    20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 # Route labels are this closed set (plus "other"), so arbitrary paths cannot blow up cardinality.
-KNOWN_ROUTES = frozenset({
-    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/models",
-    "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/rerank", "/v1/score",
-    "/tokenize", "/detokenize", "/health", "/version", "/generate",
-})
+KNOWN_ROUTES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/models",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+        "/v1/rerank",
+        "/v1/score",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/version",
+        "/generate",
+    }
+)
 
 
 def route_label(path: str) -> str:
@@ -38,24 +99,51 @@ class SidecarMetrics:
         self.registry = CollectorRegistry()
         ProcessCollector(namespace=PREFIX, registry=self.registry)
         r = self.registry
-        self.requests = Counter(f"{PREFIX}_requests", "Proxied requests by route and status class "
-                                "(client_closed: the client went away first).", ["route", "status_class"], registry=r)
-        self.duration = Histogram(f"{PREFIX}_request_duration_seconds", "Time from request to last byte.",
-                                  ["route"], buckets=DURATION_BUCKETS, registry=r)
-        self.ttfb = Histogram(f"{PREFIX}_time_to_first_byte_seconds", "Time from request to the first body "
-                              "byte sent back (for streams: time to first token).", ["route"],
-                              buckets=TTFT_BUCKETS, registry=r)
+        self.requests = Counter(
+            f"{PREFIX}_requests",
+            "Proxied requests by route and status class (client_closed: the client went away first).",
+            ["route", "status_class"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            f"{PREFIX}_request_duration_seconds",
+            "Time from request to last byte.",
+            ["route"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.ttfb = Histogram(
+            f"{PREFIX}_time_to_first_byte_seconds",
+            "Time from request to the first body byte sent back (for streams: time to first token).",
+            ["route"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge(f"{PREFIX}_in_flight_requests", "Proxied requests being served now.", registry=r)
-        self.auth_failures = Counter(f"{PREFIX}_auth_failures", "Refused requests by reason "
-                                     "(missing, malformed, invalid).", ["reason"], registry=r)
-        self.upstream_errors = Counter(f"{PREFIX}_upstream_errors", "Failures talking to the engine by kind "
-                                       "(connect, disconnected, timeout, status_5xx, metrics).", ["kind"], registry=r)
-        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens reported in responses' usage.",
-                                     registry=r)
-        self.completion_tokens = Counter(f"{PREFIX}_completion_tokens", "Completion tokens reported in "
-                                         "responses' usage.", registry=r)
-        self.warmups = Counter(f"{PREFIX}_warmup_requests", "Warm-up requests sent after the engine first "
-                               "became ready (not in requests_total).", ["outcome"], registry=r)
+        self.auth_failures = Counter(
+            f"{PREFIX}_auth_failures",
+            "Refused requests by reason (missing, malformed, invalid).",
+            ["reason"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            f"{PREFIX}_upstream_errors",
+            "Failures talking to the engine by kind (connect, disconnected, timeout, status_5xx, metrics).",
+            ["kind"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            f"{PREFIX}_prompt_tokens", "Prompt tokens reported in responses' usage.", registry=r
+        )
+        self.completion_tokens = Counter(
+            f"{PREFIX}_completion_tokens", "Completion tokens reported in responses' usage.", registry=r
+        )
+        self.warmups = Counter(
+            f"{PREFIX}_warmup_requests",
+            "Warm-up requests sent after the engine first became ready (not in requests_total).",
+            ["outcome"],
+            registry=r,
+        )
         self.warmup_duration = Gauge(f"{PREFIX}_warmup_duration_seconds", "Latency of the warm-up request.", registry=r)
         # Label lookups take a lock and hash a tuple; the hot path reuses resolved children.
         self._children: dict[tuple[str, str], tuple[Counter, Histogram, Histogram]] = {}

@@ -23,8 +23,19 @@ from .usage import ResponseTail, usage_from_tail
 log = logging.getLogger(__name__)
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
-HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
-                        b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade"})
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
 # Also not sent to the engine: Host and Content-Length (aiohttp sets both for the body it sends,
 # which may have been rewritten), Expect (uvicorn already answered the client's 100-continue, and the
 # whole body is here) and Authorization (the engine has no use for the key; keeps it out of its logs).
@@ -41,8 +52,8 @@ Headers = list[tuple[bytes, bytes]]
 def filter_headers(headers: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes]) -> Headers:
     """Headers without `drop` and without any header the Connection header names (pure)."""
     kept: Headers = []
-    for name, value in headers:
-        name = name.lower()
+    for raw_name, value in headers:
+        name = raw_name.lower()
         if name == b"connection":
             drop = drop | {token.strip().lower() for token in value.split(b",")}
         kept.append((name, value))
@@ -119,19 +130,22 @@ class Proxy:
 
         path = scope["path"]
         if scope["method"] == "POST":
-            checked = check_body(path, body, self.settings.served_model, self.settings.vision,
-                                 self.settings.sampling_defaults)
+            checked = check_body(
+                path, body, self.settings.served_model, self.settings.vision, self.settings.sampling_defaults
+            )
             if isinstance(checked, errors.ErrorResponse):
                 exchange.status = await respond(send, checked)
                 return
             body = checked
         await self._forward(scope, receive, send, body, exchange, count_usage=path in SAMPLING_ROUTES)
 
-    async def _forward(self, scope: dict[str, Any], receive: Any, send: Any, body: bytes,
-                       exchange: _Exchange, count_usage: bool) -> None:
+    async def _forward(
+        self, scope: dict[str, Any], receive: Any, send: Any, body: bytes, exchange: _Exchange, count_usage: bool
+    ) -> None:
         target = self._target(scope["raw_path"], scope["query_string"])
-        to_engine = [(n.decode("latin-1"), v.decode("latin-1"))
-                     for n, v in filter_headers(scope["headers"], DROP_TO_ENGINE)]
+        to_engine = [
+            (n.decode("latin-1"), v.decode("latin-1")) for n, v in filter_headers(scope["headers"], DROP_TO_ENGINE)
+        ]
 
         # receive() only returns again when the client goes away: that cancels this task, which
         # closes the engine connection, which makes the engine abort the generation.
@@ -145,8 +159,13 @@ class Proxy:
                 exchange.status = upstream.status
                 if upstream.status >= 500:
                     self.metrics.upstream_errors.labels("status_5xx").inc()
-                await send({"type": "http.response.start", "status": upstream.status,
-                            "headers": filter_headers(upstream.raw_headers, HOP_BY_HOP)})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": upstream.status,
+                        "headers": filter_headers(upstream.raw_headers, HOP_BY_HOP),
+                    }
+                )
                 started = True
                 # Only answers that carry usage: JSON, or SSE streams.
                 counted = count_usage and upstream.status == 200 and upstream.content_type in USAGE_TYPES
@@ -170,19 +189,18 @@ class Proxy:
         finally:
             watcher.cancel()
 
-    async def _open(self, method: str, target: URL, headers: list[tuple[str, str]],
-                    body: bytes) -> aiohttp.ClientResponse:
+    async def _open(
+        self, method: str, target: URL, headers: list[tuple[str, str]], body: bytes
+    ) -> aiohttp.ClientResponse:
         """Send the request; the engine's response headers have arrived when this returns."""
         assert self.session is not None, "the upstream session opens in the app's lifespan"
         try:
-            return await self.session.request(method, target, headers=headers, data=body or None,
-                                              allow_redirects=False)
+            return await self.session.request(method, target, headers=headers, data=body or None, allow_redirects=False)
         except aiohttp.ServerDisconnectedError:
             # Nearly always a pooled keep-alive connection the engine had just closed (servers close
             # idle or errored connections at will), which the request never reached: once more, on a
             # new connection. An engine that is really gone then refuses it, which answers 503.
-            return await self.session.request(method, target, headers=headers, data=body or None,
-                                              allow_redirects=False)
+            return await self.session.request(method, target, headers=headers, data=body or None, allow_redirects=False)
 
     def _target(self, raw_path: bytes, query: bytes) -> URL:
         """The engine URL for a request path; parsed URLs of the common paths are reused."""
@@ -214,7 +232,7 @@ class Proxy:
 class _Exchange:
     """What one request did, for its metrics."""
 
-    __slots__ = ("start", "status", "ttfb", "client_gone")
+    __slots__ = ("client_gone", "start", "status", "ttfb")
 
     def __init__(self, start: float) -> None:
         self.start = start

@@ -101,13 +101,19 @@ class Readiness:
 
     async def _warm_up(self) -> None:
         assert self.session is not None
-        request = {"model": self.settings.served_model, "max_tokens": 1,
-                   "messages": [{"role": "user", "content": WARMUP_PROMPT}]}
+        request = {
+            "model": self.settings.served_model,
+            "max_tokens": 1,
+            "messages": [{"role": "user", "content": WARMUP_PROMPT}],
+        }
         start = perf_counter()
         try:
             # The session skips aiohttp's automatic Content-Type (the proxy forwards the client's).
-            async with self.session.post(self.settings.upstream_url + "/v1/chat/completions", data=json.dumps(request),
-                                         headers={"Content-Type": "application/json"}) as answer:
+            async with self.session.post(
+                self.settings.upstream_url + "/v1/chat/completions",
+                data=json.dumps(request),
+                headers={"Content-Type": "application/json"},
+            ) as answer:
                 await answer.read()
                 outcome = "ok" if answer.status == 200 else "error"
                 detail = f"answered {answer.status}"

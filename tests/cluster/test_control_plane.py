@@ -15,8 +15,13 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 def _gpu_pod_spec(gpus: int) -> dict:
     return {
         "tolerations": [GPU_TOLERATION],
-        "containers": [{"name": "c", "image": "registry.invalid/never-pulled:1",
-                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+        "containers": [
+            {
+                "name": "c",
+                "image": "registry.invalid/never-pulled:1",
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+            }
+        ],
     }
 
 
@@ -26,17 +31,20 @@ def _get(cluster: Cluster, *args: str) -> dict:
 
 def test_gpu_deployment_becomes_available_on_a_fake_gpu_node(cluster: Cluster, namespace: str) -> None:
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"name": "gpu-app", "namespace": namespace},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "gpu-app"}},
-                 "template": {"metadata": {"labels": {"app": "gpu-app"}}, "spec": _gpu_pod_spec(1)}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "gpu-app"}},
+            "template": {"metadata": {"labels": {"app": "gpu-app"}}, "spec": _gpu_pod_spec(1)},
+        },
     }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(deployment))
 
     def available() -> bool:
         status = _get(cluster, "deployment", "gpu-app", "-n", namespace).get("status", {})
-        return any(c["type"] == "Available" and c["status"] == "True"
-                   for c in status.get("conditions", []))
+        return any(c["type"] == "Available" and c["status"] == "True" for c in status.get("conditions", []))
 
     wait_until(available, 90, "Deployment gpu-app Available")
     pods = _get(cluster, "pods", "-n", namespace, "-l", "app=gpu-app")["items"]
@@ -45,10 +53,13 @@ def test_gpu_deployment_becomes_available_on_a_fake_gpu_node(cluster: Cluster, n
     assert pods[0]["status"]["phase"] == "Running"
 
 
-def test_pod_asking_more_gpus_than_any_node_stays_pending_unschedulable(
-        cluster: Cluster, namespace: str) -> None:
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "too-big", "namespace": namespace},
-           "spec": _gpu_pod_spec(16)}
+def test_pod_asking_more_gpus_than_any_node_stays_pending_unschedulable(cluster: Cluster, namespace: str) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "too-big", "namespace": namespace},
+        "spec": _gpu_pod_spec(16),
+    }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
     found: dict = {}
 
@@ -70,46 +81,69 @@ def test_deleting_an_owner_deletes_its_dependents(cluster: Cluster, namespace: s
     cluster.kubectl("create", "configmap", "owner", "-n", namespace)
     uid = _get(cluster, "configmap", "owner", "-n", namespace)["metadata"]["uid"]
     dependent = {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "dependent", "namespace": namespace, "ownerReferences": [
-            {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid}]},
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "dependent",
+            "namespace": namespace,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid}],
+        },
     }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(dependent))
     cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
-    wait_until(lambda: cluster.kubectl("get", "configmap", "dependent", "-n", namespace,
-                                       check=False).returncode != 0,
-               60, "the garbage collector to delete the dependent ConfigMap")
+    wait_until(
+        lambda: cluster.kubectl("get", "configmap", "dependent", "-n", namespace, check=False).returncode != 0,
+        60,
+        "the garbage collector to delete the dependent ConfigMap",
+    )
 
 
 CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
     "metadata": {"name": "widgets.proof.modelserve.dev"},
     "spec": {
-        "group": "proof.modelserve.dev", "scope": "Namespaced",
+        "group": "proof.modelserve.dev",
+        "scope": "Namespaced",
         "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-        "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-            "type": "object",
-            "properties": {"spec": {
-                "type": "object",
-                "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}},
-                "x-kubernetes-validations": [{"rule": "self.min <= self.max",
-                                              "message": "spec.min must not exceed spec.max"}],
-            }},
-        }}}],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}},
+                                "x-kubernetes-validations": [
+                                    {"rule": "self.min <= self.max", "message": "spec.min must not exceed spec.max"}
+                                ],
+                            }
+                        },
+                    }
+                },
+            }
+        ],
     },
 }
 
 
-def test_crd_with_a_cel_rule_refuses_a_bad_object_at_kubectl_apply(
-        cluster: Cluster, namespace: str) -> None:
+def test_crd_with_a_cel_rule_refuses_a_bad_object_at_kubectl_apply(cluster: Cluster, namespace: str) -> None:
     cluster.kubectl("apply", "-f", "-", input=json.dumps(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.proof.modelserve.dev",
-                    "--timeout=60s")
+    cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.proof.modelserve.dev", "--timeout=60s")
 
     def widget(name: str, lo: int, hi: int) -> str:
-        return json.dumps({"apiVersion": "proof.modelserve.dev/v1", "kind": "Widget",
-                           "metadata": {"name": name, "namespace": namespace},
-                           "spec": {"min": lo, "max": hi}})
+        return json.dumps(
+            {
+                "apiVersion": "proof.modelserve.dev/v1",
+                "kind": "Widget",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"min": lo, "max": hi},
+            }
+        )
 
     cluster.kubectl("apply", "-f", "-", input=widget("good", 1, 2))
     refused = cluster.kubectl("apply", "-f", "-", input=widget("bad", 3, 2), check=False)
@@ -135,7 +169,6 @@ def test_kwok_heartbeats_every_node_through_a_lease(cluster: Cluster) -> None:
 
     def leased() -> bool:
         leases = _get(cluster, "leases", "-n", "kube-node-lease")["items"]
-        return nodes <= {lease["metadata"]["name"] for lease in leases
-                         if lease["spec"].get("renewTime")}
+        return nodes <= {lease["metadata"]["name"] for lease in leases if lease["spec"].get("renewTime")}
 
     wait_until(leased, 30, f"a renewed Lease for each of the nodes {sorted(nodes)}")

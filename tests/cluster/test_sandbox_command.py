@@ -13,7 +13,11 @@ def test_sandbox_brings_the_examples_up_and_explains_the_one_that_cannot_fit(tmp
     sandbox = Path(sys.executable).with_name("modelserve-sandbox")
     result = subprocess.run(
         [str(sandbox), "--exit-when-settled", "--settle-timeout", "240", "--workdir", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     table = result.stdout.split("NAMESPACE", 1)[1].split("\n\n", 1)[0]  # `kubectl get ms -A`, up to the pods
     rows = {line.split()[1]: line for line in table.splitlines()[1:] if line.startswith("default ")}
@@ -30,8 +34,11 @@ def test_sandbox_brings_the_examples_up_and_explains_the_one_that_cannot_fit(tmp
     # The cpu example ran for real on the real node; the GPU ones on KWOK's nodes.
     nodes = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith(("real-", "gpu-"))}
     assert "containerd://" in nodes["real-0"] and nodes["real-0"].split()[-1] == "real"
-    pods = {line.split()[1].rsplit("-", 2)[0]: line for line in result.stdout.splitlines()
-            if line.startswith("default ") and " Running " in line}
+    pods = {
+        line.split()[1].rsplit("-", 2)[0]: line
+        for line in result.stdout.splitlines()
+        if line.startswith("default ") and " Running " in line
+    }
     assert " 2/2 " in pods["gemma3-270m-cpu"] and " real-0 " in pods["gemma3-270m-cpu"]
     assert " gpu-" in pods["lfm2-1-2b"]
     # Everything it started has stopped: no process still runs from its work dir.

@@ -58,8 +58,9 @@ class OperatorView:
         self.wait(ready, f"ModelServer {name} Ready")
         return self.get("modelserver", name) or {}
 
-    def wait_reason(self, name: str, type_: str, status: str, reason: str,
-                    timeout: float = WAIT_SECONDS) -> dict[str, Any]:
+    def wait_reason(
+        self, name: str, type_: str, status: str, reason: str, timeout: float = WAIT_SECONDS
+    ) -> dict[str, Any]:
         def matches() -> bool:
             condition = self.condition(name, type_)
             return (condition.get("status"), condition.get("reason")) == (status, reason)

@@ -47,8 +47,11 @@ def test_schema_is_structural() -> None:
 
 def test_every_spec_field_is_described_for_kubectl_explain() -> None:
     spec = _schema()["properties"]["spec"]
-    undescribed = [where for where, node in _nodes(spec, "spec") if where.count(".") and not node.get("description")
-                   and not where.endswith(("[]", "}"))]
+    undescribed = [
+        where
+        for where, node in _nodes(spec, "spec")
+        if where.count(".") and not node.get("description") and not where.endswith(("[]", "}"))
+    ]
     assert not undescribed
 
 

@@ -192,8 +192,9 @@ def test_termination_grace_outlasts_the_drain() -> None:
 
 
 def test_engine_image_comes_from_spec_then_operator_settings_then_the_pinned_tag() -> None:
-    settings = Settings.from_env({"MODELSERVE_ENGINE_IMAGE_VLLM": "mirror.example/vllm-openai:v9",
-                                  "MODELSERVE_ENGINE_IMAGE_SGLANG": ""})
+    settings = Settings.from_env(
+        {"MODELSERVE_ENGINE_IMAGE_VLLM": "mirror.example/vllm-openai:v9", "MODELSERVE_ENGINE_IMAGE_SGLANG": ""}
+    )
     assert settings.engine_images == {"vllm": "mirror.example/vllm-openai:v9"}
 
     def engine_image(ms: ModelServer) -> str:

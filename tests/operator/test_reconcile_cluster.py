@@ -88,7 +88,9 @@ def test_spec_change_rolls_the_deployment_and_keeps_the_key(ops: OperatorView) -
 def test_what_the_spec_no_longer_asks_for_leaves_the_deployment(ops: OperatorView) -> None:
     ops.apply(_small(nodeSelector={"pool": "a100"}, env=[{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]))
     ops.wait(lambda: ops.get("deployment", "small"), "the Deployment")
-    ops.apply({**_small(), "spec": {"model": "LiquidAI/LFM2-350M", "profile": "low-latency", "auth": {"mode": "public"}}})
+    ops.apply(
+        {**_small(), "spec": {"model": "LiquidAI/LFM2-350M", "profile": "low-latency", "auth": {"mode": "public"}}}
+    )
 
     def switched() -> bool:
         deployment = ops.get("deployment", "small")
@@ -121,8 +123,10 @@ def test_deleted_and_edited_children_are_restored(ops: OperatorView) -> None:
 
     def restored() -> bool:
         deployment = ops.get("deployment", "small")
-        return bool(deployment) and deployment["spec"]["replicas"] == 1 and _engine(deployment)["image"] == (
-            "vllm/vllm-openai:v0.32.0"
+        return (
+            bool(deployment)
+            and deployment["spec"]["replicas"] == 1
+            and _engine(deployment)["image"] == ("vllm/vllm-openai:v0.32.0")
         )
 
     ops.wait(restored, "the edited Deployment to be restored")

@@ -107,8 +107,10 @@ def test_a_valid_low_latency_spec_with_every_tuning_flag_passes() -> None:
     assert spec.gpu_count == 2 and spec.cache and spec.cache.size == "100Gi"
 
 
-@pytest.mark.parametrize(("profile", "parsers"), [(Profile.HIGH_THROUGHPUT, vllm.TOOL_CALL_PARSERS),
-                                                  (Profile.LOW_LATENCY, sglang.TOOL_CALL_PARSERS)])
+@pytest.mark.parametrize(
+    ("profile", "parsers"),
+    [(Profile.HIGH_THROUGHPUT, vllm.TOOL_CALL_PARSERS), (Profile.LOW_LATENCY, sglang.TOOL_CALL_PARSERS)],
+)
 def test_every_parser_of_the_pinned_engine_is_accepted(profile: Profile, parsers: tuple[str, ...]) -> None:
     assert list(parsers) == sorted(set(parsers))  # one name once, in the order the message lists them
     for name in parsers:
@@ -116,6 +118,6 @@ def test_every_parser_of_the_pinned_engine_is_accepted(profile: Profile, parsers
 
 
 def test_names_must_be_dns_labels() -> None:
-    with pytest.raises(ValueError, match="metadata.name"):
+    with pytest.raises(ValueError, match=r"metadata\.name"):
         ModelServer.from_manifest(_manifest({"model": "a/b"}, name="a" * 64))
     assert ModelServer.from_manifest(_manifest({"model": "a/b"}, name="a" * 63)).name == "a" * 63

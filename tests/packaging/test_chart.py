@@ -10,24 +10,29 @@ from typing import Any
 import pytest
 import yaml
 from chart import CHART, REPO, Helm, by_kind, template_args
+from prometheus_client.metrics_core import Metric
 
 from modelserve_operator import main as operator_main
 from modelserve_operator import manifests
 from modelserve_operator.settings import Settings
 from modelserve_operator.spec import ModelServer
 from modelserve_sidecar.metrics import SidecarMetrics
-from prometheus_client.metrics_core import Metric
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 EVERYTHING_ON = ("serviceMonitor.enabled=true", "dashboard.enabled=true", "operator.logLevel=debug")
 # Kubernetes objects passed through to the pod spec: the API server checks their insides.
-PASS_THROUGH = {"global", "operator.extraEnv[].valueFrom", "affinity.nodeAffinity", "affinity.podAffinity",
-                "affinity.podAntiAffinity"}  # fmt: skip
+PASS_THROUGH = {
+    "global",
+    "operator.extraEnv[].valueFrom",
+    "affinity.nodeAffinity",
+    "affinity.podAffinity",
+    "affinity.podAntiAffinity",
+}
 
 
 def test_lint(helm: Helm) -> None:
-    for sets in ((), EVERYTHING_ON + ("operator.watchNamespaces={team-a,team-b}",)):
+    for sets in ((), (*EVERYTHING_ON, "operator.watchNamespaces={team-a,team-b}")):
         args = ["lint", "--strict", str(CHART)]
         for pair in sets:
             args += ["--set", pair]
@@ -46,9 +51,16 @@ def test_lint(helm: Helm) -> None:
         ({"serviceMonitor": {"enabled": "yes"}}, "at '/serviceMonitor/enabled': got string, want boolean"),
         ({"resources": {"limit": {"memory": "1Gi"}}}, "at '/resources': additional properties 'limit' not allowed"),
     ],
-    ids=["unknown-key", "unknown-nested-key", "wrong-type", "not-in-enum", "bad-namespace", "bool-as-string",
-         "typo-in-resources"],
-)  # fmt: skip
+    ids=[
+        "unknown-key",
+        "unknown-nested-key",
+        "wrong-type",
+        "not-in-enum",
+        "bad-namespace",
+        "bool-as-string",
+        "typo-in-resources",
+    ],
+)
 def test_schema_refuses_bad_values(helm: Helm, tmp_path: Path, values: dict[str, Any], complaint: str) -> None:
     bad = tmp_path / "values.yaml"
     bad.write_text(yaml.safe_dump(values))
@@ -103,8 +115,11 @@ def test_every_value_is_in_the_schema_with_a_description_and_a_comment() -> None
             continue
         # The key's line in values.yaml is preceded by its comment.
         key, depth = path.split(".")[-1], path.count(".")
-        index = next(i for i, line in enumerate(lines) if line == f"{'  ' * depth}{key}:" or
-                     line.startswith(f"{'  ' * depth}{key}: "))  # fmt: skip
+        index = next(
+            i
+            for i, line in enumerate(lines)
+            if line == f"{'  ' * depth}{key}:" or line.startswith(f"{'  ' * depth}{key}: ")
+        )
         above = lines[index - 1].strip()
         assert above.startswith("#"), f"{path} has no comment in values.yaml"
 
@@ -160,12 +175,17 @@ def test_operator_deployment_is_hardened(helm: Helm) -> None:
 def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
     rendered = helm(
         *template_args(
-            "ms", "modelserve-system",
-            "image.tag=1.2.3", "sidecar.drainSeconds=45", "operator.startupSeconds=900",
-            "operator.resyncSeconds=30", "operator.clusterDomain=example.internal",
-            "engines.vllm.image=mirror.example/vllm-openai:v9", "engines.llamacpp.image=mirror.example/llama:b1",
+            "ms",
+            "modelserve-system",
+            "image.tag=1.2.3",
+            "sidecar.drainSeconds=45",
+            "operator.startupSeconds=900",
+            "operator.resyncSeconds=30",
+            "operator.clusterDomain=example.internal",
+            "engines.vllm.image=mirror.example/vllm-openai:v9",
+            "engines.llamacpp.image=mirror.example/llama:b1",
         )
-    ).stdout  # fmt: skip
+    ).stdout
     env = {var["name"]: var["value"] for var in _operator_container(rendered)["env"]}
     settings = Settings.from_env(env)
     assert settings == Settings(
@@ -221,8 +241,14 @@ def test_dashboard_charts_series_the_sidecar_exports(helm: Helm) -> None:
     used = {name for expr in exprs for name in re.findall(r"modelserve_sidecar_\w+", expr)}
     assert used and used <= exported, used - exported
     titles = {panel["title"] for panel in dashboard["panels"]}
-    assert {"Requests", "In-flight requests", "Latency (completions)", "Time to first byte (completions)",
-            "Tokens per second", "KV-cache use"} <= titles  # fmt: skip
+    assert {
+        "Requests",
+        "In-flight requests",
+        "Latency (completions)",
+        "Time to first byte (completions)",
+        "Tokens per second",
+        "KV-cache use",
+    } <= titles
     kv_cache = next(panel for panel in dashboard["panels"] if panel["title"] == "KV-cache use")
     kv_metrics = {re.search(r"\((\S+?)\{", target["expr"]).group(1) for target in kv_cache["targets"]}
     assert kv_metrics == {"vllm:kv_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio"}

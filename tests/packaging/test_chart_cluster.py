@@ -20,17 +20,29 @@ def server_version(cluster: Cluster) -> str:
 @pytest.mark.parametrize("scope", ["all-namespaces", "watched-namespaces"])
 def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str, scope: str) -> None:
     # Everything but the ServiceMonitor, whose CRD (Prometheus Operator's) the sandbox lacks.
-    sets = ["dashboard.enabled=true", "podAnnotations.team=ml", "nodeSelector.kubernetes\\.io/os=linux",
-            "tolerations[0].key=dedicated", "tolerations[0].operator=Exists",
-            "operator.extraEnv[0].name=HTTPS_PROXY", "operator.extraEnv[0].value=http://proxy:3128"]  # fmt: skip
+    sets = [
+        "dashboard.enabled=true",
+        "podAnnotations.team=ml",
+        "nodeSelector.kubernetes\\.io/os=linux",
+        "tolerations[0].key=dedicated",
+        "tolerations[0].operator=Exists",
+        "operator.extraEnv[0].name=HTTPS_PROXY",
+        "operator.extraEnv[0].value=http://proxy:3128",
+    ]
     if scope == "watched-namespaces":
         sets.append(f"operator.watchNamespaces={{{namespace},default}}")
     rendered = cluster.helm(
         *template_args("dry", namespace, *sets, kube_version=server_version(cluster)), "--include-crds"
     ).stdout
     kinds = sorted({doc["kind"] for doc in objects(rendered)})
-    expected = {"ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition", "Deployment",
-                "ServiceAccount"} | ({"Role", "RoleBinding"} if scope == "watched-namespaces" else set())  # fmt: skip
+    expected = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "CustomResourceDefinition",
+        "Deployment",
+        "ServiceAccount",
+    } | ({"Role", "RoleBinding"} if scope == "watched-namespaces" else set())
     assert set(kinds) == expected
     result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert result.returncode == 0, result.stderr
@@ -51,8 +63,12 @@ def test_install_and_uninstall(cluster: Cluster, namespace: str) -> None:
     finally:
         uninstalled = cluster.helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "120s")
     assert f'release "{release}" uninstalled' in uninstalled.stdout
-    for kind, ns in (("clusterrole", None), ("clusterrolebinding", None), ("serviceaccount", namespace),
-                     ("deployment", namespace)):  # fmt: skip
+    for kind, ns in (
+        ("clusterrole", None),
+        ("clusterrolebinding", None),
+        ("serviceaccount", namespace),
+        ("deployment", namespace),
+    ):
         scope = ["-n", ns] if ns else []
         gone = cluster.kubectl("get", kind, release, *scope, check=False)
         assert gone.returncode != 0 and "NotFound" in gone.stderr, f"{kind} {release} survived the uninstall"

@@ -15,13 +15,13 @@ import yaml
 from chart import REPO
 
 from modelserve_operator.cli import API_KEY_PLACEHOLDER
-from modelserve_operator.validation import rules_by_message
 from modelserve_operator.manifests import GENERATED_KEY_FIELD
 from modelserve_operator.spec import NAME_RULE
+from modelserve_operator.validation import rules_by_message
 from modelserve_sandbox.cluster import Cluster
 
 sys.path.insert(0, str(REPO / "tests" / "operator"))
-from operator_testdata import CRD_PATH, examples, invalid_cases  # noqa: E402  (the operator tests' catalog)
+from operator_testdata import CRD_PATH, examples, invalid_cases
 
 GOLDEN_DIR = REPO / "tests" / "operator" / "golden"
 GOLDEN_UID = "00000000-0000-4000-8000-000000000000"  # what the golden files were rendered with
@@ -30,8 +30,14 @@ SIDECAR_IMAGE = "ghcr.io/modelserve/modelserve:0.1.0"
 
 def modelserve(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "MODELSERVE_SIDECAR_IMAGE": SIDECAR_IMAGE}
-    return subprocess.run([sys.executable, "-m", "modelserve_operator.cli", *args], input=input,
-                          capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "modelserve_operator.cli", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
 
 
 def _write(path: Path, *manifests: dict[str, Any]) -> str:
@@ -53,7 +59,7 @@ def test_render_takes_many_files_documents_and_stdin(tmp_path: Path) -> None:
     both = _write(tmp_path / "both.yaml", cpu, gpu)
     result = modelserve("render", "-n", "serving", both, "-", input=yaml.safe_dump(cpu))
     assert result.returncode == 0, result.stderr
-    rendered = [doc for doc in yaml.safe_load_all(result.stdout)]
+    rendered = list(yaml.safe_load_all(result.stdout))
     deployments = [(d["metadata"]["namespace"], d["metadata"]["name"]) for d in rendered if d["kind"] == "Deployment"]
     assert deployments == [("serving", "gemma3-270m-cpu"), ("serving", "lfm2-1-2b"), ("serving", "gemma3-270m-cpu")]
     # The private example gets its key Secret, with a placeholder rather than a key nobody will use.
@@ -105,9 +111,11 @@ def test_key_new_prints_a_secret_with_a_fresh_key() -> None:
 
 # --- against the real API server -------------------------------------------------------------
 
+
 def _api_server_refusal(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> str:
-    result = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
-                             input=yaml.safe_dump(manifest), check=False)  # fmt: skip
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False
+    )
     assert result.returncode != 0, f"the API server accepted {manifest}"
     return result.stderr
 
@@ -125,4 +133,3 @@ def test_render_and_the_api_server_name_the_same_fields(cluster: Cluster, namesp
             assert path in refusal, f"{case}: the API server does not name {path}:\n{refusal}"
             if message in rule_messages:  # the same CEL rule: the same words
                 assert message in refusal, f"{case}:\n{refusal}"
-

@@ -69,7 +69,7 @@ def test_shape() -> None:
 
     # Only runtime dependencies: the wheel is installed without extras.
     installs = " ".join(i.arguments for i in build if i.keyword == "RUN")
-    assert "pip\" install" in installs and "[" not in installs
+    assert 'pip" install' in installs and "[" not in installs
 
 
 def _copy_build_context(build: list[Instruction], destination: Path) -> None:
@@ -108,7 +108,9 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 text=True,
                 timeout=600,
             )
-            assert result.returncode == 0, f"RUN {instruction.arguments}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+            assert result.returncode == 0, (
+                f"RUN {instruction.arguments}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+            )
     return venv
 
 
@@ -116,7 +118,9 @@ def test_install_gives_the_console_scripts(image_venv: Path) -> None:
     bin_dir = image_venv / "bin"
     clean_env = {"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "HOME": str(image_venv)}
     for script in ("modelserve-operator", "modelserve"):
-        result = subprocess.run([str(bin_dir / script), "--help"], capture_output=True, text=True, env=clean_env, timeout=60)
+        result = subprocess.run(
+            [str(bin_dir / script), "--help"], capture_output=True, text=True, env=clean_env, timeout=60
+        )
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(f"usage: {script}")
     # The sidecar takes no flags, only MODELSERVE_* variables: without them it stops at its

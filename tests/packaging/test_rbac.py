@@ -54,8 +54,9 @@ def _install(cluster: Cluster, watched: tuple[str, ...]) -> Install:
     for namespace in watched:
         cluster.create_namespace(namespace)
     sets = ["--set", f"operator.watchNamespaces={{{','.join(watched)}}}"] if watched else []
-    cluster.helm("install", install.release, str(CHART), "--namespace", install.namespace, *sets,
-                 "--wait", "--timeout", "120s")  # fmt: skip
+    cluster.helm(
+        "install", install.release, str(CHART), "--namespace", install.namespace, *sets, "--wait", "--timeout", "120s"
+    )
     return install
 
 
@@ -63,12 +64,20 @@ def service_account_kubeconfig(cluster: Cluster, install: Install, path: Path) -
     """A kubeconfig holding only a TokenRequest token of the chart's ServiceAccount."""
     token = cluster.kubectl("create", "token", install.release, "-n", install.namespace, "--duration=1h").stdout.strip()
     admin = json.loads(cluster.kubeconfig.read_text())
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
-        "clusters": admin["clusters"],
-        "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": admin["clusters"][0]["name"], "user": "operator"}}],
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "operator",
+                "clusters": admin["clusters"],
+                "users": [{"name": "operator", "user": {"token": token}}],
+                "contexts": [
+                    {"name": "operator", "context": {"cluster": admin["clusters"][0]["name"], "user": "operator"}}
+                ],
+            }
+        )
+    )
     path.chmod(0o600)
     return path
 
@@ -101,8 +110,9 @@ def run_operator_to_ready(cluster: Cluster, install: Install, app_namespace: str
             found["ms"] = _ready(cluster, app_namespace, name)
             return process.poll() is not None or found["ms"] is not None
 
-        wait_until(ready_or_exited, 120, f"ModelServer {name} Ready", interval=0.5,
-                   on_timeout=lambda: "\n" + tail(log, 40))  # fmt: skip
+        wait_until(
+            ready_or_exited, 120, f"ModelServer {name} Ready", interval=0.5, on_timeout=lambda: "\n" + tail(log, 40)
+        )
         assert process.poll() is None, f"the operator exited:\n{tail(log)}"
     finally:
         stop_process(process, grace_seconds=20)
@@ -122,40 +132,75 @@ def can_i(cluster: Cluster, install: Install, verb: str, resource: str, namespac
 
 # What the operator needs, wherever it serves ModelServers.
 NEEDED = [
-    ("get", "modelservers.serving.modelserve.dev"), ("list", "modelservers.serving.modelserve.dev"),
-    ("watch", "modelservers.serving.modelserve.dev"), ("patch", "modelservers.serving.modelserve.dev/status"),
+    ("get", "modelservers.serving.modelserve.dev"),
+    ("list", "modelservers.serving.modelserve.dev"),
+    ("watch", "modelservers.serving.modelserve.dev"),
+    ("patch", "modelservers.serving.modelserve.dev/status"),
     ("update", "modelservers.serving.modelserve.dev/finalizers"),
-    ("create", "deployments.apps"), ("patch", "deployments.apps"), ("update", "deployments.apps"),
-    ("watch", "deployments.apps"), ("create", "services"), ("patch", "services"), ("update", "services"),
-    ("create", "persistentvolumeclaims"), ("update", "persistentvolumeclaims"),
-    ("create", "secrets"), ("list", "pods"), ("watch", "pods"), ("create", "events"),
-]  # fmt: skip
+    ("create", "deployments.apps"),
+    ("patch", "deployments.apps"),
+    ("update", "deployments.apps"),
+    ("watch", "deployments.apps"),
+    ("create", "services"),
+    ("patch", "services"),
+    ("update", "services"),
+    ("create", "persistentvolumeclaims"),
+    ("update", "persistentvolumeclaims"),
+    ("create", "secrets"),
+    ("list", "pods"),
+    ("watch", "pods"),
+    ("create", "events"),
+]
 # What it must never do, in a namespace it serves or anywhere else.
 NEVER = [
-    ("get", "secrets"), ("list", "secrets"), ("watch", "secrets"), ("update", "secrets"), ("patch", "secrets"),
+    ("get", "secrets"),
+    ("list", "secrets"),
+    ("watch", "secrets"),
+    ("update", "secrets"),
+    ("patch", "secrets"),
     ("delete", "secrets"),
-    ("patch", "modelservers.serving.modelserve.dev"), ("delete", "modelservers.serving.modelserve.dev"),
-    ("delete", "deployments.apps"), ("delete", "services"), ("delete", "persistentvolumeclaims"),
-    ("create", "pods"), ("delete", "pods"), ("create", "pods/exec"), ("get", "configmaps"),
-    ("create", "daemonsets.apps"), ("create", "statefulsets.apps"), ("create", "jobs.batch"),
-    ("create", "roles.rbac.authorization.k8s.io"), ("create", "rolebindings.rbac.authorization.k8s.io"),
-    ("create", "serviceaccounts/token"), ("create", "poddisruptionbudgets.policy"),
-]  # fmt: skip
+    ("patch", "modelservers.serving.modelserve.dev"),
+    ("delete", "modelservers.serving.modelserve.dev"),
+    ("delete", "deployments.apps"),
+    ("delete", "services"),
+    ("delete", "persistentvolumeclaims"),
+    ("create", "pods"),
+    ("delete", "pods"),
+    ("create", "pods/exec"),
+    ("get", "configmaps"),
+    ("create", "daemonsets.apps"),
+    ("create", "statefulsets.apps"),
+    ("create", "jobs.batch"),
+    ("create", "roles.rbac.authorization.k8s.io"),
+    ("create", "rolebindings.rbac.authorization.k8s.io"),
+    ("create", "serviceaccounts/token"),
+    ("create", "poddisruptionbudgets.policy"),
+]
 # Cluster-scoped: never.
 NEVER_CLUSTER = [
-    ("get", "nodes"), ("patch", "nodes"), ("delete", "namespaces"), ("create", "namespaces"),
-    ("create", "clusterroles.rbac.authorization.k8s.io"), ("bind", "clusterroles.rbac.authorization.k8s.io"),
-    ("escalate", "clusterroles.rbac.authorization.k8s.io"), ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ("get", "nodes"),
+    ("patch", "nodes"),
+    ("delete", "namespaces"),
+    ("create", "namespaces"),
+    ("create", "clusterroles.rbac.authorization.k8s.io"),
+    ("bind", "clusterroles.rbac.authorization.k8s.io"),
+    ("escalate", "clusterroles.rbac.authorization.k8s.io"),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
     ("create", "customresourcedefinitions.apiextensions.k8s.io"),
-    ("delete", "customresourcedefinitions.apiextensions.k8s.io"), ("impersonate", "users"),
-]  # fmt: skip
+    ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("impersonate", "users"),
+]
 
 
-def _assert_matrix(cluster: Cluster, install: Install, namespaces: list[str | None],
-                   expected: dict[tuple[str, str], bool]) -> None:  # fmt: skip
-    wrong = [f"{'can' if not want else 'cannot'} {verb} {resource} in {ns or 'all namespaces'}"
-             for ns in namespaces for (verb, resource), want in expected.items()
-             if can_i(cluster, install, verb, resource, ns) != want]  # fmt: skip
+def _assert_matrix(
+    cluster: Cluster, install: Install, namespaces: list[str | None], expected: dict[tuple[str, str], bool]
+) -> None:
+    wrong = [
+        f"{'can' if not want else 'cannot'} {verb} {resource} in {ns or 'all namespaces'}"
+        for ns in namespaces
+        for (verb, resource), want in expected.items()
+        if can_i(cluster, install, verb, resource, ns) != want
+    ]
     assert not wrong, f"{install.user}: " + "; ".join(wrong)
 
 
@@ -164,22 +209,30 @@ def _contained(rendered: Any, live: Any, path: str = "") -> list[str]:
     if isinstance(rendered, dict) and isinstance(live, dict):
         return [miss for key, value in rendered.items() for miss in _contained(value, live.get(key), f"{path}.{key}")]
     if isinstance(rendered, list) and isinstance(live, list) and len(rendered) == len(live):
-        return [miss for i, (r, v) in enumerate(zip(rendered, live)) for miss in _contained(r, v, f"{path}[{i}]")]
+        pairs = enumerate(zip(rendered, live, strict=True))
+        return [miss for i, (r, v) in pairs for miss in _contained(r, v, f"{path}[{i}]")]
     return [] if rendered == live else [f"{path}: rendered {rendered!r}, applied {live!r}"]
 
 
 def assert_render_is_what_was_applied(cluster: Cluster, ms: dict[str, Any]) -> None:
     """`modelserve render` of the live ModelServer (its uid, its namespace) gives the applied children."""
     manifest = {key: ms[key] for key in ("apiVersion", "kind", "metadata", "spec")}
-    result = subprocess.run([str(OPERATOR.with_name("modelserve")), "render", "-"], input=json.dumps(manifest),
-                            capture_output=True, text=True, timeout=60, env=cluster.env)  # fmt: skip
+    result = subprocess.run(
+        [str(OPERATOR.with_name("modelserve")), "render", "-"],
+        input=json.dumps(manifest),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cluster.env,
+    )
     assert result.returncode == 0, result.stderr
     for rendered in yaml.safe_load_all(result.stdout):
         if rendered["kind"] == "Secret":
             continue  # rendered with a placeholder key
         meta = rendered["metadata"]
-        live = json.loads(cluster.kubectl("get", rendered["kind"], meta["name"], "-n", meta["namespace"],
-                                          "-o", "json").stdout)  # fmt: skip
+        live = json.loads(
+            cluster.kubectl("get", rendered["kind"], meta["name"], "-n", meta["namespace"], "-o", "json").stdout
+        )
         assert not _contained(rendered, live), _contained(rendered, live)
 
 
@@ -190,8 +243,9 @@ def test_all_namespaces_install(rbac_cluster: Cluster, tmp_path: Path) -> None:
     cluster.create_namespace(app)
     ms = run_operator_to_ready(cluster, install, app, tmp_path)
     assert ms["status"]["readyReplicas"] == 2
-    secret = json.loads(cluster.kubectl("get", "secret", f"{ms['metadata']['name']}-api-keys", "-n", app,
-                                        "-o", "json").stdout)  # fmt: skip
+    secret = json.loads(
+        cluster.kubectl("get", "secret", f"{ms['metadata']['name']}-api-keys", "-n", app, "-o", "json").stdout
+    )
     assert secret["metadata"]["ownerReferences"][0]["uid"] == ms["metadata"]["uid"]  # the operator made it
     assert_render_is_what_was_applied(cluster, ms)
 

@@ -47,8 +47,12 @@ def host_operator(node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactor
     process = start_process("modelserve-operator", argv, log_dir, env=env)
     log = log_dir / "modelserve-operator.log"
     try:
-        wait_until(lambda: process.poll() is not None or _healthy(liveness), 60,
-                   "the operator's liveness endpoint", on_timeout=lambda: "\n" + tail(log))
+        wait_until(
+            lambda: process.poll() is not None or _healthy(liveness),
+            60,
+            "the operator's liveness endpoint",
+            on_timeout=lambda: "\n" + tail(log),
+        )
         assert process.poll() is None, f"the operator exited with {process.returncode}:\n{tail(log)}"
         yield log
     finally:
@@ -84,9 +88,12 @@ def port_forward(node_cluster: Cluster) -> Iterator:
     def forward(namespace: str, target: str, remote_port: int) -> str:
         (port,) = free_ports(1)
         process = subprocess.Popen(
-            [str(node_cluster.bin_dir / "kubectl"), "port-forward", "-n", namespace, target,
-             f"{port}:{remote_port}"], env=node_cluster.env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
+            [str(node_cluster.bin_dir / "kubectl"), "port-forward", "-n", namespace, target, f"{port}:{remote_port}"],
+            env=node_cluster.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         started.append(process)
         line = process.stdout.readline() if process.stdout else ""
         assert "Forwarding from" in line, f"kubectl port-forward said: {line}"

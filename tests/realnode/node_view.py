@@ -10,7 +10,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
-from operator_cluster import OperatorView  # noqa: E402
+from operator_cluster import OperatorView
 
 REAL_WAIT_SECONDS = 180  # image unpack, the model's download from the sandbox hub, its load
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
@@ -19,8 +19,11 @@ NO_END = {"1": -100, "106": -100}  # Gemma 3's end tokens banned: generations ru
 
 class NodeView(OperatorView):
     def wait_phase(self, name: str, phase: str, timeout: float = REAL_WAIT_SECONDS) -> dict[str, Any]:
-        self.wait(lambda: (self.get("modelserver", name) or {}).get("status", {}).get("phase") == phase,
-                  f"ModelServer {name} phase {phase}", timeout)
+        self.wait(
+            lambda: (self.get("modelserver", name) or {}).get("status", {}).get("phase") == phase,
+            f"ModelServer {name} phase {phase}",
+            timeout,
+        )
         return self.get("modelserver", name) or {}
 
     def pods(self, name: str) -> list[dict[str, Any]]:
@@ -28,8 +31,12 @@ class NodeView(OperatorView):
         return json.loads(out.stdout)["items"]
 
     def ready_pods(self, name: str) -> list[dict[str, Any]]:
-        return [p for p in self.pods(name) if p.get("metadata", {}).get("deletionTimestamp") is None and any(
-            c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))]
+        return [
+            p
+            for p in self.pods(name)
+            if p.get("metadata", {}).get("deletionTimestamp") is None
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))
+        ]
 
     def secret_value(self, secret: str, key: str) -> str:
         import base64
@@ -61,10 +68,18 @@ class Timeline:
 
 def cpu_server(name: str, public: bool = False, **spec: object) -> dict:
     """A cpu ModelServer serving the real Gemma-3-270M, small enough that a few fit the node."""
-    body = {"model": "unsloth/gemma-3-270m-it-GGUF:Q4_K_M", "profile": "cpu", "maxModelLen": 2048,
-            "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-            **spec}
+    body = {
+        "model": "unsloth/gemma-3-270m-it-GGUF:Q4_K_M",
+        "profile": "cpu",
+        "maxModelLen": 2048,
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        **spec,
+    }
     if public:
         body["auth"] = {"mode": "public"}
-    return {"apiVersion": "serving.modelserve.dev/v1alpha1", "kind": "ModelServer",
-            "metadata": {"name": name}, "spec": body}
+    return {
+        "apiVersion": "serving.modelserve.dev/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": name},
+        "spec": body,
+    }

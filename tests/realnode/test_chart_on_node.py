@@ -18,8 +18,19 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "modelserve"
 def test_chart_operator_runs_as_a_pod_and_serves_a_model(node_cluster: Cluster, tmp_path: Path) -> None:
     release, system, apps = "modelserve", f"ms-system-{uuid.uuid4().hex[:6]}", f"apps-{uuid.uuid4().hex[:6]}"
     node_cluster.create_namespace(apps)
-    node_cluster.helm("install", release, str(CHART), "--namespace", system, "--create-namespace",
-                      "--set", f"hub.endpoint={node_cluster.hub_endpoint}", "--wait", "--timeout", "180s")
+    node_cluster.helm(
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        system,
+        "--create-namespace",
+        "--set",
+        f"hub.endpoint={node_cluster.hub_endpoint}",
+        "--wait",
+        "--timeout",
+        "180s",
+    )
     try:
         pods = json.loads(node_cluster.kubectl("get", "pods", "-n", system, "-o", "json").stdout)["items"]
         assert len(pods) == 1 and pods[0]["spec"]["nodeName"] == realnode.NODE_NAME
@@ -31,6 +42,5 @@ def test_chart_operator_runs_as_a_pod_and_serves_a_model(node_cluster: Cluster, 
         assert ready["status"]["readyReplicas"] == 1
     finally:
         node_cluster.kubectl("delete", "namespace", apps, "--wait=false", check=False)
-        node_cluster.kubectl("delete", "pods", "--all", "-n", apps, "--grace-period=1", "--wait=false",
-                             check=False)
+        node_cluster.kubectl("delete", "pods", "--all", "-n", apps, "--grace-period=1", "--wait=false", check=False)
         node_cluster.helm("uninstall", release, "--namespace", system, "--wait", "--timeout", "120s")

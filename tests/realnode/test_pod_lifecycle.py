@@ -16,9 +16,12 @@ from modelserve_sandbox import realnode
 
 
 def _chat(base: str, key: str | None, name: str) -> httpx.Response:
-    return httpx.post(f"{base}/v1/chat/completions", timeout=60,
-                      headers={"Authorization": f"Bearer {key}"} if key else {},
-                      json={"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    return httpx.post(
+        f"{base}/v1/chat/completions",
+        timeout=60,
+        headers={"Authorization": f"Bearer {key}"} if key else {},
+        json={"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    )
 
 
 def test_key_rotation_through_the_secret_volume(node: NodeView) -> None:
@@ -28,8 +31,9 @@ def test_key_rotation_through_the_secret_volume(node: NodeView) -> None:
     old = node.secret_value("rotating-api-keys", "api-key")
     assert _chat(base, old, "rotating").status_code == 200
     new = "sk-rotated-" + old[-12:]
-    node.kubectl("patch", "secret", "rotating-api-keys", "--type=merge", "-p",
-                 json.dumps({"stringData": {"api-key": new}}))
+    node.kubectl(
+        "patch", "secret", "rotating-api-keys", "--type=merge", "-p", json.dumps({"stringData": {"api-key": new}})
+    )
     edited = time.monotonic()
     node.wait(lambda: _chat(base, new, "rotating").status_code == 200, "the new key accepted", timeout=180)
     delay = time.monotonic() - edited
@@ -48,8 +52,7 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
 
     def long_stream() -> None:
         # Well inside the drain deadline (60 s) even on a busy 2-core machine.
-        request = {"model": "draining", "messages": PROMPT, "max_tokens": 64, "stream": True,
-                   "logit_bias": NO_END}
+        request = {"model": "draining", "messages": PROMPT, "max_tokens": 64, "stream": True, "logit_bias": NO_END}
         try:
             with httpx.stream("POST", f"{base}/v1/chat/completions", json=request, timeout=120) as response:
                 streamed["body"] = b"".join(response.iter_raw())
@@ -111,19 +114,25 @@ def test_generated_security_context_runs_as_generated(node: NodeView) -> None:
     deployment = node.get("deployment", "confined") or {}
     assert deployment["metadata"]["generation"] == 1, "the operator rolled the Deployment after creating it"
     name = pod["metadata"]["name"]
-    probe = ("import os,pathlib\n"
-             "status = pathlib.Path('/proc/self/status').read_text()\n"
-             "cap = next(l.split()[1] for l in status.splitlines() if l.startswith('CapEff'))\n"
-             "nnp = next(l.split()[1] for l in status.splitlines() if l.startswith('NoNewPrivs'))\n"
-             "try:\n    open('/written', 'w'); ro = False\nexcept OSError:\n    ro = True\n"
-             "print(os.getuid(), os.getgid(), cap, nnp, ro)")
-    out = node.cluster.kubectl("exec", "-n", node.namespace, name, "-c", "sidecar", "--",
-                               "python", "-c", probe).stdout.split()
+    probe = (
+        "import os,pathlib\n"
+        "status = pathlib.Path('/proc/self/status').read_text()\n"
+        "cap = next(l.split()[1] for l in status.splitlines() if l.startswith('CapEff'))\n"
+        "nnp = next(l.split()[1] for l in status.splitlines() if l.startswith('NoNewPrivs'))\n"
+        "try:\n    open('/written', 'w'); ro = False\nexcept OSError:\n    ro = True\n"
+        "print(os.getuid(), os.getgid(), cap, nnp, ro)"
+    )
+    out = node.cluster.kubectl(
+        "exec", "-n", node.namespace, name, "-c", "sidecar", "--", "python", "-c", probe
+    ).stdout.split()
     assert out == ["65532", "65532", "0000000000000000", "1", "True"], out
     # Nothing in the pod wrote to its image's filesystem: every container's overlay upper
     # layer holds no file after serving (what it writes goes to its volumes).
-    httpx.post(f"http://{pod['status']['podIP']}:8080/v1/chat/completions", timeout=60,
-               json={"model": "confined", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    httpx.post(
+        f"http://{pod['status']['podIP']}:8080/v1/chat/completions",
+        timeout=60,
+        json={"model": "confined", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    )
     ids = [c["containerID"].split("//")[1] for c in pod["status"]["containerStatuses"]]
     uppers = _overlay_upper_dirs(ids)
     assert len(uppers) == 2, uppers
@@ -133,15 +142,23 @@ def test_generated_security_context_runs_as_generated(node: NodeView) -> None:
         # runc makes an empty file where the image lacks a bind mount's target (the kubelet's
         # /etc/hosts: image builds leave it out); that is the runtime's, not a write.
         stubs = _mount_points(socket, cid)
-        written[cid[:12]] = [str(p.relative_to(upper)) for p in upper.rglob("*") if p.is_file()
-                             and not ("/" + str(p.relative_to(upper)) in stubs and p.stat().st_size == 0)]
+        written[cid[:12]] = [
+            str(p.relative_to(upper))
+            for p in upper.rglob("*")
+            if p.is_file() and not ("/" + str(p.relative_to(upper)) in stubs and p.stat().st_size == 0)
+        ]
     assert written == {cid[:12]: [] for cid in uppers}, written
 
 
 def _mount_points(socket: Path, container_id: str) -> set[str]:
     """Where mounts sit inside a running container, from its init process's mount table."""
-    tasks = subprocess.run(["ctr", "--address", str(socket), "-n", "k8s.io", "task", "ls"],
-                           capture_output=True, text=True, timeout=30, check=True).stdout
+    tasks = subprocess.run(
+        ["ctr", "--address", str(socket), "-n", "k8s.io", "task", "ls"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     pid = next(line.split()[1] for line in tasks.splitlines() if line.startswith(container_id))
     return {line.split()[4] for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()}
 

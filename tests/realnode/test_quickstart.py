@@ -39,8 +39,10 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
         pods = node.pods(NAME)
         for pod in pods:
             statuses = {c["name"]: c for c in pod.get("status", {}).get("containerStatuses", [])}
-            timeline.add(f"pod engine running={'running' in statuses.get('engine', {}).get('state', {})} "
-                         f"sidecar ready={statuses.get('sidecar', {}).get('ready')}")
+            timeline.add(
+                f"pod engine running={'running' in statuses.get('engine', {}).get('state', {})} "
+                f"sidecar ready={statuses.get('sidecar', {}).get('ready')}"
+            )
         if ready.get("status") == "True":
             break
         time.sleep(0.25)
@@ -63,8 +65,9 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
     key = node.secret_value(f"{NAME}-api-keys", "api-key")
     base = port_forward(node.namespace, f"svc/{NAME}", 80)
     request = {"model": NAME, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
-    with_key = httpx.post(f"{base}/v1/chat/completions", json=request, timeout=60,
-                          headers={"Authorization": f"Key {key}"})
+    with_key = httpx.post(
+        f"{base}/v1/chat/completions", json=request, timeout=60, headers={"Authorization": f"Key {key}"}
+    )
     assert with_key.status_code == 200, with_key.text
     assert with_key.json()["choices"][0]["message"]["content"]
     missing = httpx.post(f"{base}/v1/chat/completions", json=request, timeout=60)
@@ -79,8 +82,7 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
     # A stream arrives as it is generated, not in one piece at the end.
     arrivals: list[float] = []
     started = time.monotonic()
-    stream = client.chat.completions.create(model=NAME, messages=PROMPT, max_tokens=64, stream=True,
-                                            logit_bias=NO_END)
+    stream = client.chat.completions.create(model=NAME, messages=PROMPT, max_tokens=64, stream=True, logit_bias=NO_END)
     text = ""
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:

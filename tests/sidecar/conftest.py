@@ -57,12 +57,17 @@ def replay_sidecar(replay: ReplayEngine, tmp_path_factory: pytest.TempPathFactor
     """A private sidecar in front of the replay upstream, with sampling defaults and small limits."""
     base = tmp_path_factory.mktemp("replay-sidecar")
     SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
-    sidecar = launch_sidecar(base / "logs", replay.url, "tiny", {
-        "MODELSERVE_KEYS_DIR": str(base / "keys"),
-        "MODELSERVE_SAMPLING_DEFAULTS": json.dumps({"temperature": 0.1, "top_k": 50, "max_tokens": 8}),
-        "MODELSERVE_MAX_BODY_BYTES": "65536",
-        "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS": "2",
-    })
+    sidecar = launch_sidecar(
+        base / "logs",
+        replay.url,
+        "tiny",
+        {
+            "MODELSERVE_KEYS_DIR": str(base / "keys"),
+            "MODELSERVE_SAMPLING_DEFAULTS": json.dumps({"temperature": 0.1, "top_k": 50, "max_tokens": 8}),
+            "MODELSERVE_MAX_BODY_BYTES": "65536",
+            "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS": "2",
+        },
+    )
     try:
         wait_ready(sidecar)
         yield sidecar

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 from aiohttp import web
+
 from modelserve_sandbox.llama_server import llama_server_binary
 from modelserve_sandbox.processes import (
     free_ports,
@@ -33,6 +34,7 @@ ENGINE_MODEL = "gemma-3-270m"  # the served name of the real engine
 
 
 # --- a Kubernetes Secret volume, as the kubelet writes it ----------------------------------------
+
 
 class SecretDir:
     """A directory laid out like a mounted Secret: visible names are symlinks into `..data`, which
@@ -64,6 +66,7 @@ class SecretDir:
 
 
 # --- sidecar processes ----------------------------------------------------------------------------
+
 
 @dataclass
 class Sidecar:
@@ -118,11 +121,16 @@ def launch_sidecar(log_dir: Path, upstream_url: str, served_model: str, env: dic
 
 
 def wait_ready(sidecar: Sidecar, timeout: float = 60) -> None:
-    wait_until(lambda: httpx.get(sidecar.url + "/readyz", timeout=5).status_code == 200, timeout,
-               "the sidecar to be ready", on_timeout=lambda: "\n" + tail(sidecar.log))
+    wait_until(
+        lambda: httpx.get(sidecar.url + "/readyz", timeout=5).status_code == 200,
+        timeout,
+        "the sidecar to be ready",
+        on_timeout=lambda: "\n" + tail(sidecar.log),
+    )
 
 
 # --- the replay upstream: a real server answering with the recorded bytes of vLLM ------------------
+
 
 @dataclass(frozen=True)
 class Recording:
@@ -208,6 +216,7 @@ class ReplayEngine:
     def _fixed(self, name: str) -> Callable[[web.Request], object]:
         async def handler(request: web.Request) -> web.StreamResponse:
             return await self._replay(request, read_recording(name))
+
         return handler
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
@@ -217,8 +226,10 @@ class ReplayEngine:
         return await self._replay(request, read_recording("health.http"))
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=(VLLM_FIXTURES / "metrics.txt").read_bytes(),
-                            headers={"content-type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(
+            body=(VLLM_FIXTURES / "metrics.txt").read_bytes(),
+            headers={"content-type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -265,6 +276,7 @@ def start_replay() -> ReplayEngine:
 
 # --- the real engine: llama.cpp's llama-server (built from source) with a real GGUF model ----------
 
+
 @dataclass
 class Engine:
     """A llama-server process serving the GGUF model as ENGINE_MODEL: the cpu profile's engine."""
@@ -285,13 +297,25 @@ class Engine:
             except httpx.TransportError:
                 return False
 
-        wait_until(up, timeout, "the llama.cpp engine to serve", interval=0.5,
-                   on_timeout=lambda: "\n" + tail(self.log))
+        wait_until(up, timeout, "the llama.cpp engine to serve", interval=0.5, on_timeout=lambda: "\n" + tail(self.log))
 
 
 def launch_engine(model: Path, port: int, log_dir: Path) -> Engine:
     # The flags the operator gives the cpu profile's engine, with a local model file.
-    argv = [str(llama_server_binary()), "-m", str(model), "--alias", ENGINE_MODEL, "--host", "127.0.0.1",
-            "--port", str(port), "-c", "2048", "--metrics", "--jinja"]
+    argv = [
+        str(llama_server_binary()),
+        "-m",
+        str(model),
+        "--alias",
+        ENGINE_MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        "2048",
+        "--metrics",
+        "--jinja",
+    ]
     process = start_process(f"engine-{port}", argv, log_dir)
     return Engine(f"http://127.0.0.1:{port}", log_dir / f"engine-{port}.log", process)

@@ -40,11 +40,16 @@ NO_END = {"1": -100, "106": -100}
 def sidecar(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     base = tmp_path_factory.mktemp("engine-sidecar")
     SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
-    running = launch_sidecar(base / "logs", engine.url, ENGINE_MODEL, {
-        "MODELSERVE_KEYS_DIR": str(base / "keys"),
-        "MODELSERVE_SAMPLING_DEFAULTS": json.dumps({"max_tokens": DEFAULT_MAX_TOKENS, "temperature": 0}),
-        "MODELSERVE_MAX_BODY_BYTES": "65536",
-    })
+    running = launch_sidecar(
+        base / "logs",
+        engine.url,
+        ENGINE_MODEL,
+        {
+            "MODELSERVE_KEYS_DIR": str(base / "keys"),
+            "MODELSERVE_SAMPLING_DEFAULTS": json.dumps({"max_tokens": DEFAULT_MAX_TOKENS, "temperature": 0}),
+            "MODELSERVE_MAX_BODY_BYTES": "65536",
+        },
+    )
     try:
         wait_ready(running)
         yield running
@@ -58,13 +63,19 @@ def bearer_client(sidecar: Sidecar) -> openai.OpenAI:
 
 def key_client(sidecar: Sidecar) -> openai.OpenAI:
     # default_headers replace the SDK's own `Authorization: Bearer <api_key>`.
-    return openai.OpenAI(base_url=sidecar.url + "/v1", api_key="unused", max_retries=0, timeout=120,
-                         default_headers={"Authorization": f"Key {API_KEY}"})
+    return openai.OpenAI(
+        base_url=sidecar.url + "/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=120,
+        default_headers={"Authorization": f"Key {API_KEY}"},
+    )
 
 
 def test_sync_chat_with_a_bearer_key(sidecar: Sidecar) -> None:
-    answer = bearer_client(sidecar).chat.completions.create(model=ENGINE_MODEL, messages=PROMPT, max_tokens=6,
-                                                            logit_bias=NO_END)
+    answer = bearer_client(sidecar).chat.completions.create(
+        model=ENGINE_MODEL, messages=PROMPT, max_tokens=6, logit_bias=NO_END
+    )
     assert answer.model == ENGINE_MODEL and answer.choices[0].message.content
     # The request's own max_tokens wins over the sidecar's default.
     assert answer.usage.completion_tokens == 6 and answer.choices[0].finish_reason == "length"
@@ -77,8 +88,9 @@ def test_sampling_default_reaches_the_engine(sidecar: Sidecar) -> None:
 
 
 def test_sync_stream_with_a_key_header(sidecar: Sidecar) -> None:
-    stream = key_client(sidecar).chat.completions.create(model=ENGINE_MODEL, messages=PROMPT, stream=True,
-                                                         logit_bias=NO_END)
+    stream = key_client(sidecar).chat.completions.create(
+        model=ENGINE_MODEL, messages=PROMPT, stream=True, logit_bias=NO_END
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and chunks[-1].choices[0].finish_reason == "length"
@@ -88,13 +100,19 @@ def test_async_chat_and_stream(sidecar: Sidecar) -> None:
     async def run() -> tuple[str, str]:
         clients = [
             openai.AsyncOpenAI(base_url=sidecar.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120),
-            openai.AsyncOpenAI(base_url=sidecar.url + "/v1", api_key="unused", max_retries=0, timeout=120,
-                               default_headers={"Authorization": f"key {API_KEY}"}),
+            openai.AsyncOpenAI(
+                base_url=sidecar.url + "/v1",
+                api_key="unused",
+                max_retries=0,
+                timeout=120,
+                default_headers={"Authorization": f"key {API_KEY}"},
+            ),
         ]
         try:
             answer = await clients[0].chat.completions.create(model=ENGINE_MODEL, messages=PROMPT, logit_bias=NO_END)
-            stream = await clients[1].chat.completions.create(model=ENGINE_MODEL, messages=PROMPT, stream=True,
-                                                              logit_bias=NO_END)
+            stream = await clients[1].chat.completions.create(
+                model=ENGINE_MODEL, messages=PROMPT, stream=True, logit_bias=NO_END
+            )
             streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
             return answer.choices[0].message.content, streamed
         finally:
@@ -118,15 +136,28 @@ def test_wrong_key_is_an_authentication_error(sidecar: Sidecar) -> None:
     with pytest.raises(openai.AuthenticationError) as caught:
         client.chat.completions.create(model=ENGINE_MODEL, messages=PROMPT)
     assert caught.value.status_code == 401
-    assert caught.value.body == {"message": "Invalid API key.", "type": "authentication_error",
-                                 "param": None, "code": "invalid_api_key"}
+    assert caught.value.body == {
+        "message": "Invalid API key.",
+        "type": "authentication_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
 
 
 def test_image_to_a_text_model_is_a_bad_request(sidecar: Sidecar) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        bearer_client(sidecar).chat.completions.create(model=ENGINE_MODEL, messages=[{"role": "user", "content": [
-            {"type": "text", "text": "what is this"},
-            {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRg=="}}]}])
+        bearer_client(sidecar).chat.completions.create(
+            model=ENGINE_MODEL,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is this"},
+                        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRg=="}},
+                    ],
+                }
+            ],
+        )
     assert caught.value.body["message"] == f"{ENGINE_MODEL} is not a multimodal model"
 
 
@@ -135,10 +166,14 @@ def test_metrics_count_the_real_engine_traffic(sidecar: Sidecar) -> None:
     bearer_client(sidecar).chat.completions.create(model=ENGINE_MODEL, messages=PROMPT, logit_bias=NO_END)
     after = sidecar.metrics()
     route = 'route="/v1/chat/completions"'
-    assert metric_value(after, f'modelserve_sidecar_requests_total{{{route},status_class="2xx"}}') == \
-        metric_value(before, f'modelserve_sidecar_requests_total{{{route},status_class="2xx"}}') + 1
-    assert metric_value(after, "modelserve_sidecar_completion_tokens_total") == \
-        metric_value(before, "modelserve_sidecar_completion_tokens_total") + DEFAULT_MAX_TOKENS
+    assert (
+        metric_value(after, f'modelserve_sidecar_requests_total{{{route},status_class="2xx"}}')
+        == metric_value(before, f'modelserve_sidecar_requests_total{{{route},status_class="2xx"}}') + 1
+    )
+    assert (
+        metric_value(after, "modelserve_sidecar_completion_tokens_total")
+        == metric_value(before, "modelserve_sidecar_completion_tokens_total") + DEFAULT_MAX_TOKENS
+    )
     assert metric_value(after, 'modelserve_sidecar_warmup_requests_total{outcome="ok"}') == 1
     assert API_KEY not in after and API_KEY not in sidecar.logs()
 
@@ -150,8 +185,12 @@ def test_refusals_over_raw_http(sidecar: Sidecar) -> None:
     assert missing.json()["error"]["code"] == "missing_api_key"
     malformed = httpx.post(chat, content=b'{"model": "x", "messages": [', headers=AUTH, timeout=30)
     assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "invalid_json"
-    too_big = httpx.post(chat, json={"model": ENGINE_MODEL, "messages": [{"role": "user", "content": "x" * 70000}]},
-                         headers=AUTH, timeout=30)
+    too_big = httpx.post(
+        chat,
+        json={"model": ENGINE_MODEL, "messages": [{"role": "user", "content": "x" * 70000}]},
+        headers=AUTH,
+        timeout=30,
+    )
     assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "body_too_large"
 
 
@@ -177,8 +216,9 @@ def test_sigterm_lets_a_real_stream_finish(engine: Engine, start_sidecar: Callab
     assert sidecar.process.wait(timeout=30) in (0, -signal.SIGTERM)
 
 
-def test_readyz_follows_a_real_engine_starting(gguf_model: Path, tmp_path: Path,
-                                               start_sidecar: Callable[..., Sidecar]) -> None:
+def test_readyz_follows_a_real_engine_starting(
+    gguf_model: Path, tmp_path: Path, start_sidecar: Callable[..., Sidecar]
+) -> None:
     (port,) = free_ports(1)
     sidecar = start_sidecar(f"http://127.0.0.1:{port}", ENGINE_MODEL, MODELSERVE_AUTH="public")
     before = httpx.get(sidecar.url + "/readyz", timeout=10)
@@ -190,5 +230,8 @@ def test_readyz_follows_a_real_engine_starting(gguf_model: Path, tmp_path: Path,
         assert "warm-up request answered 200" in sidecar.logs()
     finally:
         stop_process(starting.process)
-    wait_until(lambda: httpx.get(sidecar.url + "/readyz", timeout=10).status_code == 503, 10,
-               "readiness to drop with the engine gone")
+    wait_until(
+        lambda: httpx.get(sidecar.url + "/readyz", timeout=10).status_code == 503,
+        10,
+        "readiness to drop with the engine gone",
+    )

@@ -41,8 +41,12 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 def chat(sidecar: Sidecar, body: dict | bytes, headers: dict[str, str] | None = None) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(sidecar.url + CHAT, content=content, timeout=30,
-                      headers={"Content-Type": "application/json", **AUTH, **(headers or {})})
+    return httpx.post(
+        sidecar.url + CHAT,
+        content=content,
+        timeout=30,
+        headers={"Content-Type": "application/json", **AUTH, **(headers or {})},
+    )
 
 
 def openai_error(response: httpx.Response) -> dict:
@@ -53,16 +57,24 @@ def openai_error(response: httpx.Response) -> dict:
 
 # --- start-up -------------------------------------------------------------------------------------
 
+
 def test_invalid_configuration_stops_the_start_with_the_variable_named() -> None:
-    env = {**os.environ, "MODELSERVE_UPSTREAM_URL": "http://127.0.0.1:1", "MODELSERVE_SERVED_MODEL": "tiny",
-           "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": "low"}'}
+    env = {
+        **os.environ,
+        "MODELSERVE_UPSTREAM_URL": "http://127.0.0.1:1",
+        "MODELSERVE_SERVED_MODEL": "tiny",
+        "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": "low"}',
+    }
     started = subprocess.run([SIDECAR_BIN], env=env, capture_output=True, text=True, timeout=60)
     assert started.returncode == 2
-    assert started.stderr.strip() == ("modelserve-sidecar: invalid configuration: MODELSERVE_SAMPLING_DEFAULTS="
-                                      """'{"temperature": "low"}': temperature must be a number""")
+    assert started.stderr.strip() == (
+        "modelserve-sidecar: invalid configuration: MODELSERVE_SAMPLING_DEFAULTS="
+        """'{"temperature": "low"}': temperature must be a number"""
+    )
 
 
 # --- readiness and passthrough ---------------------------------------------------------------------
+
 
 def test_ready_when_vllm_lists_the_served_model(replay_sidecar: Sidecar) -> None:
     answer = httpx.get(replay_sidecar.url + "/readyz", timeout=10)
@@ -82,8 +94,11 @@ def test_not_ready_when_vllm_health_fails(replay: ReplayEngine, start_sidecar: S
     wait_ready(sidecar)
     replay.healthy = False
     try:
-        wait_until(lambda: httpx.get(sidecar.url + "/readyz", timeout=10).status_code == 503, 10,
-                   "readiness to follow the engine's failed health check")
+        wait_until(
+            lambda: httpx.get(sidecar.url + "/readyz", timeout=10).status_code == 503,
+            10,
+            "readiness to follow the engine's failed health check",
+        )
         assert httpx.get(sidecar.url + "/readyz", timeout=10).json()["reason"] == "engine health check answered 503"
     finally:
         replay.healthy = True
@@ -94,8 +109,12 @@ def test_a_slow_health_check_keeps_readiness_and_a_gone_engine_loses_it(start_si
     # runs with the probe timeout the operator gives SGLang.
     replay = start_replay()
     replay.health_delay = 1.5
-    sidecar = start_sidecar(replay.url, "tiny", MODELSERVE_AUTH="public",
-                            MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS=str(sglang.FACTS.probe_timeout_seconds))
+    sidecar = start_sidecar(
+        replay.url,
+        "tiny",
+        MODELSERVE_AUTH="public",
+        MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS=str(sglang.FACTS.probe_timeout_seconds),
+    )
     try:
         wait_ready(sidecar)
         answers = []
@@ -108,19 +127,26 @@ def test_a_slow_health_check_keeps_readiness_and_a_gone_engine_loses_it(start_si
         assert max(seconds for _, seconds in answers) < replay.health_delay, answers  # never waits out the engine
     finally:
         replay.stop()
-    wait_until(lambda: httpx.get(sidecar.url + "/readyz", timeout=KUBELET_PROBE_TIMEOUT).status_code == 503, 10,
-               "readiness to drop with the engine gone")
+    wait_until(
+        lambda: httpx.get(sidecar.url + "/readyz", timeout=KUBELET_PROBE_TIMEOUT).status_code == 503,
+        10,
+        "readiness to drop with the engine gone",
+    )
     assert httpx.get(sidecar.url + "/readyz", timeout=10).json()["reason"].startswith("engine not reachable")
 
 
-def test_an_engine_silent_past_its_probe_timeout_loses_readiness(replay: ReplayEngine,
-                                                                 start_sidecar: StartSidecar) -> None:
+def test_an_engine_silent_past_its_probe_timeout_loses_readiness(
+    replay: ReplayEngine, start_sidecar: StartSidecar
+) -> None:
     sidecar = start_sidecar(replay.url, "tiny", MODELSERVE_AUTH="public", MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS="1")
     wait_ready(sidecar)
     replay.health_delay = 3
     try:
-        wait_until(lambda: httpx.get(sidecar.url + "/readyz", timeout=10).status_code == 503, 10,
-                   "readiness to drop with the engine silent")
+        wait_until(
+            lambda: httpx.get(sidecar.url + "/readyz", timeout=10).status_code == 503,
+            10,
+            "readiness to drop with the engine silent",
+        )
         assert httpx.get(sidecar.url + "/readyz", timeout=10).json()["reason"] == "engine not reachable (TimeoutError)"
     finally:
         replay.health_delay = 0
@@ -140,8 +166,9 @@ def test_sse_stream_passes_through_byte_for_byte(replay_sidecar: Sidecar, fixtur
     if fixture == "chat_stream_usage.http":
         request["stream_options"] = {"include_usage": True}
     chunks = []
-    with httpx.stream("POST", replay_sidecar.url + CHAT, json=request, headers={**AUTH, "x-replay-gap": "0.05"},
-                      timeout=30) as answer:
+    with httpx.stream(
+        "POST", replay_sidecar.url + CHAT, json=request, headers={**AUTH, "x-replay-gap": "0.05"}, timeout=30
+    ) as answer:
         assert answer.status_code == 200
         assert answer.headers["content-type"] == "text/event-stream; charset=utf-8"
         assert "content-length" not in answer.headers
@@ -153,22 +180,29 @@ def test_sse_stream_passes_through_byte_for_byte(replay_sidecar: Sidecar, fixtur
 
 def test_openai_sdk_reads_vllms_stream_through_the_sidecar(replay_sidecar: Sidecar) -> None:
     client = openai.OpenAI(base_url=replay_sidecar.url + "/v1", api_key=API_KEY, max_retries=0)
-    stream = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=6, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == " 2 2 2 2 2 2"
     assert chunks[-1].usage.completion_tokens == 6
 
 
-@pytest.mark.parametrize("fixture", ["err_unknown_model.http", "err_empty_messages.http",
-                                     "err_max_tokens.http", "err_tools_not_enabled.http"])
+@pytest.mark.parametrize(
+    "fixture",
+    ["err_unknown_model.http", "err_empty_messages.http", "err_max_tokens.http", "err_tools_not_enabled.http"],
+)
 def test_vllm_error_bodies_pass_through_untouched(replay_sidecar: Sidecar, fixture: str) -> None:
     request = {
         "err_unknown_model.http": {"model": "nope", "messages": HELLO},
         "err_empty_messages.http": {"model": "tiny", "messages": []},
         "err_max_tokens.http": {"model": "tiny", "messages": HELLO, "max_tokens": 100000},
-        "err_tools_not_enabled.http": {"model": "tiny", "messages": HELLO, "tool_choice": "auto", "tools": [
-            {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]},
+        "err_tools_not_enabled.http": {
+            "model": "tiny",
+            "messages": HELLO,
+            "tool_choice": "auto",
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+        },
     }[fixture]
     answer = chat(replay_sidecar, request)
     recorded = read_recording(fixture)
@@ -177,11 +211,24 @@ def test_vllm_error_bodies_pass_through_untouched(replay_sidecar: Sidecar, fixtu
 
 # --- checks that save an engine round trip -------------------------------------------------------------
 
+
 def test_image_part_to_a_text_model_never_reaches_the_engine(replay: ReplayEngine, replay_sidecar: Sidecar) -> None:
     before = len(replay.received)
-    answer = chat(replay_sidecar, {"model": "tiny", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "what is this"},
-        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRg=="}}]}]})
+    answer = chat(
+        replay_sidecar,
+        {
+            "model": "tiny",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is this"},
+                        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRg=="}},
+                    ],
+                }
+            ],
+        },
+    )
     assert answer.status_code == 400
     vllm_says = json.loads(read_recording("err_image_text_model.http").body)["error"]["message"]
     assert openai_error(answer)["message"] == vllm_says
@@ -200,8 +247,12 @@ def test_malformed_json_is_refused_before_the_engine(replay: ReplayEngine, repla
 def test_sampling_defaults_are_filled_only_where_missing(replay: ReplayEngine, replay_sidecar: Sidecar) -> None:
     chat(replay_sidecar, {"model": "tiny", "messages": HELLO, "temperature": 0.7}).raise_for_status()
     assert replay.received[-1] == {"model": "tiny", "messages": HELLO, "temperature": 0.7, "top_k": 50, "max_tokens": 8}
-    httpx.post(replay_sidecar.url + "/v1/completions", json={"model": "tiny", "prompt": "hello", "max_tokens": 4},
-               headers=AUTH, timeout=30).raise_for_status()
+    httpx.post(
+        replay_sidecar.url + "/v1/completions",
+        json={"model": "tiny", "prompt": "hello", "max_tokens": 4},
+        headers=AUTH,
+        timeout=30,
+    ).raise_for_status()
     assert replay.received[-1] == {"model": "tiny", "prompt": "hello", "max_tokens": 4, "temperature": 0.1, "top_k": 50}
 
 
@@ -213,7 +264,7 @@ def test_body_over_the_limit_is_413(replay: ReplayEngine, replay_sidecar: Sideca
 
     def chunked():  # no Content-Length: the limit is enforced while reading
         for i in range(0, len(big), 8192):
-            yield big[i:i + 8192]
+            yield big[i : i + 8192]
 
     streamed = httpx.post(replay_sidecar.url + CHAT, content=chunked(), headers=AUTH, timeout=30)
     assert streamed.status_code == 413 and openai_error(streamed)["code"] == "body_too_large"
@@ -222,19 +273,25 @@ def test_body_over_the_limit_is_413(replay: ReplayEngine, replay_sidecar: Sideca
 
 # --- auth ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("authorization", "reason", "code"), [
-    (None, "missing", "missing_api_key"),
-    ("Basic dXNlcjpwdw==", "malformed", "malformed_authorization"),
-    (f"Bearer {API_KEY}-not", "invalid", "invalid_api_key"),
-    ("Key sk-wrong", "invalid", "invalid_api_key"),
-])
-def test_refused_keys_get_401_with_a_challenge(replay_sidecar: Sidecar, authorization: str | None, reason: str,
-                                                code: str) -> None:
+
+@pytest.mark.parametrize(
+    ("authorization", "reason", "code"),
+    [
+        (None, "missing", "missing_api_key"),
+        ("Basic dXNlcjpwdw==", "malformed", "malformed_authorization"),
+        (f"Bearer {API_KEY}-not", "invalid", "invalid_api_key"),
+        ("Key sk-wrong", "invalid", "invalid_api_key"),
+    ],
+)
+def test_refused_keys_get_401_with_a_challenge(
+    replay_sidecar: Sidecar, authorization: str | None, reason: str, code: str
+) -> None:
     failures = f'modelserve_sidecar_auth_failures_total{{reason="{reason}"}}'
     before = metric_value(replay_sidecar.metrics(), failures)
     headers = {"Authorization": authorization} if authorization else {}
-    answer = httpx.post(replay_sidecar.url + CHAT, json={"model": "tiny", "messages": HELLO}, headers=headers,
-                        timeout=30)
+    answer = httpx.post(
+        replay_sidecar.url + CHAT, json={"model": "tiny", "messages": HELLO}, headers=headers, timeout=30
+    )
     assert answer.status_code == 401 and "www-authenticate" in answer.headers
     error = openai_error(answer)
     assert (error["type"], error["code"], error["param"]) == ("authentication_error", code, None)
@@ -261,26 +318,35 @@ def test_metrics_can_require_a_key(replay: ReplayEngine, start_sidecar: StartSid
     assert httpx.get(sidecar.url + "/healthz", timeout=30).status_code == 200
 
 
-def test_keys_reload_without_restart_or_dropped_streams(replay: ReplayEngine, start_sidecar: StartSidecar,
-                                                         secret_dir: SecretDir) -> None:
+def test_keys_reload_without_restart_or_dropped_streams(
+    replay: ReplayEngine, start_sidecar: StartSidecar, secret_dir: SecretDir
+) -> None:
     sidecar = start_sidecar(replay.url, MODELSERVE_KEYS_DIR=str(secret_dir.path))
     rotated = "sk-rotated-77"
     request = {"model": "tiny", "messages": HELLO, "stream": True}
-    with httpx.Client(timeout=30) as client:
-        with client.stream("POST", sidecar.url + CHAT, json=request,
-                           headers={**AUTH, "x-replay-gap": "0.3"}) as stream:  # ~2 s of stream
-            assert stream.status_code == 200
-            secret_dir.write({"api-key": f"{rotated}\n"})  # as the kubelet updates a Secret
-            wait_until(lambda: client.get(sidecar.url + "/v1/models", headers={"Authorization": f"Key {rotated}"}
-                                          ).status_code == 200, 5, "the rotated key to be accepted", interval=0.1)
-            assert client.get(sidecar.url + "/v1/models", headers=AUTH).status_code == 401  # the old key is gone
-            body = b"".join(stream.iter_raw())
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("POST", sidecar.url + CHAT, json=request, headers={**AUTH, "x-replay-gap": "0.3"}) as stream,
+    ):  # ~2 s of stream
+        assert stream.status_code == 200
+        secret_dir.write({"api-key": f"{rotated}\n"})  # as the kubelet updates a Secret
+        wait_until(
+            lambda: (
+                client.get(sidecar.url + "/v1/models", headers={"Authorization": f"Key {rotated}"}).status_code == 200
+            ),
+            5,
+            "the rotated key to be accepted",
+            interval=0.1,
+        )
+        assert client.get(sidecar.url + "/v1/models", headers=AUTH).status_code == 401  # the old key is gone
+        body = b"".join(stream.iter_raw())
     assert body == read_recording("chat_stream.http").body  # the stream opened with the old key finished
     assert sidecar.process.poll() is None
     assert API_KEY not in sidecar.logs() and rotated not in sidecar.logs()
 
 
 # --- the engine failing, the client leaving ------------------------------------------------------------------
+
 
 def test_engine_down_is_503_with_retry_after(start_sidecar: StartSidecar) -> None:
     (closed_port,) = free_ports(1)  # nothing listens there
@@ -291,8 +357,9 @@ def test_engine_down_is_503_with_retry_after(start_sidecar: StartSidecar) -> Non
     assert metric_value(sidecar.metrics(), 'modelserve_sidecar_upstream_errors_total{kind="connect"}') == 1
 
 
-def test_a_connection_the_engine_drops_before_answering_is_retried_once(replay: ReplayEngine,
-                                                                        replay_sidecar: Sidecar) -> None:
+def test_a_connection_the_engine_drops_before_answering_is_retried_once(
+    replay: ReplayEngine, replay_sidecar: Sidecar
+) -> None:
     before = len(replay.received)
     answer = chat(replay_sidecar, {"model": "tiny", "messages": HELLO}, headers={"x-replay-drop-once": "a"})
     assert answer.status_code == 200 and answer.content == read_recording("chat.http").body
@@ -307,8 +374,13 @@ def test_silent_engine_times_out_with_504(replay_sidecar: Sidecar) -> None:
 
 def test_client_disconnect_cancels_the_engine_request(replay: ReplayEngine, replay_sidecar: Sidecar) -> None:
     outcomes = len(replay.streams)
-    with httpx.stream("POST", replay_sidecar.url + CHAT, json={"model": "tiny", "messages": HELLO, "stream": True},
-                      headers={**AUTH, "x-replay-gap": "0.5"}, timeout=30) as stream:  # 3.5 s if read to the end
+    with httpx.stream(
+        "POST",
+        replay_sidecar.url + CHAT,
+        json={"model": "tiny", "messages": HELLO, "stream": True},
+        headers={**AUTH, "x-replay-gap": "0.5"},
+        timeout=30,
+    ) as stream:  # 3.5 s if read to the end
         next(stream.iter_raw())  # the first event arrived; now hang up
     wait_until(lambda: len(replay.streams) > outcomes, 10, "the engine to see the stream end")
     assert replay.streams[outcomes] == "client_gone"
@@ -318,6 +390,7 @@ def test_client_disconnect_cancels_the_engine_request(replay: ReplayEngine, repl
 
 
 # --- metrics -----------------------------------------------------------------------------------------------
+
 
 def test_metrics_count_requests_and_tokens_and_append_vllms_series(replay_sidecar: Sidecar) -> None:
     before = replay_sidecar.metrics()
@@ -366,10 +439,16 @@ def test_warm_up_runs_once_after_the_engine_comes_up(start_sidecar: StartSidecar
 
 # --- shutdown --------------------------------------------------------------------------------------------
 
+
 def _stream_through_sigterm(sidecar: Sidecar, gap: str, while_draining: Callable[[], None] = lambda: None) -> bytes:
     """Start a paced stream, SIGTERM the sidecar after its first event, read on; the bytes received."""
-    with httpx.stream("POST", sidecar.url + CHAT, json={"model": "tiny", "messages": HELLO, "stream": True},
-                      headers={"x-replay-gap": gap}, timeout=30) as stream:
+    with httpx.stream(
+        "POST",
+        sidecar.url + CHAT,
+        json={"model": "tiny", "messages": HELLO, "stream": True},
+        headers={"x-replay-gap": gap},
+        timeout=30,
+    ) as stream:
         chunks = stream.iter_raw()
         body = next(chunks)
         sidecar.process.send_signal(signal.SIGTERM)

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from sidecar_harness import API_KEY, SecretDir, read_recording
+
 from modelserve_sidecar import errors
 from modelserve_sidecar.auth import extract_key, refusal_reason
 from modelserve_sidecar.config import ConfigError, Settings
@@ -15,12 +17,12 @@ from modelserve_sidecar.proxy import DROP_TO_ENGINE, HOP_BY_HOP, filter_headers
 from modelserve_sidecar.readiness import listed_models
 from modelserve_sidecar.request_checks import check_body, missing_sampling
 from modelserve_sidecar.usage import ResponseTail, usage_from_tail
-from sidecar_harness import API_KEY, SecretDir, read_recording
 
 REQUIRED = {"MODELSERVE_UPSTREAM_URL": "http://127.0.0.1:8000/", "MODELSERVE_SERVED_MODEL": "tiny"}
 
 
 # --- config -----------------------------------------------------------------------------------------
+
 
 def test_settings_defaults_follow_the_contract() -> None:
     s = Settings.from_env(REQUIRED)
@@ -35,11 +37,19 @@ def test_settings_defaults_follow_the_contract() -> None:
 
 
 def test_settings_parse_every_variable() -> None:
-    s = Settings.from_env({**REQUIRED, "MODELSERVE_AUTH": "public", "MODELSERVE_METRICS_PUBLIC": "false",
-                           "MODELSERVE_VISION": "true", "MODELSERVE_LISTEN_PORT": "9000",
-                           "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": 0.1, "top_k": 50, "max_tokens": 512}',
-                           "MODELSERVE_DRAIN_SECONDS": "0", "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS": "2.5",
-                           "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS": "25"})
+    s = Settings.from_env(
+        {
+            **REQUIRED,
+            "MODELSERVE_AUTH": "public",
+            "MODELSERVE_METRICS_PUBLIC": "false",
+            "MODELSERVE_VISION": "true",
+            "MODELSERVE_LISTEN_PORT": "9000",
+            "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": 0.1, "top_k": 50, "max_tokens": 512}',
+            "MODELSERVE_DRAIN_SECONDS": "0",
+            "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS": "2.5",
+            "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS": "25",
+        }
+    )
     assert s.auth_public and not s.metrics_public and s.vision and s.listen_port == 9000
     assert dict(s.sampling_defaults) == {"temperature": 0.1, "top_k": 50, "max_tokens": 512}
     assert isinstance(s.sampling_defaults["top_k"], int)
@@ -48,26 +58,36 @@ def test_settings_parse_every_variable() -> None:
         s.sampling_defaults["top_p"] = 1.0  # type: ignore[index]
 
 
-@pytest.mark.parametrize(("env", "message"), [
-    ({"MODELSERVE_SERVED_MODEL": "tiny"}, "MODELSERVE_UPSTREAM_URL is required"),
-    ({"MODELSERVE_UPSTREAM_URL": "http://x"}, "MODELSERVE_SERVED_MODEL is required"),
-    ({**REQUIRED, "MODELSERVE_UPSTREAM_URL": "127.0.0.1:8000"},
-     "MODELSERVE_UPSTREAM_URL='127.0.0.1:8000': must be an http(s) URL"),
-    ({**REQUIRED, "MODELSERVE_LISTEN_PORT": "http"}, "MODELSERVE_LISTEN_PORT='http': must be an integer"),
-    ({**REQUIRED, "MODELSERVE_LISTEN_PORT": "70000"}, "MODELSERVE_LISTEN_PORT='70000': must be a port"),
-    ({**REQUIRED, "MODELSERVE_AUTH": "none"}, "MODELSERVE_AUTH='none': must be 'private' or 'public'"),
-    ({**REQUIRED, "MODELSERVE_VISION": "maybe"}, "MODELSERVE_VISION='maybe': must be true or false"),
-    ({**REQUIRED, "MODELSERVE_ENGINE_HEALTH_PATH": "health"}, "MODELSERVE_ENGINE_HEALTH_PATH='health': must be a path"),
-    ({**REQUIRED, "MODELSERVE_MAX_BODY_BYTES": "0"}, "MODELSERVE_MAX_BODY_BYTES='0': must be a positive integer"),
-    ({**REQUIRED, "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS": "-1"},
-     "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS='-1': must be a positive"),
-    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": "{"}, "MODELSERVE_SAMPLING_DEFAULTS='{': not valid JSON"),
-    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": "[1]"}, "must be a JSON object"),
-    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"seed": 1}'}, "unknown field(s) seed"),
-    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": "hot"}'}, "temperature must be a number"),
-    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"top_k": 1.5}'}, "top_k must be an integer"),
-    ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"max_tokens": 0}'}, "max_tokens must be positive"),
-])
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MODELSERVE_SERVED_MODEL": "tiny"}, "MODELSERVE_UPSTREAM_URL is required"),
+        ({"MODELSERVE_UPSTREAM_URL": "http://x"}, "MODELSERVE_SERVED_MODEL is required"),
+        (
+            {**REQUIRED, "MODELSERVE_UPSTREAM_URL": "127.0.0.1:8000"},
+            "MODELSERVE_UPSTREAM_URL='127.0.0.1:8000': must be an http(s) URL",
+        ),
+        ({**REQUIRED, "MODELSERVE_LISTEN_PORT": "http"}, "MODELSERVE_LISTEN_PORT='http': must be an integer"),
+        ({**REQUIRED, "MODELSERVE_LISTEN_PORT": "70000"}, "MODELSERVE_LISTEN_PORT='70000': must be a port"),
+        ({**REQUIRED, "MODELSERVE_AUTH": "none"}, "MODELSERVE_AUTH='none': must be 'private' or 'public'"),
+        ({**REQUIRED, "MODELSERVE_VISION": "maybe"}, "MODELSERVE_VISION='maybe': must be true or false"),
+        (
+            {**REQUIRED, "MODELSERVE_ENGINE_HEALTH_PATH": "health"},
+            "MODELSERVE_ENGINE_HEALTH_PATH='health': must be a path",
+        ),
+        ({**REQUIRED, "MODELSERVE_MAX_BODY_BYTES": "0"}, "MODELSERVE_MAX_BODY_BYTES='0': must be a positive integer"),
+        (
+            {**REQUIRED, "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS": "-1"},
+            "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS='-1': must be a positive",
+        ),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": "{"}, "MODELSERVE_SAMPLING_DEFAULTS='{': not valid JSON"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": "[1]"}, "must be a JSON object"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"seed": 1}'}, "unknown field(s) seed"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": "hot"}'}, "temperature must be a number"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"top_k": 1.5}'}, "top_k must be an integer"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"max_tokens": 0}'}, "max_tokens must be positive"),
+    ],
+)
 def test_settings_errors_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         Settings.from_env(env)
@@ -76,18 +96,22 @@ def test_settings_errors_name_the_variable(env: dict[str, str], message: str) ->
 
 # --- auth and keys ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("header", "expected"), [
-    (None, (None, "missing")),
-    (b"", (None, "missing")),
-    (b"Bearer abc", (b"abc", None)),
-    (b"bearer abc", (b"abc", None)),
-    (b"Key abc", (b"abc", None)),
-    (b"KEY   abc ", (b"abc", None)),
-    (b"Basic abc", (None, "malformed")),
-    (b"Bearer", (None, "malformed")),
-    (b"abc", (None, "malformed")),
-    (b"Bearer a b", (None, "malformed")),
-])
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, (None, "missing")),
+        (b"", (None, "missing")),
+        (b"Bearer abc", (b"abc", None)),
+        (b"bearer abc", (b"abc", None)),
+        (b"Key abc", (b"abc", None)),
+        (b"KEY   abc ", (b"abc", None)),
+        (b"Basic abc", (None, "malformed")),
+        (b"Bearer", (None, "malformed")),
+        (b"abc", (None, "malformed")),
+        (b"Bearer a b", (None, "malformed")),
+    ],
+)
 def test_extract_key(header: bytes | None, expected: tuple[bytes | None, str | None]) -> None:
     assert extract_key(header) == expected
 
@@ -130,8 +154,14 @@ def test_refusal_reason(tmp_path: Path) -> None:
 def test_unauthorized_is_openai_shaped_with_a_challenge() -> None:
     refused = errors.unauthorized("invalid")
     body = json.loads(refused.body())
-    assert body == {"error": {"message": "Invalid API key.", "type": "authentication_error",
-                              "param": None, "code": "invalid_api_key"}}
+    assert body == {
+        "error": {
+            "message": "Invalid API key.",
+            "type": "authentication_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
     names = [name for name, _ in refused.headers(refused.body())]
     assert b"www-authenticate" in names and refused.status == 401
 
@@ -157,9 +187,20 @@ def test_check_body_leaves_other_routes_and_unchanged_bodies_alone() -> None:
 
 
 def test_image_part_to_a_text_model_is_refused_in_vllms_words() -> None:
-    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "what is this"},
-        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRg=="}}]}]}).encode()
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is this"},
+                        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRg=="}},
+                    ],
+                }
+            ],
+        }
+    ).encode()
     refused = check_body(CHAT, body, "tiny", False, {})
     vllm = json.loads(read_recording("err_image_text_model.http").body)["error"]
     assert isinstance(refused, errors.ErrorResponse)
@@ -181,6 +222,7 @@ def test_sampling_defaults_fill_only_what_is_left_out() -> None:
 
 # --- usage, headers, models, metrics ---------------------------------------------------------------
 
+
 def test_usage_from_recorded_vllm_answers() -> None:
     assert usage_from_tail(read_recording("chat.http").body) == (28, 8)
     assert usage_from_tail(read_recording("completions.http").body) == (3, 4)
@@ -190,10 +232,12 @@ def test_usage_from_recorded_vllm_answers() -> None:
 
 def test_usage_from_tail_takes_the_last_real_usage_object() -> None:
     # Chunks with `"usage": null`, a cut-off start, and the word in generated text are skipped.
-    stream = (b'ge": {"prompt_tokens": 99}}\n\n'
-              b'data: {"choices": [{"delta": {"content": "\\"usage\\": 5"}}], "usage": null}\n\n'
-              b'data: {"choices": [], "usage": {"prompt_tokens": 14, "completion_tokens": 6}}\n\n'
-              b'data: {"choices": [{"delta": {"content": "usage"}}], "usage" : null}\n\ndata: [DONE]\n\n')
+    stream = (
+        b'ge": {"prompt_tokens": 99}}\n\n'
+        b'data: {"choices": [{"delta": {"content": "\\"usage\\": 5"}}], "usage": null}\n\n'
+        b'data: {"choices": [], "usage": {"prompt_tokens": 14, "completion_tokens": 6}}\n\n'
+        b'data: {"choices": [{"delta": {"content": "usage"}}], "usage" : null}\n\ndata: [DONE]\n\n'
+    )
     assert usage_from_tail(stream) == (14, 6)
     assert usage_from_tail(b'{"usage": {"prompt_tokens": "many"}}') is None
     assert usage_from_tail(b"{not json") is None
@@ -203,19 +247,28 @@ def test_response_tail_keeps_the_end_of_a_long_stream() -> None:
     stream = read_recording("chat_stream_usage.http").body
     tail = ResponseTail(limit=len(stream))
     for _ in range(50):  # a long stream before the recorded one
-        tail.add(b"data: {\"choices\": []}\n\n" * 10)
+        tail.add(b'data: {"choices": []}\n\n' * 10)
     for i in range(0, len(stream), 7):  # chunk boundaries anywhere, even inside an event
-        tail.add(stream[i:i + 7])
+        tail.add(stream[i : i + 7])
     kept = tail.bytes()
     assert kept.endswith(stream) and len(kept) < 2 * len(stream) + 300
     assert usage_from_tail(kept) == (14, 6)
 
 
 def test_filter_headers_drops_hop_by_hop_and_connection_named_ones() -> None:
-    headers = [(b"Connection", b"keep-alive, X-Trace"), (b"x-trace", b"1"), (b"Transfer-Encoding", b"chunked"),
-               (b"Content-Type", b"application/json"), (b"Authorization", b"Bearer k"), (b"Host", b"a")]
-    assert filter_headers(headers, HOP_BY_HOP) == [(b"content-type", b"application/json"),
-                                                   (b"authorization", b"Bearer k"), (b"host", b"a")]
+    headers = [
+        (b"Connection", b"keep-alive, X-Trace"),
+        (b"x-trace", b"1"),
+        (b"Transfer-Encoding", b"chunked"),
+        (b"Content-Type", b"application/json"),
+        (b"Authorization", b"Bearer k"),
+        (b"Host", b"a"),
+    ]
+    assert filter_headers(headers, HOP_BY_HOP) == [
+        (b"content-type", b"application/json"),
+        (b"authorization", b"Bearer k"),
+        (b"host", b"a"),
+    ]
     assert filter_headers(headers, DROP_TO_ENGINE) == [(b"content-type", b"application/json")]
 
 

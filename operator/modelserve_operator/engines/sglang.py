@@ -28,9 +28,29 @@ FACTS = EngineFacts(
 # which server_args.py makes the flag's argparse choices; read from the sglang-0.5.10 wheel on PyPI.
 # Any other name stops the server at start with `invalid choice`.
 TOOL_CALL_PARSERS = (
-    "deepseekv3", "deepseekv31", "deepseekv32", "gigachat3", "glm", "glm45", "glm47", "gpt-oss", "hermes",
-    "interns1", "kimi_k2", "lfm2", "llama3", "mimo", "minimax-m2", "mistral", "pythonic", "qwen", "qwen25",
-    "qwen3_coder", "step3", "step3p5", "trinity",
+    "deepseekv3",
+    "deepseekv31",
+    "deepseekv32",
+    "gigachat3",
+    "glm",
+    "glm45",
+    "glm47",
+    "gpt-oss",
+    "hermes",
+    "interns1",
+    "kimi_k2",
+    "lfm2",
+    "llama3",
+    "mimo",
+    "minimax-m2",
+    "mistral",
+    "pythonic",
+    "qwen",
+    "qwen25",
+    "qwen3_coder",
+    "step3",
+    "step3p5",
+    "trinity",
 )
 
 
