@@ -12,4 +12,9 @@ lint:
 	.venv/bin/ruff format --check .
 	.venv/bin/ruff check .
 
-.PHONY: dev test lint
+# Every file derived from the code: the CRD and its chart copy, the README's spec table, the golden files.
+generate:
+	bash hack/install-python.sh
+	.venv/bin/python hack/generate.py
+
+.PHONY: dev test lint generate

@@ -10,7 +10,7 @@ from operator_testdata import CRD_PATH
 
 from modelserve_operator import crd
 
-REGENERATE = "python -m modelserve_operator.crd > crds/modelserver.yaml"
+REGENERATE = "make generate"
 
 
 def _schema() -> dict[str, Any]:

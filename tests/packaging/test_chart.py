@@ -137,8 +137,7 @@ def test_every_schema_key_has_a_default_in_values() -> None:
 def test_chart_crd_is_the_generated_one() -> None:
     copy = CHART / "crds" / "modelserver.yaml"
     assert copy.read_bytes() == (REPO / "crds" / "modelserver.yaml").read_bytes(), (
-        "charts/modelserve/crds/modelserver.yaml differs from crds/modelserver.yaml: cp crds/modelserver.yaml "
-        "charts/modelserve/crds/"
+        "charts/modelserve/crds/modelserver.yaml differs from crds/modelserver.yaml: run `make generate`"
     )
     assert [path.name for path in (CHART / "crds").iterdir()] == ["modelserver.yaml"]
 

@@ -17,9 +17,7 @@ def _section(title: str) -> str:
 
 
 def test_spec_reference_is_generated_from_the_spec_model() -> None:
-    assert spec_table.updated(README) == README, (
-        "README.md's spec reference drifted: python -m modelserve_operator.spec_table"
-    )
+    assert spec_table.updated(README) == README, "README.md's spec reference drifted: run `make generate`"
     # Every field of the model has a row.
     for field, *_ in spec_table.rows(spec_table.spec_schema()):
         assert f"\n| {field} |" in README

@@ -1,0 +1,62 @@
+"""`make generate`: rewrite every file derived from the code, so a spec change is one command.
+
+- crds/modelserver.yaml and its chart copy, from the spec model (modelserve_operator.crd);
+- README.md's spec reference table (modelserve_operator.spec_table);
+- tests/operator/golden/*.yaml, each example's manifest set (review the diff: it is what users get).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from modelserve_operator import crd, spec_table
+
+REPO = Path(__file__).resolve().parents[1]
+CRD_FILES = (REPO / "crds" / "modelserver.yaml", REPO / "charts" / "modelserve" / "crds" / "modelserver.yaml")
+
+
+def write(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+        print(f"updated {path.relative_to(REPO)}")
+
+
+def main() -> int:
+    for path in CRD_FILES:
+        write(path, crd.render())
+    readme = REPO / "README.md"
+    write(readme, spec_table.updated(readme.read_text()))
+    golden = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/operator/test_manifests.py",
+            "-k",
+            "golden",
+        ],
+        cwd=REPO,
+        env={**os.environ, "MODELSERVE_UPDATE_GOLDEN": "1"},
+        capture_output=True,
+        text=True,
+    )
+    if golden.returncode != 0:
+        print(golden.stdout + golden.stderr, file=sys.stderr)
+        return golden.returncode
+    print(
+        subprocess.run(
+            ["git", "status", "--short", "tests/operator/golden"], cwd=REPO, capture_output=True, text=True
+        ).stdout,
+        end="",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
