@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import yaml
 
 from . import manifests, spec
-from .reconcile import new_api_key
+from .api_keys import new_api_key
 from .settings import Settings
 from .validation import InvalidManifest, explain
 
@@ -59,19 +59,8 @@ def render(paths: list[str], namespace: str, settings: Settings) -> list[dict[st
                 ms = parse_model_server(document, namespace)
             except InvalidManifest as error:
                 raise InvalidManifest(f'{where}: {spec.KIND} "{name}" is invalid:\n{error}') from None
-            objects += manifests.everything(ms, settings, API_KEY_PLACEHOLDER)
+            objects += manifests.owned_objects(ms, settings, API_KEY_PLACEHOLDER)
     return objects
-
-
-def key_secret(name: str, namespace: str, key: str) -> dict[str, Any]:
-    """A Secret for `spec.auth.secretName`: the sidecar accepts the key in every file of it."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": namespace},
-        "type": "Opaque",
-        "stringData": {manifests.GENERATED_KEY_FIELD: key},
-    }
 
 
 def dump(objects: list[dict[str, Any]], out: TextIO) -> None:
@@ -117,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     if not re.match(spec.DNS_SUBDOMAIN_PATTERN, args.name) or len(args.name) > 253:
         print(f"modelserve key new: {args.name!r} is not a valid Secret name (a DNS subdomain)", file=sys.stderr)
         return 1
-    dump([key_secret(args.name, args.namespace, new_api_key())], sys.stdout)
+    # For spec.auth.secretName: the sidecar accepts a key in every data key of the Secret.
+    dump([manifests.key_secret({"name": args.name, "namespace": args.namespace}, new_api_key())], sys.stdout)
     return 0
 
 

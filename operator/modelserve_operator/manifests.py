@@ -5,22 +5,23 @@ The same spec always gives byte-identical manifests, so reconcile can compare in
 
 from __future__ import annotations
 
-import json
+from types import MappingProxyType
 from typing import Any
 
+from modelserve_sidecar import contract
+
+from .api_keys import GENERATED_KEY_FIELD
 from .engines import engine_for
-from .engines.base import CACHE_VOLUME, GPU_RESOURCE, SHM_VOLUME, EngineFacts
+from .engines.base import CACHE_VOLUME, GPU_RESOURCE, SHM_VOLUME, Engine
+from .replicas import desired_replicas
 from .settings import FIELD_MANAGER, Settings
 from .spec import API_VERSION, GROUP, KIND, AuthMode, ModelServer, Profile
 from .status import Transition
 
 SELECTOR_LABEL = f"{GROUP}/modelserver"
 SIDECAR_NAME = "sidecar"
-SIDECAR_PORT = 8080
 SERVICE_PORT = 80
-KEYS_DIR = "/etc/modelserve/keys"
 KEYS_VOLUME = "api-keys"
-GENERATED_KEY_FIELD = "api-key"
 PROBE_PERIOD_SECONDS = 10
 # The engine's preStop sleep lasts the sidecar's drain; this covers the engine's own shutdown after it.
 ENGINE_SHUTDOWN_SECONDS = 30
@@ -59,7 +60,7 @@ def labels(ms: ModelServer) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "modelserver",
         "app.kubernetes.io/instance": ms.name,
-        "app.kubernetes.io/component": engine_for(ms.spec.profile).FACTS.name,
+        "app.kubernetes.io/component": engine_for(ms.spec.profile).name,
         "app.kubernetes.io/managed-by": "modelserve-operator",
         SELECTOR_LABEL: ms.name,
     }
@@ -92,36 +93,39 @@ def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def sidecar_container(ms: ModelServer, facts: EngineFacts, settings: Settings) -> dict[str, Any]:
+def sidecar_settings(ms: ModelServer, engine: Engine, settings: Settings) -> contract.Settings:
+    """What the pod's sidecar runs with, in the contract's terms."""
     spec = ms.spec
-    env = {
-        "MODELSERVE_LISTEN_HOST": "0.0.0.0",  # the pod's address: the Service reaches the pod here
-        "MODELSERVE_LISTEN_PORT": str(SIDECAR_PORT),
-        "MODELSERVE_UPSTREAM_URL": facts.upstream_url(),
-        "MODELSERVE_SERVED_MODEL": ms.name,
-        "MODELSERVE_ENGINE_HEALTH_PATH": facts.health_path,
-        "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS": f"{facts.probe_timeout_seconds:g}",
-        "MODELSERVE_ENGINE_METRICS_PATH": facts.metrics_path,
-        "MODELSERVE_AUTH": spec.auth.mode.value,
-        "MODELSERVE_VISION": json.dumps(spec.vision),
-        "MODELSERVE_DRAIN_SECONDS": str(settings.drain_seconds),
-    }
-    if spec.auth.mode == AuthMode.PRIVATE:
-        env["MODELSERVE_KEYS_DIR"] = KEYS_DIR
-    if spec.sampling_defaults:
-        # The sidecar fills in request fields, so it takes the wire (snake_case) names.
-        sampling = spec.sampling_defaults.model_dump(mode="json", exclude_none=True)
-        env["MODELSERVE_SAMPLING_DEFAULTS"] = json.dumps(sampling, sort_keys=True, separators=(",", ":"))
+    sampling = spec.sampling_defaults.model_dump(mode="json", exclude_none=True) if spec.sampling_defaults else {}
+    return contract.Settings(
+        upstream_url=engine.upstream_url(),
+        served_model=ms.name,
+        listen_host="0.0.0.0",  # the pod's address: the Service reaches the pod here
+        listen_port=contract.LISTEN_PORT,
+        engine_health_path=engine.health_path,
+        engine_metrics_path=engine.metrics_path,
+        engine_probe_timeout_seconds=engine.probe_timeout_seconds,
+        auth_public=spec.auth.mode == AuthMode.PUBLIC,
+        vision=spec.vision,
+        sampling_defaults=MappingProxyType(sampling),
+        drain_seconds=settings.drain_seconds,
+    )
+
+
+def sidecar_container(ms: ModelServer, engine: Engine, settings: Settings) -> dict[str, Any]:
+    sidecar = sidecar_settings(ms, engine, settings)
     container: dict[str, Any] = {
         "name": SIDECAR_NAME,
         "image": settings.sidecar_image,
         "command": ["modelserve-sidecar"],
-        "ports": [{"name": "http", "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
-        "env": [{"name": name, "value": value} for name, value in env.items()],
+        "ports": [{"name": "http", "containerPort": sidecar.listen_port, "protocol": "TCP"}],
+        "env": [{"name": name, "value": value} for name, value in sidecar.to_env().items()],
         # Cold starts pull a large image and download weights before /readyz can pass.
-        "startupProbe": _http_probe("/readyz", PROBE_PERIOD_SECONDS, settings.startup_seconds // PROBE_PERIOD_SECONDS),
-        "readinessProbe": _http_probe("/readyz", 5, 3),
-        "livenessProbe": _http_probe("/healthz", PROBE_PERIOD_SECONDS, 3),
+        "startupProbe": _http_probe(
+            contract.READY_ROUTE, PROBE_PERIOD_SECONDS, settings.startup_seconds // PROBE_PERIOD_SECONDS
+        ),
+        "readinessProbe": _http_probe(contract.READY_ROUTE, 5, 3),
+        "livenessProbe": _http_probe(contract.HEALTH_ROUTE, PROBE_PERIOD_SECONDS, 3),
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
         "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_PROPAGATION_SECONDS}}},
         "securityContext": {
@@ -134,13 +138,13 @@ def sidecar_container(ms: ModelServer, facts: EngineFacts, settings: Settings) -
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-    if spec.auth.mode == AuthMode.PRIVATE:
-        container["volumeMounts"] = [{"name": KEYS_VOLUME, "mountPath": KEYS_DIR, "readOnly": True}]
+    if not sidecar.auth_public:
+        container["volumeMounts"] = [{"name": KEYS_VOLUME, "mountPath": str(sidecar.keys_dir), "readOnly": True}]
     return container
 
 
-def _volumes(ms: ModelServer, facts: EngineFacts) -> list[dict[str, Any]]:
-    shm = {"medium": "Memory", "sizeLimit": ms.spec.shm_size or facts.shm_size}
+def _volumes(ms: ModelServer, engine: Engine) -> list[dict[str, Any]]:
+    shm = {"medium": "Memory", "sizeLimit": ms.spec.shm_size or engine.shm_size}
     claim = cache_claim_name(ms)
     cache = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
     volumes = [{"name": SHM_VOLUME, "emptyDir": shm}, {"name": CACHE_VOLUME, **cache}]
@@ -153,7 +157,7 @@ def _volumes(ms: ModelServer, facts: EngineFacts) -> list[dict[str, Any]]:
 def deployment(ms: ModelServer, settings: Settings) -> dict[str, Any]:
     spec = ms.spec
     engine = engine_for(spec.profile)
-    engine_image = settings.engine_image(engine.FACTS.name, engine.FACTS.image)
+    engine_image = settings.engine_image(engine.name, engine.image)
     # The engine outlives the sidecar's preStop and drain, so a draining stream keeps its engine.
     sidecar_done_seconds = ENDPOINT_PROPAGATION_SECONDS + settings.drain_seconds
     pod: dict[str, Any] = {
@@ -163,9 +167,9 @@ def deployment(ms: ModelServer, settings: Settings) -> dict[str, Any]:
         "terminationGracePeriodSeconds": sidecar_done_seconds + ENGINE_SHUTDOWN_SECONDS,
         "containers": [
             engine.container(ms, engine_image, sidecar_done_seconds, settings.hub_endpoint),
-            sidecar_container(ms, engine.FACTS, settings),
+            sidecar_container(ms, engine, settings),
         ],
-        "volumes": _volumes(ms, engine.FACTS),
+        "volumes": _volumes(ms, engine),
     }
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
@@ -178,7 +182,7 @@ def deployment(ms: ModelServer, settings: Settings) -> dict[str, Any]:
         "kind": "Deployment",
         "metadata": _metadata(ms, ms.name),
         "spec": {
-            "replicas": spec.replicas.min + spec.replicas.buffer,
+            "replicas": desired_replicas(spec.replicas),
             "revisionHistoryLimit": 3,
             "progressDeadlineSeconds": settings.startup_seconds,
             "selector": {"matchLabels": {SELECTOR_LABEL: ms.name}},
@@ -227,19 +231,26 @@ def cache_claim(ms: ModelServer) -> dict[str, Any] | None:
     }
 
 
-def key_secret(ms: ModelServer, name: str, key: str) -> dict[str, Any]:
-    """The generated key Secret; created once, never applied again (the key must not change)."""
+def key_secret(metadata: dict[str, Any], key: str) -> dict[str, Any]:
+    """A Secret holding one API key (for the generated one and for `modelserve key new`)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(ms, name),
+        "metadata": metadata,
         "type": "Opaque",
         "stringData": {GENERATED_KEY_FIELD: key},
     }
 
 
-def applied(ms: ModelServer, settings: Settings) -> list[dict[str, Any]]:
-    """Everything kept in place by server-side apply, in apply order."""
+def generated_key_secret(ms: ModelServer, key: str) -> dict[str, Any] | None:
+    """The key Secret the operator creates once and never applies again (the key must not change),
+    or None when it generates none."""
+    name = generated_secret_name(ms)
+    return key_secret(_metadata(ms, name), key) if name else None
+
+
+def server_side_applied(ms: ModelServer, settings: Settings) -> list[dict[str, Any]]:
+    """The children kept in place by server-side apply, in apply order (the key Secret is not one)."""
     objects = [deployment(ms, settings), service(ms)]
     claim = cache_claim(ms)
     if claim:
@@ -247,13 +258,10 @@ def applied(ms: ModelServer, settings: Settings) -> list[dict[str, Any]]:
     return objects
 
 
-def everything(ms: ModelServer, settings: Settings, api_key: str) -> list[dict[str, Any]]:
+def owned_objects(ms: ModelServer, settings: Settings, api_key: str) -> list[dict[str, Any]]:
     """Every object the operator makes for one ModelServer (`api_key` goes into a generated Secret)."""
-    objects = applied(ms, settings)
-    secret_name = generated_secret_name(ms)
-    if secret_name:
-        objects.append(key_secret(ms, secret_name, api_key))
-    return objects
+    secret = generated_key_secret(ms, api_key)
+    return server_side_applied(ms, settings) + ([secret] if secret else [])
 
 
 def event(body: dict[str, Any], transition: Transition, now: str, reporter: str) -> dict[str, Any]:

@@ -7,7 +7,6 @@ serialized per object, so a deleted or edited child is put back whatever the ord
 from __future__ import annotations
 
 import logging
-import secrets
 import socket
 import threading
 from collections import defaultdict
@@ -16,6 +15,7 @@ from datetime import UTC, datetime
 from kubernetes.client.exceptions import ApiException
 
 from . import manifests
+from .api_keys import new_api_key
 from .apply import Kube, error_message, is_gone
 from .settings import Settings
 from .spec import API_VERSION, KIND, ModelServer
@@ -27,10 +27,6 @@ log = logging.getLogger(__name__)
 
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def new_api_key() -> str:
-    return "msk-" + secrets.token_urlsafe(32)
 
 
 class Reconciler:
@@ -92,15 +88,15 @@ class Reconciler:
     def _apply_children(self, ms: ModelServer) -> str | None:
         """Apply every child; the API server's refusal, if any, becomes the Degraded message."""
         try:
-            for manifest in manifests.applied(ms, self.settings):
+            for manifest in manifests.server_side_applied(ms, self.settings):
                 outcome = self.kube.apply(manifest)
                 if outcome != "unchanged":
                     log.info("%s/%s: %s %s", ms.namespace, ms.name, manifest["kind"], outcome)
-            secret_name = manifests.generated_secret_name(ms)
+            secret = manifests.generated_key_secret(ms, new_api_key())
             # Created once and never applied again: rewriting it would change the key under clients.
             # Create-if-absent (409 = already there) so the operator never needs to read a Secret.
-            if secret_name and self.kube.create(manifests.key_secret(ms, secret_name, new_api_key())):
-                log.info("%s/%s: Secret %s created", ms.namespace, ms.name, secret_name)
+            if secret and self.kube.create(secret):
+                log.info("%s/%s: Secret %s created", ms.namespace, ms.name, secret["metadata"]["name"])
         except ApiException as error:
             if is_gone(error):
                 raise

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 from pydantic.alias_generators import to_camel
 
 from .choices import Dtype, Profile
-from .engines import sglang, vllm
+from .engines import ENGINES
 
 GROUP = "serving.modelserve.dev"
 VERSION = "v1alpha1"
@@ -99,17 +99,28 @@ def _sets_owned_flag(arg: str) -> bool:
     return any(arg == flag or arg.startswith(f"{flag}=") for flag in OWNED_FLAGS)
 
 
-def _tool_call_parser_rule(profile: Profile, engine: str, parsers: tuple[str, ...]) -> Rule:
+def _tool_call_parser_rules() -> tuple[Rule, ...]:
     """toolCallParser must be a name the profile's pinned engine knows: the engines spell the same
     parser differently (vLLM llama3_json, SGLang llama3), and a wrong name only shows when the
-    engine exits at start."""
-    cel_list = ", ".join(f"'{name}'" for name in parsers)
-    return Rule(
-        f"self.profile != '{profile}' || !has(self.toolCallParser) || self.toolCallParser in [{cel_list}]",
-        f"toolCallParser must be a parser {engine} knows for profile {profile}: {', '.join(parsers)}",
-        "toolCallParser",
-        lambda s: s.profile != profile or s.tool_call_parser is None or s.tool_call_parser in parsers,
-    )
+    engine exits at start. One rule per engine that takes a parser name, from the engine's own list."""
+    rules = []
+    for profile, engine in ENGINES.items():
+        parsers = engine.tool_call_parsers
+        if not parsers:
+            continue
+        cel_list = ", ".join(f"'{name}'" for name in parsers)
+        rules.append(
+            Rule(
+                f"self.profile != '{profile}' || !has(self.toolCallParser) || self.toolCallParser in [{cel_list}]",
+                f"toolCallParser must be a parser {engine.title} {engine.version} knows for profile {profile}: "
+                + ", ".join(parsers),
+                "toolCallParser",
+                lambda s, profile=profile, parsers=parsers: (
+                    s.profile != profile or s.tool_call_parser is None or s.tool_call_parser in parsers
+                ),
+            )
+        )
+    return tuple(rules)
 
 
 class AuthMode(StrEnum):
@@ -415,8 +426,7 @@ class ModelServerSpec(WireModel):
             "toolCallParser",
             lambda s: s.profile != Profile.CPU or s.tool_call_parser is None,
         ),
-        _tool_call_parser_rule(Profile.HIGH_THROUGHPUT, f"vLLM {vllm.VERSION}", vllm.TOOL_CALL_PARSERS),
-        _tool_call_parser_rule(Profile.LOW_LATENCY, f"SGLang {sglang.VERSION}", sglang.TOOL_CALL_PARSERS),
+        *_tool_call_parser_rules(),
         Rule(
             "self.profile == 'cpu' || self.model.startsWith('/') || !self.model.contains(':')",
             "model takes a :<quant> tag only with profile cpu (a GGUF repo for llama.cpp)",
@@ -457,38 +467,6 @@ NAME_RULE = Rule(
     "metadata.name",
     lambda name: len(name) <= NAME_MAX_LENGTH and re.match(NAME_PATTERN, name) is not None,
 )
-
-
-class Condition(BaseModel):
-    """A standard Kubernetes condition (metav1.Condition)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
-
-    type: str = Field(description="Ready, Progressing or Degraded.")
-    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(description="CamelCase reason, e.g. InsufficientGPU or ModelLoading.")
-    message: str = Field("", description="Human-readable detail.")
-    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
-    observed_generation: int | None = Field(None, description="ModelServer generation the condition reflects.")
-
-
-class ModelServerStatus(BaseModel):
-    """What the operator observed, written to the status subresource."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
-
-    observed_generation: int | None = Field(None, description="Generation of the spec this status reflects.")
-    phase: Literal["Pending", "Loading", "Ready", "Updating", "Degraded", "Idle"] | None = Field(
-        None, description="Summary: Pending, Loading, Ready, Updating, Degraded or Idle (no replicas asked)."
-    )
-    replicas: int | None = Field(None, description="Pods the Deployment runs.")
-    ready_replicas: int | None = Field(None, description="Pods whose sidecar reports the model ready.")
-    endpoint: str | None = Field(None, description="In-cluster base URL of the OpenAI-compatible API.")
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        description="Ready, Progressing and Degraded.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,46 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from .spec import Condition, ModelServer, ModelServerStatus
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from .replicas import desired_replicas
+from .spec import ModelServer
+
+
+class Condition(BaseModel):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    type: str = Field(description="Ready, Progressing or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason, e.g. InsufficientGPU or ModelLoading.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="ModelServer generation the condition reflects.")
+
+
+class ModelServerStatus(BaseModel):
+    """What the operator observed, written to the status subresource."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    observed_generation: int | None = Field(None, description="Generation of the spec this status reflects.")
+    phase: Literal["Pending", "Loading", "Ready", "Updating", "Degraded", "Idle"] | None = Field(
+        None, description="Summary: Pending, Loading, Ready, Updating, Degraded or Idle (no replicas asked)."
+    )
+    replicas: int | None = Field(None, description="Pods the Deployment runs.")
+    ready_replicas: int | None = Field(None, description="Pods whose sidecar reports the model ready.")
+    endpoint: str | None = Field(None, description="In-cluster base URL of the OpenAI-compatible API.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Progressing and Degraded.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
 
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError"}
@@ -77,14 +114,16 @@ def _waiting(deployment: dict[str, Any] | None, pods: list[dict[str, Any]]) -> P
     return Problem("Scheduling", "waiting for the scheduler to place the pods")
 
 
-def _condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
-    return {
-        "type": type_,
-        "status": "True" if ok else "False",
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-    }
+def _condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
+    """A condition as of now; `_timed` keeps the previous transition time where the status held."""
+    return Condition(
+        type=type_,
+        status="True" if ok else "False",
+        reason=reason,
+        message=message,
+        last_transition_time="",
+        observed_generation=generation,
+    )
 
 
 def compute_status(
@@ -98,7 +137,7 @@ def compute_status(
     apply_error: str | None = None,
 ) -> dict[str, Any]:
     """The status to write, in wire form. `previous` keeps lastTransitionTime of unchanged conditions."""
-    desired = ms.spec.replicas.min + ms.spec.replicas.buffer
+    desired = desired_replicas(ms.spec.replicas)
     dep_status = (deployment or {}).get("status") or {}
     replicas = dep_status.get("replicas", 0)
     ready = dep_status.get("readyReplicas", 0)
@@ -168,20 +207,15 @@ def invalid_spec_status(generation: int, previous: dict[str, Any] | None, now: s
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def _timed(conditions: list[dict[str, Any]], previous: dict[str, Any] | None, now: str) -> list[Condition]:
+def _timed(conditions: list[Condition], previous: dict[str, Any] | None, now: str) -> list[Condition]:
     """Conditions with lastTransitionTime kept from `previous` where their status did not change."""
     before = {c["type"]: c for c in (previous or {}).get("conditions") or []}
-    return [
-        Condition.model_validate(
-            {
-                **condition,
-                "lastTransitionTime": before[condition["type"]]["lastTransitionTime"]
-                if before.get(condition["type"], {}).get("status") == condition["status"]
-                else now,
-            }
-        )
-        for condition in conditions
-    ]
+    timed = []
+    for condition in conditions:
+        old = before.get(condition.type, {})
+        since = old["lastTransitionTime"] if old.get("status") == condition.status else now
+        timed.append(condition.model_copy(update={"last_transition_time": since}))
+    return timed
 
 
 def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[Transition]:

@@ -11,16 +11,12 @@ import aiohttp
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from . import errors
-from .auth import refusal_reason
-from .config import Settings
+from .contract import HEALTH_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Settings
 from .keys import KeyStore
 from .metrics import CONTENT_TYPE, SidecarMetrics
 from .proxy import Proxy
 from .readiness import Readiness
 from .upstream import METRICS_TIMEOUT, open_session
-
-OWN_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 class Dispatcher:
@@ -62,25 +58,22 @@ def build_app(settings: Settings) -> Dispatcher:
 
     api = FastAPI(title="modelserve-sidecar", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
-    @api.get("/healthz")
+    @api.get(HEALTH_ROUTE)
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @api.get("/readyz")
+    @api.get(READY_ROUTE)
     async def readyz() -> JSONResponse:
         ready, reason = await readiness.status()
         return JSONResponse({"ready": ready, "reason": reason}, status_code=200 if ready else 503)
 
-    @api.get("/metrics")
+    @api.get(METRICS_ROUTE)
     async def scrape(request: Request) -> Response:
-        if keys is not None and not settings.metrics_public:
-            reason = refusal_reason(request.scope["headers"], keys)
-            if reason is not None:
-                metrics.auth_failures.labels(reason).inc()
-                refused = errors.unauthorized(reason)
-                body = refused.body()
-                headers = {name.decode(): value.decode() for name, value in refused.headers(body)}
-                return Response(body, refused.status, headers=headers)
+        refused = None if settings.metrics_public else proxy.key_refusal(request.scope["headers"])
+        if refused is not None:
+            body = refused.body()
+            headers = {name.decode(): value.decode() for name, value in refused.headers(body)}
+            return Response(body, refused.status, headers=headers)
         return Response(metrics.render(await engine_metrics()), media_type=CONTENT_TYPE)
 
     async def engine_metrics() -> bytes | None:

@@ -1,10 +1,17 @@
-"""The sidecar's settings, read once from the environment and validated before anything starts."""
+"""The contract between the operator and the sidecar: the sidecar's settings and their environment.
+
+Both sides import this module and nothing else of each other: the operator builds `Settings` for a
+pod and renders them with `to_env()`; the sidecar reads them back with `from_env()`, validated
+before anything starts. Each setting's variable name, default, parser and rendering are written
+once, on its field. Standard library only: the sidecar image carries no Kubernetes client.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -12,7 +19,16 @@ from urllib.parse import urlsplit
 
 T = TypeVar("T")
 
-# The sampling fields the sidecar may fill in (the ModelServer spec's `samplingDefaults`).
+LISTEN_PORT = 8080
+KEYS_DIR = "/etc/modelserve/keys"
+# The sidecar's own routes: the operator points the kubelet's probes at them.
+HEALTH_ROUTE = "/healthz"
+READY_ROUTE = "/readyz"
+METRICS_ROUTE = "/metrics"
+OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE})
+
+# The sampling fields the sidecar may fill in, by their request (snake_case) names: the
+# ModelServer spec's `samplingDefaults` has exactly these (a test holds the two together).
 SAMPLING_FIELDS: dict[str, type] = {
     "temperature": float,
     "top_p": float,
@@ -25,64 +41,6 @@ SAMPLING_FIELDS: dict[str, type] = {
 
 class ConfigError(ValueError):
     """A setting is missing or invalid; the message names the environment variable."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    upstream_url: str
-    served_model: str
-    listen_host: str = "0.0.0.0"
-    listen_port: int = 8080
-    engine_health_path: str = "/health"
-    engine_metrics_path: str = "/metrics"
-    # How long the engine may take to answer its health route and model list before it counts as
-    # unreachable; the operator sets it per engine (SGLang's health route may generate a token).
-    engine_probe_timeout_seconds: float = 5.0
-    auth_public: bool = False
-    keys_dir: Path = Path("/etc/modelserve/keys")
-    metrics_public: bool = True
-    vision: bool = False
-    sampling_defaults: Mapping[str, float | int] = field(default_factory=lambda: MappingProxyType({}))
-    max_body_bytes: int = 10 * 1024 * 1024
-    upstream_timeout_seconds: float = 600.0
-    drain_seconds: float = 60.0
-    # Connections to the engine; sized for an engine's concurrency (vLLM queues beyond its
-    # max-num-seqs itself, where its own metrics show the wait), not aiohttp's default 100.
-    upstream_max_connections: int = 1024
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """Build settings from `MODELSERVE_*` variables; raise ConfigError naming the bad one."""
-        return cls(
-            upstream_url=_read(env, "MODELSERVE_UPSTREAM_URL", None, _base_url),
-            served_model=_read(env, "MODELSERVE_SERVED_MODEL", None, _non_empty),
-            listen_host=_read(env, "MODELSERVE_LISTEN_HOST", "0.0.0.0", _non_empty),
-            listen_port=_read(env, "MODELSERVE_LISTEN_PORT", "8080", _port),
-            engine_health_path=_read(env, "MODELSERVE_ENGINE_HEALTH_PATH", "/health", _route),
-            engine_metrics_path=_read(env, "MODELSERVE_ENGINE_METRICS_PATH", "/metrics", _route),
-            engine_probe_timeout_seconds=_read(env, "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS", "5", _positive_float),
-            auth_public=_read(env, "MODELSERVE_AUTH", "private", _auth_mode) == "public",
-            keys_dir=Path(_read(env, "MODELSERVE_KEYS_DIR", "/etc/modelserve/keys", _non_empty)),
-            metrics_public=_read(env, "MODELSERVE_METRICS_PUBLIC", "true", _bool),
-            vision=_read(env, "MODELSERVE_VISION", "false", _bool),
-            sampling_defaults=_read(env, "MODELSERVE_SAMPLING_DEFAULTS", "{}", _sampling),
-            max_body_bytes=_read(env, "MODELSERVE_MAX_BODY_BYTES", str(10 * 1024 * 1024), _positive_int),
-            upstream_timeout_seconds=_read(env, "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS", "600", _positive_float),
-            drain_seconds=_read(env, "MODELSERVE_DRAIN_SECONDS", "60", _non_negative_float),
-            upstream_max_connections=_read(env, "MODELSERVE_UPSTREAM_MAX_CONNECTIONS", "1024", _positive_int),
-        )
-
-
-def _read(env: Mapping[str, str], name: str, default: str | None, parse: Callable[[str], T]) -> T:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        if default is None:
-            raise ConfigError(f"{name} is required")
-        raw = default
-    try:
-        return parse(raw.strip())
-    except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r}: {exc}") from None
 
 
 def _non_empty(raw: str) -> str:
@@ -120,10 +78,10 @@ def _port(raw: str) -> int:
     return port
 
 
-def _auth_mode(raw: str) -> str:
+def _is_public(raw: str) -> bool:
     if raw not in ("private", "public"):
         raise ValueError("must be 'private' or 'public'")
-    return raw
+    return raw == "public"
 
 
 def _bool(raw: str) -> bool:
@@ -175,3 +133,106 @@ def _sampling(raw: str) -> Mapping[str, float | int]:
     if data.get("max_tokens", 1) <= 0:
         raise ValueError("max_tokens must be positive")
     return MappingProxyType({k: SAMPLING_FIELDS[k](v) for k, v in data.items()})
+
+
+def _path(raw: str) -> Path:
+    return Path(_non_empty(raw))
+
+
+def _setting(
+    env: str,
+    parse: Callable[[str], Any],
+    render: Callable[[Any], str] = str,
+    default: Any = dataclasses.MISSING,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A field of Settings with its variable, how to read it and how to write it."""
+    return dataclasses.field(
+        default=default,
+        default_factory=default_factory,
+        metadata={"env": env, "parse": parse, "render": render},
+    )
+
+
+def _render_number(value: float) -> str:
+    return f"{value:g}"
+
+
+def _render_bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _render_auth(public: bool) -> str:
+    return "public" if public else "private"
+
+
+def _render_sampling(values: Mapping[str, float | int]) -> str:
+    return json.dumps(dict(values), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the sidecar runs with; each field is one MODELSERVE_* variable."""
+
+    upstream_url: str = _setting("MODELSERVE_UPSTREAM_URL", _base_url)
+    served_model: str = _setting("MODELSERVE_SERVED_MODEL", _non_empty)
+    listen_host: str = _setting("MODELSERVE_LISTEN_HOST", _non_empty, default="0.0.0.0")
+    listen_port: int = _setting("MODELSERVE_LISTEN_PORT", _port, default=LISTEN_PORT)
+    engine_health_path: str = _setting("MODELSERVE_ENGINE_HEALTH_PATH", _route, default="/health")
+    engine_metrics_path: str = _setting("MODELSERVE_ENGINE_METRICS_PATH", _route, default="/metrics")
+    # How long the engine may take to answer its health route and model list before it counts as
+    # unreachable; the operator sets it per engine (SGLang's health route may generate a token).
+    engine_probe_timeout_seconds: float = _setting(
+        "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS", _positive_float, _render_number, default=5.0
+    )
+    auth_public: bool = _setting("MODELSERVE_AUTH", _is_public, _render_auth, default=False)
+    keys_dir: Path = _setting("MODELSERVE_KEYS_DIR", _path, default=Path(KEYS_DIR))  # noqa: RUF009 - immutable
+    metrics_public: bool = _setting("MODELSERVE_METRICS_PUBLIC", _bool, _render_bool, default=True)
+    vision: bool = _setting("MODELSERVE_VISION", _bool, _render_bool, default=False)
+    sampling_defaults: Mapping[str, float | int] = _setting(
+        "MODELSERVE_SAMPLING_DEFAULTS",
+        _sampling,
+        _render_sampling,
+        default_factory=lambda: MappingProxyType({}),
+    )
+    max_body_bytes: int = _setting("MODELSERVE_MAX_BODY_BYTES", _positive_int, default=10 * 1024 * 1024)
+    upstream_timeout_seconds: float = _setting(
+        "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS", _positive_float, _render_number, default=600.0
+    )
+    # SIGTERM's drain deadline for in-flight streams.
+    drain_seconds: float = _setting("MODELSERVE_DRAIN_SECONDS", _non_negative_float, _render_number, default=60.0)
+    # Connections to the engine; sized for an engine's concurrency (vLLM queues beyond its
+    # max-num-seqs itself, where its own metrics show the wait), not aiohttp's default 100.
+    upstream_max_connections: int = _setting("MODELSERVE_UPSTREAM_MAX_CONNECTIONS", _positive_int, default=1024)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Build settings from `MODELSERVE_*` variables; raise ConfigError naming the bad one."""
+        values = {}
+        for setting in dataclasses.fields(cls):
+            name = setting.metadata["env"]
+            raw = (env.get(name) or "").strip()
+            if raw:
+                try:
+                    values[setting.name] = setting.metadata["parse"](raw)
+                except ValueError as exc:
+                    raise ConfigError(f"{name}={env[name]!r}: {exc}") from None
+            elif setting.default is dataclasses.MISSING and setting.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{name} is required")
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """Every setting as its variable, so a pod's spec shows all the sidecar runs with. Two are
+        left out where they mean nothing: the keys directory with public auth, empty sampling."""
+        env = {}
+        for setting in dataclasses.fields(self):
+            value = getattr(self, setting.name)
+            if (setting.name == "keys_dir" and self.auth_public) or (setting.name == "sampling_defaults" and not value):
+                continue
+            env[setting.metadata["env"]] = setting.metadata["render"](value)
+        return env
+
+    @staticmethod
+    def variables() -> dict[str, str]:
+        """Each variable and the field it sets (for documentation and --help)."""
+        return {setting.metadata["env"]: setting.name for setting in dataclasses.fields(Settings)}

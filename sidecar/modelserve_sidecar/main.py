@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -9,12 +10,23 @@ import sys
 import uvicorn
 
 from .app import build_app
-from .config import ConfigError, Settings
+from .contract import ConfigError, Settings
 
 log = logging.getLogger("modelserve_sidecar")
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    variables = "\n".join(f"  {name}" for name in Settings.variables())
+    return argparse.ArgumentParser(
+        prog="modelserve-sidecar",
+        description="Serve the engine's OpenAI-compatible API behind API keys, with metrics and readiness.\n"
+        "Every setting comes from the environment (the operator sets them all):\n" + variables,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.from_env(os.environ)

@@ -14,7 +14,7 @@ from yarl import URL
 
 from . import errors
 from .auth import refusal_reason
-from .config import Settings
+from .contract import Settings
 from .keys import KeyStore
 from .metrics import SidecarMetrics, route_label, status_class
 from .request_checks import SAMPLING_ROUTES, check_body
@@ -93,6 +93,16 @@ class Proxy:
         self._base = settings.upstream_url
         self._targets: dict[tuple[bytes, bytes], URL] = {}
 
+    def key_refusal(self, headers: Iterable[tuple[bytes, bytes]]) -> errors.ErrorResponse | None:
+        """The 401 for a request whose key is refused (and counted), or None when it may pass."""
+        if self.keys is None:
+            return None
+        reason = refusal_reason(headers, self.keys)
+        if reason is None:
+            return None
+        self.metrics.auth_failures.labels(reason).inc()
+        return errors.unauthorized(reason)
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         start = perf_counter()
         route = route_label(scope["path"])
@@ -107,12 +117,10 @@ class Proxy:
 
     async def _handle(self, scope: dict[str, Any], receive: Any, send: Any, exchange: _Exchange) -> None:
         headers = scope["headers"]
-        if self.keys is not None:
-            reason = refusal_reason(headers, self.keys)
-            if reason is not None:
-                self.metrics.auth_failures.labels(reason).inc()
-                exchange.status = await respond(send, errors.unauthorized(reason))
-                return
+        refused = self.key_refusal(headers)
+        if refused is not None:
+            exchange.status = await respond(send, refused)
+            return
 
         limit = self.settings.max_body_bytes
         declared = content_length(headers)

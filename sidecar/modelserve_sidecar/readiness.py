@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from .config import Settings
+from .contract import Settings
 from .metrics import SidecarMetrics
 
 log = logging.getLogger(__name__)

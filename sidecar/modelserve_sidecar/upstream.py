@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from .config import Settings
+from .contract import Settings
 
 # Below the engines' own keep-alive (uvicorn's default 5 s, which vLLM keeps), so the sidecar never
 # reuses a connection the engine is closing at that moment (it would look like a dead engine).

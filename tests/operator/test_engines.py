@@ -9,8 +9,8 @@ from operator_testdata import examples
 
 from modelserve_operator.engines import engine_for
 from modelserve_operator.engines.base import command_line
-from modelserve_operator.manifests import SIDECAR_PORT
 from modelserve_operator.spec import ModelServer, Profile
+from modelserve_sidecar.contract import LISTEN_PORT
 
 EXPECTED = {
     "lfm2-1.2b": "vllm serve LiquidAI/LFM2-1.2B --served-model-name lfm2-1-2b --host 127.0.0.1 --port 8000 "
@@ -34,7 +34,7 @@ def _ms(manifest: dict[str, Any], **spec_changes: Any) -> ModelServer:
 
 def _container(ms: ModelServer) -> dict[str, Any]:
     engine = engine_for(ms.spec.profile)
-    return engine.container(ms, engine.FACTS.image, 60)
+    return engine.container(ms, engine.image, 60)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -94,4 +94,4 @@ def test_llamacpp_takes_a_path_with_m() -> None:
 
 @pytest.mark.parametrize("profile", list(Profile))
 def test_engine_ports_never_collide_with_the_sidecar(profile: Profile) -> None:
-    assert engine_for(profile).FACTS.port != SIDECAR_PORT
+    assert engine_for(profile).port != LISTEN_PORT

@@ -1,6 +1,7 @@
 """Golden files: each example's full manifest set, byte for byte; plus the wiring they must show.
 
-Regenerate after an intended change with `MODELSERVE_UPDATE_GOLDEN=1 pytest tests/operator/test_manifests.py`.
+Regenerate after an intended change with `make generate` (it sets MODELSERVE_UPDATE_GOLDEN=1 here),
+then review the diff.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _example(name: str, **spec_changes: Any) -> ModelServer:
 
 
 def render(ms: ModelServer) -> str:
-    return yaml.safe_dump_all(manifests.everything(ms, SETTINGS, API_KEY), sort_keys=False, width=1000)
+    return yaml.safe_dump_all(manifests.owned_objects(ms, SETTINGS, API_KEY), sort_keys=False, width=1000)
 
 
 def _containers(ms: ModelServer) -> dict[str, dict[str, Any]]:
@@ -54,8 +55,8 @@ def test_golden_manifest_set(name: str) -> None:
     if os.environ.get("MODELSERVE_UPDATE_GOLDEN") == "1":
         GOLDEN_DIR.mkdir(exist_ok=True)
         golden.write_text(text)
-    assert golden.exists(), f"no golden file {golden.name}: run with MODELSERVE_UPDATE_GOLDEN=1"
-    assert text == golden.read_text(), f"{golden.name} differs: review, then regenerate with MODELSERVE_UPDATE_GOLDEN=1"
+    assert golden.exists(), f"no golden file {golden.name}: run `make generate`"
+    assert text == golden.read_text(), f"{golden.name} differs: run `make generate` and review the diff"
 
 
 def test_engine_listens_on_loopback_only_and_sidecar_owns_the_named_port() -> None:
@@ -80,7 +81,7 @@ def test_sidecar_probes_give_a_cold_start_its_budget() -> None:
 
 def test_private_auth_mounts_the_generated_key_secret_into_the_sidecar_only() -> None:
     ms = _example("lfm2-1.2b")
-    objects = {(obj["kind"], obj["metadata"]["name"]): obj for obj in manifests.everything(ms, SETTINGS, "k")}
+    objects = {(obj["kind"], obj["metadata"]["name"]): obj for obj in manifests.owned_objects(ms, SETTINGS, "k")}
     assert objects[("Secret", "lfm2-1-2b-api-keys")]["stringData"] == {"api-key": "k"}
     containers = _containers(ms)
     assert _env(containers["sidecar"])["MODELSERVE_KEYS_DIR"] == "/etc/modelserve/keys"
@@ -92,7 +93,7 @@ def test_private_auth_mounts_the_generated_key_secret_into_the_sidecar_only() ->
 
 def test_a_named_key_secret_is_mounted_and_none_is_generated() -> None:
     ms = _example("lfm2-1.2b", auth={"secretName": "team-keys"})
-    assert [obj["kind"] for obj in manifests.everything(ms, SETTINGS, "k")] == ["Deployment", "Service"]
+    assert [obj["kind"] for obj in manifests.owned_objects(ms, SETTINGS, "k")] == ["Deployment", "Service"]
     volumes = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]["volumes"]
     assert {"name": "api-keys", "secret": {"secretName": "team-keys"}} in volumes
 
@@ -128,7 +129,7 @@ def test_shm_is_a_memory_volume_sized_by_engine_or_spec() -> None:
 
 def test_cache_size_makes_an_owned_claim_mounted_as_the_hub_cache() -> None:
     ms = _example("lfm2-1.2b", cache={"size": "50Gi", "storageClassName": "fast"})
-    claim = manifests.everything(ms, SETTINGS, "k")[0]
+    claim = manifests.owned_objects(ms, SETTINGS, "k")[0]
     assert claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == "lfm2-1-2b-hub-cache"
     assert claim["spec"] == {
         "accessModes": ["ReadWriteOnce"],
@@ -142,7 +143,7 @@ def test_cache_size_makes_an_owned_claim_mounted_as_the_hub_cache() -> None:
 
 def test_existing_claim_is_mounted_and_not_created() -> None:
     ms = _example("lfm2-1.2b", cache={"claimName": "models"})
-    assert all(obj["kind"] != "PersistentVolumeClaim" for obj in manifests.everything(ms, SETTINGS, "k"))
+    assert all(obj["kind"] != "PersistentVolumeClaim" for obj in manifests.owned_objects(ms, SETTINGS, "k"))
     pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
     assert {"name": "hub-cache", "persistentVolumeClaim": {"claimName": "models"}} in pod["volumes"]
 
@@ -162,7 +163,7 @@ def test_hf_token_comes_from_the_named_secret_and_user_env_wins() -> None:
 
 
 def test_children_are_owned_by_the_modelserver() -> None:
-    for obj in manifests.everything(_example("lfm2-1.2b"), SETTINGS, "k"):
+    for obj in manifests.owned_objects(_example("lfm2-1.2b"), SETTINGS, "k"):
         (owner,) = obj["metadata"]["ownerReferences"]
         assert owner == {
             "apiVersion": "serving.modelserve.dev/v1alpha1",

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from chart import REPO
 
+from modelserve_operator.api_keys import GENERATED_KEY_FIELD
 from modelserve_operator.cli import API_KEY_PLACEHOLDER
-from modelserve_operator.manifests import GENERATED_KEY_FIELD
 from modelserve_operator.spec import NAME_RULE
 from modelserve_operator.validation import rules_by_message
 from modelserve_sandbox.cluster import Cluster

@@ -1,12 +1,14 @@
-"""One llama.cpp build everywhere: the engine the operator pins is the one the sandbox builds and runs."""
+"""Each engine's pins are its module's: the chart's defaults, the README, and one llama.cpp build everywhere
+(the engine the operator pins is the one the sandbox builds and runs)."""
 
 from __future__ import annotations
 
 import re
 
+import yaml
 from chart import REPO
 
-from modelserve_operator.engines import llamacpp, sglang, vllm
+from modelserve_operator.engines import ENGINES, llamacpp
 from modelserve_sandbox import llama_server
 
 README = (REPO / "README.md").read_text()
@@ -20,15 +22,22 @@ def _script_default(script: str) -> int:
 
 
 def test_the_llama_cpp_build_is_one_number() -> None:
-    tag = llamacpp.FACTS.image.rsplit(":", 1)[1]
+    tag = llamacpp.ENGINE.image.rsplit(":", 1)[1]
     assert tag == f"server-b{llama_server.LLAMA_BUILD}"
     assert _script_default("build-llama-server.sh") == llama_server.LLAMA_BUILD
     assert _script_default("build-images.sh") == llama_server.LLAMA_BUILD
-    values = (REPO / "charts" / "modelserve" / "values.yaml").read_text()
-    assert f"pinned: {llamacpp.FACTS.image}" in values
 
 
 def test_the_readme_names_each_pinned_image() -> None:
     engines = README.split("\n## Engines\n", 1)[1].split("\n## ", 1)[0]
-    for engine in (vllm, sglang, llamacpp):
-        assert f"`{engine.FACTS.image}`" in engines, engine.FACTS.image
+    for engine in ENGINES.values():
+        assert f"`{engine.image}`" in engines, engine.image
+
+
+def test_the_chart_has_each_engine_with_its_pinned_image() -> None:
+    text = (REPO / "charts" / "modelserve" / "values.yaml").read_text()
+    values = yaml.safe_load(text)["engines"]
+    assert set(values) == {engine.name for engine in ENGINES.values()}
+    for engine in ENGINES.values():
+        assert values[engine.name] == {"image": ""}, engine.name  # empty: the operator's pin
+        assert f"(MODELSERVE_ENGINE_IMAGE_{engine.name.upper()}; pinned: {engine.image})" in text, engine.name

@@ -113,7 +113,7 @@ def test_a_slow_health_check_keeps_readiness_and_a_gone_engine_loses_it(start_si
         replay.url,
         "tiny",
         MODELSERVE_AUTH="public",
-        MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS=str(sglang.FACTS.probe_timeout_seconds),
+        MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS=str(sglang.ENGINE.probe_timeout_seconds),
     )
     try:
         wait_ready(sidecar)

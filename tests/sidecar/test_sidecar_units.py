@@ -10,7 +10,7 @@ from sidecar_harness import API_KEY, SecretDir, read_recording
 
 from modelserve_sidecar import errors
 from modelserve_sidecar.auth import extract_key, refusal_reason
-from modelserve_sidecar.config import ConfigError, Settings
+from modelserve_sidecar.contract import ConfigError, Settings
 from modelserve_sidecar.keys import KeyStore, key_files, parse_keys
 from modelserve_sidecar.metrics import SidecarMetrics, route_label
 from modelserve_sidecar.proxy import DROP_TO_ENGINE, HOP_BY_HOP, filter_headers

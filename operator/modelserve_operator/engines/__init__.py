@@ -1,19 +1,18 @@
-"""One module per engine, chosen by the ModelServer's profile."""
+"""One module per engine, chosen by the ModelServer's profile; each makes one `Engine`."""
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from ..choices import Profile
 from . import llamacpp, sglang, vllm
+from .base import Engine
 
-ENGINES: dict[Profile, ModuleType] = {
-    Profile.HIGH_THROUGHPUT: vllm,
-    Profile.LOW_LATENCY: sglang,
-    Profile.CPU: llamacpp,
+ENGINES: dict[Profile, Engine] = {
+    Profile.HIGH_THROUGHPUT: vllm.ENGINE,
+    Profile.LOW_LATENCY: sglang.ENGINE,
+    Profile.CPU: llamacpp.ENGINE,
 }
 
 
-def engine_for(profile: Profile) -> ModuleType:
-    """The engine module serving a profile: it has FACTS and container(ms, image, drain_seconds, hub_endpoint)."""
+def engine_for(profile: Profile) -> Engine:
+    """The engine serving a profile."""
     return ENGINES[profile]

@@ -1,4 +1,4 @@
-"""What every engine container shares; each engine module adds its facts and its flags."""
+"""The engine interface: what every engine container shares; each engine module adds its facts and flags."""
 
 from __future__ import annotations
 
@@ -18,53 +18,60 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
-class EngineFacts:
-    """The small table of facts that differs between engines."""
+class Engine:
+    """One engine: the facts the operator, the sidecar's settings and the CRD's rules take from it,
+    and the container it runs for a ModelServer. Each engine module makes one, overriding `args`
+    (and `env` where the engine needs variables)."""
 
-    name: str  # also the pods' app.kubernetes.io/component label
+    name: str  # also the pods' app.kubernetes.io/component label and the chart's engines.<name> key
+    title: str  # how people write it, e.g. vLLM
+    version: str  # the pinned version every fact below was read from
     image: str  # pinned; the operator's settings may name another
     command: tuple[str, ...]  # set explicitly so an `image` override runs the same program
     port: int  # on 127.0.0.1
     health_path: str  # answers 200 once the model is loaded
     metrics_path: str  # Prometheus text, appended to the sidecar's /metrics
+    metric_prefix: str  # the engine's own series in that text, e.g. "vllm:"
     shm_size: str  # /dev/shm default; tensor parallelism exchanges through it
     # How long the sidecar lets a live engine take to answer health_path and /v1/models before it
     # calls the engine unreachable. vLLM's and llama.cpp's health routes only look at a flag, so
     # only a busy event loop delays them; the sidecar answers the kubelet meanwhile.
     probe_timeout_seconds: float = 5.0
+    # The names this version's --tool-call-parser accepts; empty: the engine takes no parser name.
+    tool_call_parsers: tuple[str, ...] = ()
+
+    def args(self, ms: ModelServer) -> list[str]:
+        """The engine's arguments for a ModelServer (before the spec's own engineArgs)."""
+        raise NotImplementedError
+
+    def env(self, ms: ModelServer) -> list[dict[str, Any]]:
+        """Variables this engine needs besides the common ones."""
+        return []
 
     def upstream_url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
-
-def engine_container(
-    ms: ModelServer,
-    facts: EngineFacts,
-    args: list[str],
-    image: str,
-    drain_seconds: int,
-    env: list[dict[str, Any]] | None = None,
-    hub_endpoint: str = "",
-) -> dict[str, Any]:
-    """The engine container: no ports (nothing outside the pod may reach it), no probes (the sidecar's
-    readiness covers the engine), and a preStop sleep so it keeps answering while the sidecar drains."""
-    spec = ms.spec
-    container: dict[str, Any] = {
-        "name": CONTAINER_NAME,
-        "image": spec.image or image,
-        "command": list(facts.command),
-        "args": [*args, *spec.engine_args],
-        "env": merge_env([*_common_env(spec, hub_endpoint), *(env or [])], [var.to_wire() for var in spec.env]),
-    }
-    resources = _resources(spec)
-    if resources:
-        container["resources"] = resources
-    container["volumeMounts"] = [
-        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
-        {"name": CACHE_VOLUME, "mountPath": HUB_CACHE_PATH},
-    ]
-    container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain_seconds}}}
-    return container
+    def container(self, ms: ModelServer, image: str, drain_seconds: int, hub_endpoint: str = "") -> dict[str, Any]:
+        """The engine container: no ports (nothing outside the pod may reach it), no probes (the
+        sidecar's readiness covers the engine), and a preStop sleep so it keeps answering while the
+        sidecar drains."""
+        spec = ms.spec
+        container: dict[str, Any] = {
+            "name": CONTAINER_NAME,
+            "image": spec.image or image,
+            "command": list(self.command),
+            "args": [*self.args(ms), *spec.engine_args],
+            "env": merge_env([*_common_env(spec, hub_endpoint), *self.env(ms)], [var.to_wire() for var in spec.env]),
+        }
+        resources = _resources(spec)
+        if resources:
+            container["resources"] = resources
+        container["volumeMounts"] = [
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            {"name": CACHE_VOLUME, "mountPath": HUB_CACHE_PATH},
+        ]
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain_seconds}}}
+        return container
 
 
 def _common_env(spec: ModelServerSpec, hub_endpoint: str) -> list[dict[str, Any]]:

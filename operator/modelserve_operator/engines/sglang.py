@@ -5,88 +5,72 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..choices import Dtype
-from .base import LOOPBACK, EngineFacts, engine_container
+from .base import LOOPBACK, Engine
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from ..spec import ModelServer
 
 VERSION = "0.5.10"  # LFM2 support starts here
-FACTS = EngineFacts(
+
+
+class SGLang(Engine):
+    def args(self, ms: ModelServer) -> list[str]:
+        spec = ms.spec
+        out = ["--model-path", spec.model, "--served-model-name", ms.name, "--host", LOOPBACK, "--port", str(self.port)]
+        out += ["--tp-size", str(spec.gpu_count), "--dtype", spec.dtype.value]
+        if spec.max_model_len is not None:
+            out += ["--context-length", str(spec.max_model_len)]
+        if spec.gpu_memory_utilization is not None:
+            out += ["--mem-fraction-static", str(spec.gpu_memory_utilization)]
+        if spec.tool_call_parser:
+            out += ["--tool-call-parser", spec.tool_call_parser]
+        if spec.torch_compile:
+            out.append("--enable-torch-compile")
+        if spec.chunked_prefill_size is not None:
+            out += ["--chunked-prefill-size", str(spec.chunked_prefill_size)]
+        if spec.vision:
+            # SGLang 0.5.10 turns image input off for some vision architectures (Gemma3, Llama4,
+            # Step3-VL) unless told (srt/configs/model_config.py); the flag does nothing to others.
+            out.append("--enable-multimodal")
+        out.append("--enable-metrics")
+        return out
+
+    def env(self, ms: ModelServer) -> list[dict[str, Any]]:
+        # SGLang 0.5.10's /health otherwise generates a token per call and polls for it in 1 s sleeps
+        # (>= 1 s, up to 20 s under a long prefill), and on giving up marks the server unhealthy, which
+        # makes SIGTERM skip the drain. Without it /health answers from the server's status: 503 until
+        # SGLang's own warm-up request succeeded and while shutting down, else 200 (http_server.py).
+        out = [{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"}]
+        # Hybrid models such as LFM2 keep a convolution state, bfloat16 unless told otherwise.
+        if ms.spec.dtype == Dtype.FLOAT16:
+            out.append({"name": "SGLANG_MAMBA_CONV_DTYPE", "value": "float16"})
+        return out
+
+
+# The names `--tool-call-parser` takes in SGLang 0.5.10: the keys of
+# `FunctionCallParser.ToolCallParserEnum` (python/sglang/srt/function_call/function_call_parser.py),
+# which server_args.py makes the flag's argparse choices; read from the sglang-0.5.10 wheel on PyPI.
+# Any other name stops the server at start with `invalid choice`.
+TOOL_CALL_PARSERS = tuple(
+    """
+    deepseekv3 deepseekv31 deepseekv32 gigachat3 glm glm45 glm47 gpt-oss hermes interns1 kimi_k2 lfm2 llama3 mimo
+    minimax-m2 mistral pythonic qwen qwen25 qwen3_coder step3 step3p5 trinity
+    """.split()
+)
+
+ENGINE = SGLang(
     name="sglang",
+    title="SGLang",
+    version=VERSION,
     image=f"lmsysorg/sglang:v{VERSION}",
     command=("python3", "-m", "sglang.launch_server"),  # the image has no server ENTRYPOINT
     port=30000,
     health_path="/health",
     metrics_path="/metrics",
+    metric_prefix="sglang:",
     shm_size="32Gi",  # what the upstream container form uses
     # Above SGLANG_HEALTH_CHECK_TIMEOUT (20 s): should /health generate again (env() turns that
     # off; spec.env may turn it back on), SGLang's own verdict comes before the sidecar gives up.
     probe_timeout_seconds=25.0,
+    tool_call_parsers=TOOL_CALL_PARSERS,
 )
-# The names `--tool-call-parser` takes in SGLang 0.5.10: the keys of
-# `FunctionCallParser.ToolCallParserEnum` (python/sglang/srt/function_call/function_call_parser.py),
-# which server_args.py makes the flag's argparse choices; read from the sglang-0.5.10 wheel on PyPI.
-# Any other name stops the server at start with `invalid choice`.
-TOOL_CALL_PARSERS = (
-    "deepseekv3",
-    "deepseekv31",
-    "deepseekv32",
-    "gigachat3",
-    "glm",
-    "glm45",
-    "glm47",
-    "gpt-oss",
-    "hermes",
-    "interns1",
-    "kimi_k2",
-    "lfm2",
-    "llama3",
-    "mimo",
-    "minimax-m2",
-    "mistral",
-    "pythonic",
-    "qwen",
-    "qwen25",
-    "qwen3_coder",
-    "step3",
-    "step3p5",
-    "trinity",
-)
-
-
-def args(ms: ModelServer) -> list[str]:
-    spec = ms.spec
-    out = ["--model-path", spec.model, "--served-model-name", ms.name, "--host", LOOPBACK, "--port", str(FACTS.port)]
-    out += ["--tp-size", str(spec.gpu_count), "--dtype", spec.dtype.value]
-    if spec.max_model_len is not None:
-        out += ["--context-length", str(spec.max_model_len)]
-    if spec.gpu_memory_utilization is not None:
-        out += ["--mem-fraction-static", str(spec.gpu_memory_utilization)]
-    if spec.tool_call_parser:
-        out += ["--tool-call-parser", spec.tool_call_parser]
-    if spec.torch_compile:
-        out.append("--enable-torch-compile")
-    if spec.chunked_prefill_size is not None:
-        out += ["--chunked-prefill-size", str(spec.chunked_prefill_size)]
-    if spec.vision:
-        # SGLang 0.5.10 turns image input off for some vision architectures (Gemma3, Llama4,
-        # Step3-VL) unless told (srt/configs/model_config.py); the flag does nothing to others.
-        out.append("--enable-multimodal")
-    out.append("--enable-metrics")
-    return out
-
-
-def env(ms: ModelServer) -> list[dict[str, Any]]:
-    # SGLang 0.5.10's /health otherwise generates a token per call and polls for it in 1 s sleeps
-    # (>= 1 s, up to 20 s under a long prefill), and on giving up marks the server unhealthy, which
-    # makes SIGTERM skip the drain. Without it /health answers from the server's status: 503 until
-    # SGLang's own warm-up request succeeded and while shutting down, else 200 (http_server.py).
-    out = [{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"}]
-    # Hybrid models such as LFM2 keep a convolution state, bfloat16 unless told otherwise.
-    if ms.spec.dtype == Dtype.FLOAT16:
-        out.append({"name": "SGLANG_MAMBA_CONV_DTYPE", "value": "float16"})
-    return out
-
-
-def container(ms: ModelServer, image: str, drain_seconds: int, hub_endpoint: str = "") -> dict[str, Any]:
-    return engine_container(ms, FACTS, args(ms), image, drain_seconds, env(ms), hub_endpoint=hub_endpoint)

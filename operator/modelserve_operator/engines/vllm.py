@@ -3,104 +3,61 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .base import LOOPBACK, EngineFacts, engine_container
+from .base import LOOPBACK, Engine
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from ..spec import ModelServer
 
 VERSION = "0.32.0"
-FACTS = EngineFacts(
+# One image per prompt keeps vLLM's start-up profiling inside short contexts such as 1024 tokens.
+IMAGES_PER_PROMPT = 1
+
+
+class VLLM(Engine):
+    def args(self, ms: ModelServer) -> list[str]:
+        spec = ms.spec
+        out = [spec.model, "--served-model-name", ms.name, "--host", LOOPBACK, "--port", str(self.port)]
+        out += ["--dtype", spec.dtype.value]
+        if spec.max_model_len is not None:
+            out += ["--max-model-len", str(spec.max_model_len)]
+        if spec.gpu_memory_utilization is not None:
+            out += ["--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
+        out += ["--tensor-parallel-size", str(spec.gpu_count)]
+        if spec.tool_call_parser:
+            out += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
+        if spec.vision:
+            # No switch to turn images on: vLLM 0.32.0 takes them for every architecture that supports
+            # them (config/model.py), only --language-model-only turns them off. This caps them.
+            out += ["--limit-mm-per-prompt", json.dumps({"image": IMAGES_PER_PROMPT}, separators=(",", ":"))]
+        return out
+
+
+# The names `--tool-call-parser` takes in vLLM 0.32.0: the keys of `_TOOL_PARSERS_TO_REGISTER` in
+# vllm/tool_parsers/__init__.py, read from the vllm-0.32.0 wheel on PyPI (built from commit 5df63a720).
+# At start the launcher (`validate_api_server_args`) exits with `KeyError: invalid tool call
+# parser` on any other name, unless a `--tool-parser-plugin` registered it.
+TOOL_CALL_PARSERS = tuple(
+    """
+    apertus cohere_command3 cohere_command4 deepseek_v3 deepseek_v31 deepseek_v32 deepseek_v4 deepseek_v41 dots
+    ernie45 functiongemma gemma4 gigachat3 glm45 glm47 granite granite-20b-fc granite4 hermes hf hunyuan_a13b
+    hy_v3 hy_v4 inkling internlm jamba k2_horizon kimi_k2 kimi_k3 lfm2 ling3 llama3_json llama4_json
+    llama4_pythonic longcat mimo minicpm5 minimax_m2 minimax_m3 mistral muse_glimmer olmo3 openai phi4_mini_json
+    plamo3 poolside_v1 pythonic qwen3_coder qwen3_json qwen3_xml seed_oss step3 step3p5 xlam
+    """.split()
+)
+
+ENGINE = VLLM(
     name="vllm",
+    title="vLLM",
+    version=VERSION,
     image=f"vllm/vllm-openai:v{VERSION}",
     command=("vllm", "serve"),  # the image's own ENTRYPOINT; the model comes first in the arguments
     port=8000,
     health_path="/health",
     metrics_path="/metrics",
     shm_size="16Gi",
+    metric_prefix="vllm:",
+    tool_call_parsers=TOOL_CALL_PARSERS,
 )
-# The names `--tool-call-parser` takes in vLLM 0.32.0: the keys of `_TOOL_PARSERS_TO_REGISTER` in
-# vllm/tool_parsers/__init__.py, read from the vllm-0.32.0 wheel on PyPI (built from commit 5df63a720).
-# At start the launcher (`validate_api_server_args`) exits with `KeyError: invalid tool call
-# parser` on any other name, unless a `--tool-parser-plugin` registered it.
-TOOL_CALL_PARSERS = (
-    "apertus",
-    "cohere_command3",
-    "cohere_command4",
-    "deepseek_v3",
-    "deepseek_v31",
-    "deepseek_v32",
-    "deepseek_v4",
-    "deepseek_v41",
-    "dots",
-    "ernie45",
-    "functiongemma",
-    "gemma4",
-    "gigachat3",
-    "glm45",
-    "glm47",
-    "granite",
-    "granite-20b-fc",
-    "granite4",
-    "hermes",
-    "hf",
-    "hunyuan_a13b",
-    "hy_v3",
-    "hy_v4",
-    "inkling",
-    "internlm",
-    "jamba",
-    "k2_horizon",
-    "kimi_k2",
-    "kimi_k3",
-    "lfm2",
-    "ling3",
-    "llama3_json",
-    "llama4_json",
-    "llama4_pythonic",
-    "longcat",
-    "mimo",
-    "minicpm5",
-    "minimax_m2",
-    "minimax_m3",
-    "mistral",
-    "muse_glimmer",
-    "olmo3",
-    "openai",
-    "phi4_mini_json",
-    "plamo3",
-    "poolside_v1",
-    "pythonic",
-    "qwen3_coder",
-    "qwen3_json",
-    "qwen3_xml",
-    "seed_oss",
-    "step3",
-    "step3p5",
-    "xlam",
-)
-# One image per prompt keeps vLLM's start-up profiling inside short contexts such as 1024 tokens.
-IMAGES_PER_PROMPT = 1
-
-
-def args(ms: ModelServer) -> list[str]:
-    spec = ms.spec
-    out = [spec.model, "--served-model-name", ms.name, "--host", LOOPBACK, "--port", str(FACTS.port)]
-    out += ["--dtype", spec.dtype.value]
-    if spec.max_model_len is not None:
-        out += ["--max-model-len", str(spec.max_model_len)]
-    if spec.gpu_memory_utilization is not None:
-        out += ["--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
-    out += ["--tensor-parallel-size", str(spec.gpu_count)]
-    if spec.tool_call_parser:
-        out += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
-    if spec.vision:
-        # No switch to turn images on: vLLM 0.32.0 takes them for every architecture that supports
-        # them (config/model.py), only --language-model-only turns them off. This caps them.
-        out += ["--limit-mm-per-prompt", json.dumps({"image": IMAGES_PER_PROMPT}, separators=(",", ":"))]
-    return out
-
-
-def container(ms: ModelServer, image: str, drain_seconds: int, hub_endpoint: str = "") -> dict[str, Any]:
-    return engine_container(ms, FACTS, args(ms), image, drain_seconds, hub_endpoint=hub_endpoint)

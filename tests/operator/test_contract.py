@@ -1,0 +1,97 @@
+"""The operator-sidecar contract: what the operator renders into a pod, the sidecar reads back as the
+spec said, through the sidecar's own settings loader."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+from operator_testdata import examples
+
+from modelserve_operator import manifests
+from modelserve_operator.engines import engine_for
+from modelserve_operator.settings import Settings
+from modelserve_operator.spec import AuthMode, ModelServer, SamplingDefaults
+from modelserve_sidecar import contract
+
+SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0", drain_seconds=45)
+# Every example as it is, plus the variants the examples do not show.
+VARIANTS = {
+    "public": {"auth": {"mode": "public"}},
+    "private-named": {"auth": {"mode": "private", "secretName": "team-keys"}},
+    "sampling": {"samplingDefaults": {"temperature": 0.1, "topK": 50, "maxTokens": 512, "repetitionPenalty": 1.05}},
+    "vision": {"vision": True},
+}
+
+
+def _cases() -> list[tuple[str, dict]]:
+    cases = [(name, manifest) for name, manifest in examples().items()]
+    base = examples()["lfm2-1.2b"]
+    cases += [(variant, {**base, "spec": {**base["spec"], **change}}) for variant, change in VARIANTS.items()]
+    return cases
+
+
+def _sidecar_env(ms: ModelServer) -> dict[str, str]:
+    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    (sidecar,) = [c for c in pod["containers"] if c["name"] == manifests.SIDECAR_NAME]
+    return {var["name"]: var["value"] for var in sidecar["env"]}
+
+
+@pytest.mark.parametrize(("name", "manifest"), _cases(), ids=[name for name, _ in _cases()])
+def test_the_sidecar_reads_back_what_the_spec_said(name: str, manifest: dict) -> None:
+    ms = ModelServer.from_manifest({**manifest, "metadata": {**manifest["metadata"], "namespace": "ns", "uid": "u"}})
+    engine = engine_for(ms.spec.profile)
+    read = contract.Settings.from_env(_sidecar_env(ms))
+
+    assert read == manifests.sidecar_settings(ms, engine, SETTINGS)
+    assert read.served_model == ms.name
+    assert read.upstream_url == f"http://127.0.0.1:{engine.port}"
+    assert (read.engine_health_path, read.engine_metrics_path) == (engine.health_path, engine.metrics_path)
+    assert read.engine_probe_timeout_seconds == engine.probe_timeout_seconds
+    assert read.auth_public == (ms.spec.auth.mode == AuthMode.PUBLIC)
+    assert read.vision == ms.spec.vision
+    expected_sampling = ms.spec.sampling_defaults.model_dump(exclude_none=True) if ms.spec.sampling_defaults else {}
+    assert dict(read.sampling_defaults) == expected_sampling
+    assert all(type(value) is contract.SAMPLING_FIELDS[key] for key, value in read.sampling_defaults.items())
+    assert read.drain_seconds == SETTINGS.drain_seconds
+    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    sidecar = next(c for c in pod["containers"] if c["name"] == manifests.SIDECAR_NAME)
+    assert sidecar["ports"][0]["containerPort"] == read.listen_port
+    if read.auth_public:
+        assert "volumeMounts" not in sidecar
+    else:
+        assert sidecar["volumeMounts"][0]["mountPath"] == str(read.keys_dir) == contract.KEYS_DIR
+        assert read.keys_dir == Path(contract.KEYS_DIR)
+
+
+def test_rendering_round_trips_every_setting() -> None:
+    every = contract.Settings(
+        upstream_url="http://127.0.0.1:9",
+        served_model="m",
+        listen_host="::",
+        listen_port=9000,
+        engine_health_path="/h",
+        engine_metrics_path="/m",
+        engine_probe_timeout_seconds=2.5,
+        auth_public=False,
+        keys_dir=Path("/keys"),
+        metrics_public=False,
+        vision=True,
+        sampling_defaults={"top_k": 5, "temperature": 0.7},
+        max_body_bytes=7,
+        upstream_timeout_seconds=1.5,
+        drain_seconds=0.5,
+        upstream_max_connections=3,
+    )
+    env = every.to_env()
+    assert set(env) == set(contract.Settings.variables())  # nothing left out with private auth
+    read = contract.Settings.from_env(env)
+    assert read == every
+
+
+def test_the_spec_sampling_fields_are_the_contracts() -> None:
+    fields = SamplingDefaults.model_fields
+    assert list(fields) == list(contract.SAMPLING_FIELDS)
+    for name, kind in contract.SAMPLING_FIELDS.items():
+        assert kind in typing.get_args(fields[name].annotation), name
