@@ -23,8 +23,30 @@ class Pki:
     kubelet_client_key: Path
 
 
+KUBERNETES_NAMES = (
+    "DNS:kubernetes",
+    "DNS:kubernetes.default",
+    "DNS:kubernetes.default.svc",
+    "DNS:kubernetes.default.svc.cluster.local",
+)
+
+
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, text=True)
+
+
+def _signed(pki: Pki, subject: str, key: Path, cert: Path, extensions: str) -> None:
+    """A new key and a certificate for it signed by the CA, with these x509 extensions."""
+    directory = cert.parent
+    ext, csr = cert.with_suffix(".ext"), cert.with_suffix(".csr")
+    ext.write_text(extensions)
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", str(key), "-out", str(csr), cwd=directory
+    )
+    ca = ["-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key), "-CAcreateserial"]
+    _openssl(
+        "x509", "-req", "-in", str(csr), *ca, "-days", "30", "-extfile", str(ext), "-out", str(cert), cwd=directory
+    )
 
 
 def make_pki(directory: Path, server_ips: tuple[str, ...] = ()) -> Pki:
@@ -41,94 +63,22 @@ def make_pki(directory: Path, server_ips: tuple[str, ...] = ()) -> Pki:
         kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
         kubelet_client_key=directory / "apiserver-kubelet-client.key",
     )
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "30",
-        "-subj",
-        "/CN=modelserve-sandbox-ca",
-        "-keyout",
-        str(pki.ca_key),
-        "-out",
-        str(pki.ca_cert),
-        cwd=directory,
-    )
-    ext = directory / "serving.ext"
-    ext.write_text(
-        f"subjectAltName={','.join(f'IP:{ip}' for ip in ('127.0.0.1', *server_ips))},DNS:localhost,"
-        "DNS:kubernetes,DNS:kubernetes.default,"
-        "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
-        "extendedKeyUsage=serverAuth\n"
-    )
-    csr = directory / "apiserver.csr"
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
+    ca = "req -x509 -newkey rsa:2048 -nodes -days 30 -subj /CN=modelserve-sandbox-ca".split()
+    _openssl(*ca, "-keyout", str(pki.ca_key), "-out", str(pki.ca_cert), cwd=directory)
+    san = ",".join([*(f"IP:{ip}" for ip in ("127.0.0.1", *server_ips)), "DNS:localhost", *KUBERNETES_NAMES])
+    _signed(
+        pki,
         "/CN=kube-apiserver",
-        "-keyout",
-        str(pki.serving_key),
-        "-out",
-        str(csr),
-        cwd=directory,
+        pki.serving_key,
+        pki.serving_cert,
+        f"subjectAltName={san}\nextendedKeyUsage=serverAuth\n",
     )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        str(csr),
-        "-CA",
-        str(pki.ca_cert),
-        "-CAkey",
-        str(pki.ca_key),
-        "-CAcreateserial",
-        "-days",
-        "30",
-        "-extfile",
-        str(ext),
-        "-out",
-        str(pki.serving_cert),
-        cwd=directory,
-    )
-    client_ext = directory / "client.ext"
-    client_ext.write_text("extendedKeyUsage=clientAuth\n")
-    client_csr = directory / "apiserver-kubelet-client.csr"
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
+    _signed(
+        pki,
         "/O=system:masters/CN=kube-apiserver-kubelet-client",
-        "-keyout",
-        str(pki.kubelet_client_key),
-        "-out",
-        str(client_csr),
-        cwd=directory,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        str(client_csr),
-        "-CA",
-        str(pki.ca_cert),
-        "-CAkey",
-        str(pki.ca_key),
-        "-CAcreateserial",
-        "-days",
-        "30",
-        "-extfile",
-        str(client_ext),
-        "-out",
-        str(pki.kubelet_client_cert),
-        cwd=directory,
+        pki.kubelet_client_key,
+        pki.kubelet_client_cert,
+        "extendedKeyUsage=clientAuth\n",
     )
     _openssl("genrsa", "-out", str(pki.service_account_key), "2048", cwd=directory)
     _openssl("rsa", "-in", str(pki.service_account_key), "-pubout", "-out", str(pki.service_account_pub), cwd=directory)

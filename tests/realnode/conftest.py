@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,8 @@ import pytest
 from node_view import NodeView
 
 from modelserve_sandbox.cluster import Cluster
-from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
+from modelserve_sandbox.operator_process import running_operator
+from modelserve_sandbox.processes import free_ports, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,33 +40,8 @@ def node_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 @pytest.fixture(scope="module")
 def host_operator(node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """`modelserve-operator` as a host process against the real-node cluster; yields its log."""
-    log_dir = tmp_path_factory.mktemp("node-operator")
-    liveness = f"http://127.0.0.1:{free_ports(1)[0]}/healthz"
-    env = {**node_cluster.env, "MODELSERVE_RESYNC_SECONDS": "5"}
-    argv = [str(Path(sys.executable).with_name("modelserve-operator")), "--liveness", liveness]
-    process = start_process("modelserve-operator", argv, log_dir, env=env)
-    log = log_dir / "modelserve-operator.log"
-    try:
-        wait_until(
-            lambda: process.poll() is not None or _healthy(liveness),
-            60,
-            "the operator's liveness endpoint",
-            on_timeout=lambda: "\n" + tail(log),
-        )
-        assert process.poll() is None, f"the operator exited with {process.returncode}:\n{tail(log)}"
+    with running_operator(node_cluster.env, tmp_path_factory.mktemp("node-operator"), resync_seconds=5) as (_, log):
         yield log
-    finally:
-        stop_process(process, grace_seconds=20)
-
-
-def _healthy(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 @pytest.fixture
