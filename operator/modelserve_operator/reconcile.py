@@ -87,21 +87,26 @@ class Reconciler:
 
     def _apply_children(self, ms: ModelServer) -> str | None:
         """Apply every child; the API server's refusal, if any, becomes the Degraded message."""
+        child = ""
         try:
             for manifest in manifests.server_side_applied(ms, self.settings):
+                child = f"{manifest['kind']} {manifest['metadata']['name']}"
                 outcome = self.kube.apply(manifest)
                 if outcome != "unchanged":
-                    log.info("%s/%s: %s %s", ms.namespace, ms.name, manifest["kind"], outcome)
+                    log.info("%s/%s: %s %s", ms.namespace, ms.name, child, outcome)
             secret = manifests.generated_key_secret(ms, new_api_key())
             # Created once and never applied again: rewriting it would change the key under clients.
             # Create-if-absent (409 = already there) so the operator never needs to read a Secret.
-            if secret and self.kube.create(secret):
-                log.info("%s/%s: Secret %s created", ms.namespace, ms.name, secret["metadata"]["name"])
+            if secret:
+                child = f"Secret {secret['metadata']['name']}"
+                if self.kube.create(secret):
+                    log.info("%s/%s: %s created", ms.namespace, ms.name, child)
         except ApiException as error:
             if is_gone(error):
                 raise
-            log.warning("%s/%s: apply refused: %s", ms.namespace, ms.name, error_message(error))
-            return error_message(error)
+            message = f"{child} was refused: {error_message(error)}"
+            log.warning("%s/%s: %s", ms.namespace, ms.name, message)
+            return message
         return None
 
 

@@ -8,6 +8,7 @@ the API server and by the model's own validator, so an offline render refuses wh
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,15 +89,33 @@ MODEL_PATTERN = r"^(/\S+|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(:
 # The ModelServer name names the Service, so it must be a DNS-1035 label.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH = 63
-# Flags the pod's wiring owns: the engine listens on 127.0.0.1 behind the sidecar, which checks
-# keys itself and probes the engine under the ModelServer's name.
-OWNED_FLAGS = ("--host", "--port", "--api-key", "--served-model-name", "--alias")
-# CEL: is `a` one of those flags, alone or as `--flag=value`? (Prefix tests cost less than a regex.)
-_OWNED_FLAG_CEL = " || ".join(f"a == '{flag}' || a.startsWith('{flag}=')" for flag in OWNED_FLAGS)
 
 
-def _sets_owned_flag(arg: str) -> bool:
-    return any(arg == flag or arg.startswith(f"{flag}=") for flag in OWNED_FLAGS)
+def _sets_flag(arg: str, flags: tuple[str, ...]) -> bool:
+    return any(arg == flag or arg.startswith(f"{flag}=") for flag in flags)
+
+
+def _owned_flag_rules() -> tuple[Rule, ...]:
+    """engineArgs must not set a flag the pod's wiring owns (the engine listens on 127.0.0.1 behind
+    the sidecar, which checks keys itself and probes the engine under the ModelServer's name), in
+    any spelling the profile's engine takes: alone, as `--flag=value`, short, with underscores."""
+    rules = []
+    for profile, engine in ENGINES.items():
+        flags = engine.owned_flags
+        # Prefix tests cost the API server less than a regex.
+        sets_flag = " || ".join(f"a == '{flag}' || a.startsWith('{flag}=')" for flag in flags)
+        rules.append(
+            Rule(
+                f"self.profile != '{profile}' || !has(self.engineArgs) || !self.engineArgs.exists(a, {sets_flag})",
+                f"engineArgs must not set {', '.join(flags)} with profile {profile} ({engine.title}): "
+                "the operator wires them to the sidecar",
+                "engineArgs",
+                lambda s, profile=profile, flags=flags: (
+                    s.profile != profile or not any(_sets_flag(a, flags) for a in s.engine_args)
+                ),
+            )
+        )
+    return tuple(rules)
 
 
 def _tool_call_parser_rules() -> tuple[Rule, ...]:
@@ -433,12 +452,7 @@ class ModelServerSpec(WireModel):
             "model",
             lambda s: s.profile == Profile.CPU or s.model.startswith("/") or ":" not in s.model,
         ),
-        Rule(
-            f"!has(self.engineArgs) || !self.engineArgs.exists(a, {_OWNED_FLAG_CEL})",
-            "engineArgs must not set " + ", ".join(OWNED_FLAGS) + ": the operator wires them to the sidecar",
-            "engineArgs",
-            lambda s: not any(_sets_owned_flag(a) for a in s.engine_args),
-        ),
+        *_owned_flag_rules(),
     )
 
     @field_validator("env")
@@ -491,5 +505,26 @@ class ModelServer:
             name=name,
             namespace=metadata.get("namespace") or "default",
             uid=metadata.get("uid", ""),
-            spec=ModelServerSpec.model_validate(manifest.get("spec") or {}),
+            spec=parse_spec(manifest.get("spec") or {}),
         )
+
+
+def _json_numbers(value: Any) -> Any:
+    """A whole-number float as an int, as the API server's validation counts it (4096.0 is an integer)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _json_numbers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_numbers(item) for item in value]
+    return value
+
+
+def parse_spec(wire: Any) -> ModelServerSpec:
+    """The spec from its wire form, typed as strictly as the API server types it: "4096" is no
+    integer, true no number, "yes" no boolean (pydantic's lax mode would take all three)."""
+    try:
+        text = json.dumps(_json_numbers(wire))
+    except (TypeError, ValueError) as error:  # e.g. a YAML date or a NaN: not JSON at all
+        raise ValueError(f"spec is not JSON data: {error}") from None
+    return ModelServerSpec.model_validate_json(text, strict=True)

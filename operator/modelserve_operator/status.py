@@ -148,7 +148,11 @@ def compute_status(
     problem = Problem("ApplyFailed", apply_error) if apply_error else first_problem(ms, deployment, pods)
     waiting = _waiting(deployment, pods)
 
-    if desired == 0:
+    if apply_error:
+        # Ready means a client reaches the model through status.endpoint: not while a child the
+        # endpoint needs (the Service, the key Secret, the Deployment as specified) was refused.
+        ready_condition = _condition("Ready", False, "ApplyFailed", apply_error, generation)
+    elif desired == 0:
         ready_condition = _condition("Ready", False, "ScaledToZero", "replicas.min + replicas.buffer is 0", generation)
     elif ready >= desired:
         ready_condition = _condition("Ready", True, "Ready", f"{ready}/{desired} replicas ready", generation)

@@ -34,7 +34,7 @@ from .processes import (
     wait_until,
 )
 
-SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_CIDR = "10.0.0.0/16"  # 65,534 Services: room for thousands of ModelServers
 API_SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service: the first address of SERVICE_CIDR
 POD_CIDR = "10.244.0.1/16"  # kwok's default pod range overlaps the service range above
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")

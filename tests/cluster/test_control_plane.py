@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 
@@ -172,3 +173,12 @@ def test_kwok_heartbeats_every_node_through_a_lease(cluster: Cluster) -> None:
         return nodes <= {lease["metadata"]["name"] for lease in leases if lease["spec"].get("renewTime")}
 
     wait_until(leased, 30, f"a renewed Lease for each of the nodes {sorted(nodes)}")
+
+
+def test_the_service_range_holds_thousands_of_services(cluster: Cluster, namespace: str) -> None:
+    # One Service per ModelServer: a /24 capped the sandbox at ~250 of them.
+    cidrs = json.loads(cluster.kubectl("get", "servicecidr", "kubernetes", "-o", "json").stdout)["spec"]["cidrs"]
+    assert [ipaddress.ip_network(cidr).num_addresses for cidr in cidrs] == [65536]
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "far"}}
+    service["spec"] = {"clusterIP": "10.0.200.7", "ports": [{"port": 80}]}  # beyond any /24
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(service))

@@ -175,6 +175,25 @@ def test_insufficient_gpu_is_reported_then_clears(ops: OperatorView) -> None:
     assert any((e["type"], e["reason"]) == ("Normal", "AsExpected") for e in ops.events(name))
 
 
+def test_ready_pods_without_their_service_are_not_ready(ops: OperatorView) -> None:
+    # A quota that admits no Service: the API server refuses it as it refuses a full Service range.
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-services"}}
+    quota["spec"] = {"hard": {"services": "0"}}
+    ops.apply(quota)
+    ops.apply(_small(auth={"mode": "public"}))
+    ops.wait(lambda: (ops.get("deployment", "small") or {}).get("status", {}).get("readyReplicas") == 1, "the pod")
+    ready = ops.wait_reason("small", "Ready", "False", "ApplyFailed")
+    assert ready["message"].startswith("Service small was refused:") and "exceeded quota" in ready["message"]
+    assert ops.get("service", "small") is None
+    ms = ops.get("modelserver", "small") or {}
+    assert ms["status"]["phase"] == "Degraded" and ms["status"]["readyReplicas"] == 1
+    assert "ApplyFailed" in ops.kubectl("get", "ms", "small").stdout
+
+    ops.kubectl("delete", "resourcequota", "no-services")
+    ops.wait_ready("small")  # the next resync creates the Service
+    assert ops.get("service", "small") is not None
+
+
 def test_examples_settle_four_ready_and_one_short_of_gpus(ops: OperatorView) -> None:
     ops.kubectl("apply", "-f", str(EXAMPLES_DIR))
     by_name = {m["metadata"]["name"]: m for m in examples().values()}

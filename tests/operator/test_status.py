@@ -151,6 +151,15 @@ def test_refused_apply_is_degraded_with_the_api_servers_message() -> None:
     assert status["phase"] == "Degraded" and _conditions(status)["Degraded"] == ("True", "ApplyFailed")
 
 
+def test_ready_pods_behind_a_refused_service_are_not_ready() -> None:
+    # The pods answer, but no Service gives status.endpoint an address: a client cannot reach them.
+    refused = "Service m was refused: failed to allocate a serviceIP: range is full"
+    status = _status(_ms(), _deployment(replicas=1, ready=1), [_pod()], apply_error=refused)
+    assert _conditions(status)["Ready"] == ("False", "ApplyFailed")
+    assert next(c for c in status["conditions"] if c["type"] == "Ready")["message"] == refused
+    assert status["phase"] == "Degraded" and status["readyReplicas"] == 1
+
+
 def test_zero_replicas_is_idle() -> None:
     status = _status(_ms(replicas={"min": 0, "buffer": 0, "max": 2}), _deployment(replicas=0), [])
     assert status["phase"] == "Idle" and _conditions(status)["Ready"] == ("False", "ScaledToZero")

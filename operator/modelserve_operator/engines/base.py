@@ -39,6 +39,9 @@ class Engine:
     probe_timeout_seconds: float = 5.0
     # The names this version's --tool-call-parser accepts; empty: the engine takes no parser name.
     tool_call_parsers: tuple[str, ...] = ()
+    # Every spelling of the flags the operator sets for the pod's wiring (address, port, key, served
+    # name): engineArgs may not set them, or the engine would answer where the sidecar does not look.
+    owned_flags: tuple[str, ...] = ("--host", "--port", "--api-key", "--served-model-name")
 
     def args(self, ms: ModelServer) -> list[str]:
         """The engine's arguments for a ModelServer (before the spec's own engineArgs)."""

@@ -39,4 +39,6 @@ ENGINE = LlamaCpp(
     metric_prefix="llamacpp:",
     shm_size="1Gi",
     # No --tool-call-parser: llama.cpp parses tool calls from the model's chat template (--jinja).
+    # llama-server names the served model with -a/--alias and takes its key from a file too.
+    owned_flags=("--host", "--port", "--api-key", "--api-key-file", "--alias", "-a"),
 )

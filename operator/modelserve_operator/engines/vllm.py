@@ -60,4 +60,6 @@ ENGINE = VLLM(
     shm_size="16Gi",
     metric_prefix="vllm:",
     tool_call_parsers=TOOL_CALL_PARSERS,
+    # vLLM's FlexibleArgumentParser also takes underscores in long flags.
+    owned_flags=("--host", "--port", "--api-key", "--api_key", "--served-model-name", "--served_model_name"),
 )
