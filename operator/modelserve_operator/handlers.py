@@ -18,11 +18,16 @@ from .settings import Settings
 from .spec import GROUP, PLURAL, VERSION
 
 CHILD = {SELECTOR_LABEL: kopf.PRESENT}
+# kopf retries a failed API request (watches included) after 1, 1, 2, 3, 5, 8, 13 and 21 s: after an
+# API server outage the operator could sleep up to 21 s more before it saw anything. Retry every
+# 2 s at most instead, for as long as kopf's default (~54 s) and more: ~90 s before a request fails.
+API_RETRY_BACKOFFS = (0.5, 1.0, *([2.0] * 44))
 
 
 @kopf.on.startup()
 def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.enabled = False  # the reconciler posts its own Events, one per transition
+    settings.networking.error_backoffs = API_RETRY_BACKOFFS
     operator_settings = Settings.from_env()
     memo.reconciler = Reconciler(Kube(api_client()), operator_settings)
     memo.resync = Resync(memo.reconciler, operator_settings.resync_seconds, tuple(memo.get("namespaces", ())))
