@@ -33,7 +33,10 @@ cmake --build "$work/build" --target llama-server -j "$(nproc)" >"$work/build.lo
   || { tail -40 "$work/build.log" >&2; exit 1; }
 mkdir -p "$OUT.tmp"
 install -m 0755 "$work/build/bin/llama-server" "$OUT.tmp/llama-server"
-"$OUT.tmp/llama-server" --version 2>&1 | grep -q "version: $LLAMA_BUILD" \
-  || { echo "built llama-server does not report build $LLAMA_BUILD" >&2; exit 1; }
+# Read the whole answer first: `| grep -q` would close the pipe early, and pipefail would count the
+# server's SIGPIPE as a failed build.
+version=$("$OUT.tmp/llama-server" --version 2>&1)
+[[ $version == *"version: $LLAMA_BUILD "* ]] \
+  || { echo "built llama-server does not report build $LLAMA_BUILD: $version" >&2; exit 1; }
 rm -rf "$OUT" && mv "$OUT.tmp" "$OUT" && rm -rf "$work"
 echo "llama-server b$LLAMA_BUILD built in $(( $(date +%s) - start ))s into $OUT"

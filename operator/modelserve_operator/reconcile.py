@@ -19,7 +19,7 @@ from .api_keys import new_api_key
 from .apply import Kube, error_message, is_gone
 from .settings import Settings
 from .spec import API_VERSION, KIND, ModelServer
-from .status import compute_status, invalid_spec_status, transitions
+from .status import compute_status, invalid_spec_status, key_secret_status, transitions
 from .validation import explain
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class Reconciler:
         except ValueError as error:  # pydantic's ValidationError is a ValueError
             self._report(body, previous, invalid_spec_status(generation, previous, now, explain(error)), now)
             return
-        apply_error = self._apply_children(ms)
+        apply_error, key_generated = self._apply_children(ms)
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         pods = self.kube.list("v1", "Pod", namespace, f"{manifests.SELECTOR_LABEL}={name}")
         status = compute_status(
@@ -72,6 +72,7 @@ class Reconciler:
             now,
             manifests.endpoint(ms, self.settings.cluster_domain),
             apply_error,
+            key_secret_status(manifests.generated_secret_name(ms), key_generated, previous, now),
         )
         self._report(body, previous, status, now)
 
@@ -80,14 +81,17 @@ class Reconciler:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         if status == previous:
             return
-        self.kube.patch_status(API_VERSION, KIND, namespace, name, status)
+        # A merge patch keeps what it does not name: null out what the status no longer has.
+        removed = {key: None for key in previous if key not in status}
+        self.kube.patch_status(API_VERSION, KIND, namespace, name, {**removed, **status})
         for transition in transitions(previous, status):
             log.info("%s/%s: %s %s", namespace, name, transition.reason, transition.message)
             self.kube.create(manifests.event(body, transition, now, socket.gethostname()))
 
-    def _apply_children(self, ms: ModelServer) -> str | None:
-        """Apply every child; the API server's refusal, if any, becomes the Degraded message."""
-        child = ""
+    def _apply_children(self, ms: ModelServer) -> tuple[str | None, bool]:
+        """Apply every child: (the API server's refusal, if any, for the Degraded message; whether
+        a key Secret was created, i.e. a new key generated)."""
+        child, key_generated = "", False
         try:
             for manifest in manifests.server_side_applied(ms, self.settings):
                 child = f"{manifest['kind']} {manifest['metadata']['name']}"
@@ -99,15 +103,16 @@ class Reconciler:
             # Create-if-absent (409 = already there) so the operator never needs to read a Secret.
             if secret:
                 child = f"Secret {secret['metadata']['name']}"
-                if self.kube.create(secret):
+                key_generated = self.kube.create(secret)
+                if key_generated:
                     log.info("%s/%s: %s created", ms.namespace, ms.name, child)
         except ApiException as error:
             if is_gone(error):
                 raise
             message = f"{child} was refused: {error_message(error)}"
             log.warning("%s/%s: %s", ms.namespace, ms.name, message)
-            return message
-        return None
+            return message, key_generated
+        return None, key_generated
 
 
 class Resync:

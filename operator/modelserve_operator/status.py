@@ -25,6 +25,16 @@ class Condition(BaseModel):
     observed_generation: int | None = Field(None, description="ModelServer generation the condition reflects.")
 
 
+class KeySecretStatus(BaseModel):
+    """The API key the operator generated, so a regenerated key shows where users look."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    name: str = Field(description="The Secret holding the generated key (data key api-key).")
+    generated_at: str | None = Field(None, description="When the operator last generated the key (RFC 3339).")
+    message: str = Field("", description="What happened to the key last.")
+
+
 class ModelServerStatus(BaseModel):
     """What the operator observed, written to the status subresource."""
 
@@ -41,6 +51,9 @@ class ModelServerStatus(BaseModel):
         default_factory=list,
         description="Ready, Progressing and Degraded.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    key_secret: KeySecretStatus | None = Field(
+        None, description="The generated API key's Secret (auth.mode private without auth.secretName)."
     )
 
 
@@ -135,6 +148,7 @@ def compute_status(
     now: str,
     endpoint: str,
     apply_error: str | None = None,
+    key_secret: KeySecretStatus | None = None,
 ) -> dict[str, Any]:
     """The status to write, in wire form. `previous` keeps lastTransitionTime of unchanged conditions."""
     desired = desired_replicas(ms.spec.replicas)
@@ -188,6 +202,7 @@ def compute_status(
         ready_replicas=ready,
         endpoint=endpoint,
         conditions=_timed([ready_condition, progressing, degraded], previous, now),
+        key_secret=key_secret,
     )
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -222,6 +237,23 @@ def _timed(conditions: list[Condition], previous: dict[str, Any] | None, now: st
     return timed
 
 
+def key_secret_status(
+    name: str | None, generated_now: bool, previous: dict[str, Any] | None, now: str
+) -> KeySecretStatus | None:
+    """The generated key's Secret as status shows it: kept from `previous` unless the key was just
+    generated, which after the first time means the Secret had been deleted."""
+    if name is None:
+        return None
+    before = (previous or {}).get("keySecret") or {}
+    if not generated_now:
+        return KeySecretStatus.model_validate({**before, "name": name}) if before.get("name") == name else None
+    if before.get("name") == name:
+        message = f"Secret {name} was missing; a new API key was generated in it at {now}: the old key is refused"
+    else:
+        message = f"API key generated in Secret {name}"
+    return KeySecretStatus(name=name, generated_at=now, message=message)
+
+
 def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[Transition]:
     """Conditions whose status or reason changed, as Events (Warning when something went wrong)."""
     before = {c["type"]: c for c in (previous or {}).get("conditions") or []}
@@ -235,4 +267,8 @@ def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> lis
         if condition["message"]:
             message += f": {condition['message']}"
         out.append(Transition("Warning" if warning else "Normal", condition["reason"], message))
+    key, key_before = current.get("keySecret") or {}, (previous or {}).get("keySecret") or {}
+    if key_before.get("name") == key.get("name") and key.get("generatedAt") != key_before.get("generatedAt"):
+        # Clients holding the old key now get 401: say so where users look, not only in the log.
+        out.append(Transition("Warning", "APIKeyRegenerated", key["message"]))
     return out

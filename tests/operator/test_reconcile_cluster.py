@@ -194,6 +194,25 @@ def test_ready_pods_without_their_service_are_not_ready(ops: OperatorView) -> No
     assert ops.get("service", "small") is not None
 
 
+def test_a_deleted_key_secret_comes_back_with_a_new_key_and_a_warning(ops: OperatorView) -> None:
+    ops.apply(_small())
+    ms = ops.wait_ready("small")
+    assert ms["status"]["keySecret"]["name"] == "small-api-keys"
+    first_key = (ops.get("secret", "small-api-keys") or {})["data"]["api-key"]
+    ops.kubectl("delete", "secret", "small-api-keys")
+    ops.wait(lambda: ops.get("secret", "small-api-keys"), "the operator to re-create the key Secret")
+    assert (ops.get("secret", "small-api-keys") or {})["data"]["api-key"] != first_key
+
+    def warned() -> list[dict[str, Any]]:
+        return [e for e in ops.events("small") if (e["type"], e["reason"]) == ("Warning", "APIKeyRegenerated")]
+
+    ops.wait(warned, "a Warning Event about the new key")
+    assert "Secret small-api-keys was missing" in warned()[0]["message"]
+    key_secret = (ops.get("modelserver", "small") or {})["status"]["keySecret"]
+    assert "a new API key was generated" in key_secret["message"]
+    assert "small-api-keys" in ops.kubectl("describe", "ms", "small").stdout
+
+
 def test_examples_settle_four_ready_and_one_short_of_gpus(ops: OperatorView) -> None:
     ops.kubectl("apply", "-f", str(EXAMPLES_DIR))
     by_name = {m["metadata"]["name"]: m for m in examples().values()}

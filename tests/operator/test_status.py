@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from modelserve_operator.spec import ModelServer
-from modelserve_operator.status import compute_status, invalid_spec_status, transitions
+from modelserve_operator.status import compute_status, invalid_spec_status, key_secret_status, transitions
 from modelserve_operator.validation import explain
 
 ENDPOINT = "http://m.ns.svc.cluster.local/v1"
@@ -208,3 +208,28 @@ def test_a_stored_spec_the_model_refuses_is_reported_in_conditions_without_its_v
     assert status["endpoint"] == ENDPOINT and status["readyReplicas"] == 1
     assert secret_value not in str(status)
     assert [t.reason for t in transitions(previous, status)] == ["InvalidSpec"] * 3
+
+
+def test_a_regenerated_key_is_shown_and_warned_about() -> None:
+    first = key_secret_status("m-api-keys", True, {}, T0)
+    assert first and (first.name, first.generated_at) == ("m-api-keys", T0)
+    before = _status(_ms(), _deployment(ready=1), [], key_secret=first)
+    assert before["keySecret"]["message"] == "API key generated in Secret m-api-keys"
+    assert not [
+        t for t in transitions({}, before) if t.reason == "APIKeyRegenerated"
+    ]  # the first key is news to nobody
+
+    kept = key_secret_status("m-api-keys", False, before, T1)
+    assert (
+        _status(_ms(), _deployment(ready=1), [], previous=before, key_secret=kept)["keySecret"] == before["keySecret"]
+    )
+
+    again = key_secret_status("m-api-keys", True, before, T1)  # created again: it had been deleted
+    after = _status(_ms(), _deployment(ready=1), [], previous=before, key_secret=again)
+    assert after["keySecret"]["generatedAt"] == T1 and "was missing" in after["keySecret"]["message"]
+    (warning,) = [t for t in transitions(before, after) if t.reason == "APIKeyRegenerated"]
+    assert warning.type == "Warning" and "m-api-keys" in warning.message and "old key is refused" in warning.message
+
+
+def test_no_key_secret_without_a_generated_key() -> None:
+    assert key_secret_status(None, False, {"keySecret": {"name": "m-api-keys"}}, T0) is None
