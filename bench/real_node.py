@@ -152,12 +152,14 @@ def pids_of(executable: str) -> list[int]:
 
 
 def pod_memory_mib(cluster: Cluster, namespace: str) -> float:
-    """memory.current of the serving pod's cgroup (both containers and the pause)."""
+    """Memory of the serving pod's cgroup (both containers and the pause), page cache included."""
     (pod,) = kubectl_json(cluster, "pods", "-n", namespace, "-l", f"serving.modelserve.dev/modelserver={NAME}")["items"]
     uid = pod["metadata"]["uid"]
     for root in kubepods_cgroups():
-        for path in root.glob(f"**/pod{uid}/memory.current"):
-            return int(path.read_text()) / 2**20
+        # cgroup v2 names it memory.current, v1 (these VMs) memory.usage_in_bytes.
+        for name in ("memory.current", "memory.usage_in_bytes"):
+            for path in root.glob(f"**/pod{uid}/{name}"):
+                return int(path.read_text()) / 2**20
     return float("nan")
 
 
@@ -197,7 +199,7 @@ def main() -> int:
                         time.sleep(5)  # the sidecar's warm-up request is done
                         for process in ("kubelet", "containerd", "kube-proxy"):
                             memory[process] = sum(rss_mib(pid) for pid in pids_of(process))
-                        memory["serving pod (cgroup memory.current)"] = pod_memory_mib(cluster, namespace)
+                        memory["serving pod (its memory cgroup)"] = pod_memory_mib(cluster, namespace)
                     cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s")
             finally:
                 stop_process(operator)

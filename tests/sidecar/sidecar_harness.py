@@ -31,6 +31,16 @@ VLLM_FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu"  # how they were
 SIDECAR_BIN = str(Path(sys.executable).parent / "modelserve-sidecar")
 API_KEY = "sk-test-3f9a1c"  # what the tests' Secret holds
 ENGINE_MODEL = "gemma-3-270m"  # the served name of the real engine
+# A user turn with an image part (a text-only ModelServer refuses it before the engine).
+IMAGE_MESSAGES = [
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRg=="}},
+        ],
+    }
+]
 
 
 # --- a Kubernetes Secret volume, as the kubelet writes it ----------------------------------------

@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sidecar_harness import (
     API_KEY,
+    IMAGE_MESSAGES,
     SIDECAR_BIN,
     ReplayEngine,
     SecretDir,
@@ -218,15 +219,7 @@ def test_image_part_to_a_text_model_never_reaches_the_engine(replay: ReplayEngin
         replay_sidecar,
         {
             "model": "tiny",
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "text", "text": "what is this"},
-                        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRg=="}},
-                    ],
-                }
-            ],
+            "messages": IMAGE_MESSAGES,
         },
     )
     assert answer.status_code == 400

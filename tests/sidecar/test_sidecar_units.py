@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from sidecar_harness import API_KEY, SecretDir, read_recording
+from sidecar_harness import API_KEY, IMAGE_MESSAGES, SecretDir, read_recording
 
 from modelserve_sidecar import errors
 from modelserve_sidecar.auth import extract_key, refusal_reason
@@ -190,15 +190,7 @@ def test_image_part_to_a_text_model_is_refused_in_vllms_words() -> None:
     body = json.dumps(
         {
             "model": "tiny",
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "text", "text": "what is this"},
-                        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRg=="}},
-                    ],
-                }
-            ],
+            "messages": IMAGE_MESSAGES,
         }
     ).encode()
     refused = check_body(CHAT, body, "tiny", False, {})
