@@ -98,6 +98,7 @@ class Cluster:
         cpu_nodes: int = 1,
         bin_dir: Path | None = None,
         real_node: bool | None = None,
+        pods_per_node: int = 110,
     ) -> None:
         """`real_node`: True needs it (start fails saying why the host cannot run it), None runs
         it where the host can and says why not otherwise (`real_node_problem`), False: KWOK only."""
@@ -115,7 +116,11 @@ class Cluster:
         if real_node and self.real_node_problem:
             raise RuntimeError(f"this host cannot run the sandbox's real node: {self.real_node_problem}")
         self.nodes = NodeShape(
-            gpu_nodes=gpu_nodes, gpus_per_node=gpus_per_node, cpu_nodes=cpu_nodes, taint_fake_cpu=self.has_real_node
+            gpu_nodes=gpu_nodes,
+            gpus_per_node=gpus_per_node,
+            cpu_nodes=cpu_nodes,
+            taint_fake_cpu=self.has_real_node,
+            pods_per_node=pods_per_node,
         )
         self.hub_endpoint = f"http://{realnode.GATEWAY}:{self.ports.hub}" if self.has_real_node else None
         extra = {"KUBECONFIG": str(self.kubeconfig)}

@@ -20,6 +20,7 @@ class NodeShape:
     gpus_per_node: int = 8
     cpu_nodes: int = 1
     taint_fake_cpu: bool = False  # True beside a real node
+    pods_per_node: int = 110  # the kubelet's default; benchmarks with thousands of pods raise it
 
 
 def _node(name: str, labels: dict[str, str], capacity: dict[str, str], taints: list[dict[str, str]]) -> dict:
@@ -48,7 +49,12 @@ def node_manifests(shape: NodeShape) -> list[dict]:
         _node(
             f"gpu-{i}",
             {"nvidia.com/gpu.present": "true"},
-            {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(shape.gpus_per_node)},
+            {
+                "cpu": "32",
+                "memory": "256Gi",
+                "pods": str(shape.pods_per_node),
+                "nvidia.com/gpu": str(shape.gpus_per_node),
+            },
             [dict(GPU_TAINT)],
         )
         for i in range(shape.gpu_nodes)
@@ -57,7 +63,7 @@ def node_manifests(shape: NodeShape) -> list[dict]:
         _node(
             f"cpu-{i}",
             {},
-            {"cpu": "16", "memory": "64Gi", "pods": "110"},
+            {"cpu": "16", "memory": "64Gi", "pods": str(shape.pods_per_node)},
             [dict(FAKE_TAINT)] if shape.taint_fake_cpu else [],
         )
         for i in range(shape.cpu_nodes)

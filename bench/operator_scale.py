@@ -1,0 +1,201 @@
+"""The operator at scale in the sandbox: N ModelServers on one KWOK node sized to hold them.
+
+For each N (default 100 and 1000) it starts a control plane of its own and the operator, applies N
+ModelServers at once and prints:
+  - time from the apply to all N Deployments, and to all N ModelServers Ready;
+  - status lag: per ModelServer, its Ready condition's transition time minus its last pod's
+    (p50 and p99; the API server keeps whole seconds);
+  - the operator's CPU seconds from the apply to all Ready, and its peak RSS (VmHWM);
+  - API requests per minute at idle, from the API server's own counters (watches left out):
+    with the operator running, then over the same window with it stopped; the difference is the
+    operator's;
+  - apply -> Deployment for one more ModelServer with the N present.
+
+`--operator-src DIR` runs the operator from another checkout (e.g. a `git worktree` of the
+previous commit) with this script and this sandbox, for a before/after in the same session:
+
+    .venv/bin/python bench/operator_scale.py [--sizes 100 1000] [--idle-seconds 60] [--operator-src DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from modelserve_operator.apply import Kube
+from modelserve_operator.spec import API_VERSION, KIND
+from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.operator_process import running_operator
+from modelserve_sandbox.processes import wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+NAMESPACE = "default"
+SELECTOR = "serving.modelserve.dev/modelserver"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def model_server(name: str) -> dict[str, Any]:
+    spec = {"model": "LiquidAI/LFM2-350M", "maxModelLen": 2048, "auth": {"mode": "public"}}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def requests_total(cluster: Cluster) -> float:
+    """Every request the API server has answered, watches left out (they are one long request)."""
+    total = 0.0
+    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        if line.startswith("apiserver_request_total{") and 'verb="WATCH"' not in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def requests_per_minute(cluster: Cluster, seconds: float) -> float:
+    before = requests_total(cluster)
+    time.sleep(seconds)
+    return (requests_total(cluster) - before) * 60 / seconds
+
+
+def _time(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _ready_since(conditions: list[dict[str, Any]]) -> float | None:
+    for condition in conditions:
+        if condition["type"] == "Ready" and condition["status"] == "True":
+            return _time(condition["lastTransitionTime"])
+    return None
+
+
+def status_lags(kube: Kube) -> list[float]:
+    """Per ModelServer: Ready's transition time minus the time its last pod turned Ready."""
+    pods_ready: dict[str, float] = {}
+    for pod in kube.list("v1", "Pod", NAMESPACE, SELECTOR):
+        since = _ready_since(pod.get("status", {}).get("conditions", []))
+        name = pod["metadata"]["labels"][SELECTOR]
+        if since is not None:
+            pods_ready[name] = max(pods_ready.get(name, since), since)
+    lags = []
+    for ms in kube.list(API_VERSION, KIND, NAMESPACE):
+        since = _ready_since(ms.get("status", {}).get("conditions", []))
+        name = ms["metadata"]["name"]
+        if since is not None and name in pods_ready:
+            lags.append(since - pods_ready[name])
+    return lags
+
+
+def count_ready(kube: Kube) -> int:
+    return sum(
+        _ready_since(ms.get("status", {}).get("conditions", [])) is not None
+        for ms in kube.list(API_VERSION, KIND, NAMESPACE)
+    )
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+def measure(size: int, idle_seconds: float, operator_src: Path | None, timeout: float) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="operator-scale-") as tmp:
+        workdir = Path(tmp)
+        with Cluster(
+            workdir, gpu_nodes=1, gpus_per_node=size + 10, cpu_nodes=0, real_node=False, pods_per_node=size + 50
+        ) as cluster:
+            cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "modelserver.yaml"))
+            cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+            kube = Kube(cluster.api_client())
+            env = dict(cluster.env)
+            if operator_src:
+                roots = [str(operator_src / root) for root in ("operator", "sidecar", "sandbox")]
+                env["PYTHONPATH"] = os.pathsep.join(roots)
+            manifests = workdir / "modelservers.json"
+            items = [model_server(f"ms-{i:05d}") for i in range(size)]
+            manifests.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+            with running_operator(env, workdir / "operator-logs") as (operator, _):
+                cpu_before = cpu_seconds(operator.pid)
+                started = time.monotonic()
+                cluster.kubectl("apply", "--server-side", "-f", str(manifests), timeout=timeout)
+                wait_until(
+                    lambda: len(kube.list("apps/v1", "Deployment", NAMESPACE, SELECTOR)) >= size,
+                    timeout,
+                    f"{size} Deployments",
+                    interval=1.0,
+                )
+                to_deployments = time.monotonic() - started
+                wait_until(lambda: count_ready(kube) >= size, timeout, f"{size} ModelServers Ready", interval=1.0)
+                to_ready = time.monotonic() - started
+                cpu = cpu_seconds(operator.pid) - cpu_before
+                lags = status_lags(kube)
+                one = time.monotonic()
+                cluster.kubectl("apply", "-f", "-", input=json.dumps(model_server("one-more")))
+                wait_until(
+                    lambda: kube.get("apps/v1", "Deployment", NAMESPACE, "one-more") is not None,
+                    60,
+                    "one more Deployment",
+                    interval=0.02,
+                )
+                one_more = time.monotonic() - one
+                time.sleep(10)  # let the last status writes and their echoes pass
+                idle_with = requests_per_minute(cluster, idle_seconds)
+                rss = peak_rss_mib(operator.pid)
+            idle_without = requests_per_minute(cluster, idle_seconds)
+    return {
+        "to_deployments": to_deployments,
+        "to_ready": to_ready,
+        "lag_p50": percentile(lags, 0.5),
+        "lag_p99": percentile(lags, 0.99),
+        "cpu": cpu,
+        "rss": rss,
+        "idle_operator": idle_with - idle_without,
+        "idle_baseline": idle_without,
+        "one_more": one_more,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--idle-seconds", type=float, default=60.0)
+    parser.add_argument("--operator-src", type=Path, help="a checkout whose operator to run instead of this one")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds each phase may take")
+    args = parser.parse_args()
+    rows = {size: measure(size, args.idle_seconds, args.operator_src, args.timeout) for size in args.sizes}
+    columns = [
+        ("apply -> all Deployments (s)", "to_deployments", "{:.1f}"),
+        ("apply -> all Ready (s)", "to_ready", "{:.1f}"),
+        ("status lag p50 (s)", "lag_p50", "{:.0f}"),
+        ("status lag p99 (s)", "lag_p99", "{:.0f}"),
+        ("operator CPU, apply -> Ready (s)", "cpu", "{:.1f}"),
+        ("operator peak RSS (MiB)", "rss", "{:.0f}"),
+        ("idle: operator's API requests/min", "idle_operator", "{:.0f}"),
+        ("idle: the rest of the sandbox's/min", "idle_baseline", "{:.0f}"),
+        ("one more: apply -> Deployment (s)", "one_more", "{:.2f}"),
+    ]
+    source = f"operator from {args.operator_src}" if args.operator_src else "operator from this checkout"
+    print(f"{source}; idle window {args.idle_seconds:g} s")
+    print(f"{'ModelServers':<38}" + "".join(f"{size:>10}" for size in args.sizes))
+    for label, key, fmt in columns:
+        print(f"{label:<38}" + "".join(f"{fmt.format(rows[size][key]):>10}" for size in args.sizes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
