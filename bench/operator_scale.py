@@ -1,4 +1,4 @@
-"""The operator at scale in the sandbox: N ModelServers on one KWOK node sized to hold them.
+"""The operator at scale in the sandbox: N ModelServers on KWOK GPU nodes sized to hold them.
 
 For each N (default 100 and 1000) it starts a control plane of its own and the operator, applies N
 ModelServers at once and prints:
@@ -11,7 +11,9 @@ ModelServers at once and prints:
     operator's;
   - apply -> Deployment for one more ModelServer with the N present.
 
-`--operator-src DIR` runs the operator from another checkout (e.g. a `git worktree` of the
+`--tracemalloc` runs the operator under tracemalloc and prints the top
+allocation sites at each N once all are Ready (tracing slows it: time and CPU figures of such a run are not
+comparable). `--operator-src DIR` runs the operator from another checkout (e.g. a `git worktree` of the
 previous commit) with this script and this sandbox, for a before/after in the same session:
 
     .venv/bin/python bench/operator_scale.py [--sizes 100 1000] [--idle-seconds 60] [--operator-src DIR]
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -39,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "default"
 SELECTOR = "serving.modelserve.dev/modelserver"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PODS_PER_NODE = 300
 
 
 def model_server(name: str) -> dict[str, Any]:
@@ -113,11 +117,15 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))] if ordered else float("nan")
 
 
-def measure(size: int, idle_seconds: float, operator_src: Path | None, timeout: float) -> dict[str, float]:
+def measure(
+    size: int, idle_seconds: float, operator_src: Path | None, timeout: float, traced: bool
+) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="operator-scale-") as tmp:
         workdir = Path(tmp)
+        # A KWOK node's 32 CPUs hold 320 sidecars (100m each): as many nodes as that takes.
+        nodes = size // PODS_PER_NODE + 1
         with Cluster(
-            workdir, gpu_nodes=1, gpus_per_node=size + 10, cpu_nodes=0, real_node=False, pods_per_node=size + 50
+            workdir, nodes, PODS_PER_NODE, cpu_nodes=0, real_node=False, pods_per_node=PODS_PER_NODE
         ) as cluster:
             cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "modelserver.yaml"))
             cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
@@ -129,7 +137,11 @@ def measure(size: int, idle_seconds: float, operator_src: Path | None, timeout: 
             manifests = workdir / "modelservers.json"
             items = [model_server(f"ms-{i:05d}") for i in range(size)]
             manifests.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
-            with running_operator(env, workdir / "operator-logs") as (operator, _):
+            program = None
+            if traced:
+                env["MODELSERVE_TRACEMALLOC_OUT"] = str(workdir / "tracemalloc.txt")
+                program = [sys.executable, str(REPO / "bench" / "traced_operator.py")]
+            with running_operator(env, workdir / "operator-logs", program=program) as (operator, _):
                 cpu_before = cpu_seconds(operator.pid)
                 started = time.monotonic()
                 cluster.kubectl("apply", "--server-side", "-f", str(manifests), timeout=timeout)
@@ -143,6 +155,11 @@ def measure(size: int, idle_seconds: float, operator_src: Path | None, timeout: 
                 wait_until(lambda: count_ready(kube) >= size, timeout, f"{size} ModelServers Ready", interval=1.0)
                 to_ready = time.monotonic() - started
                 cpu = cpu_seconds(operator.pid) - cpu_before
+                if traced:
+                    operator.send_signal(signal.SIGUSR1)
+                    out = workdir / "tracemalloc.txt"
+                    wait_until(out.exists, 120, "the tracemalloc dump", interval=0.5)
+                    print(f"operator memory at {size} ModelServers, all Ready:\n{out.read_text()}", flush=True)
                 lags = status_lags(kube)
                 one = time.monotonic()
                 cluster.kubectl("apply", "-f", "-", input=json.dumps(model_server("one-more")))
@@ -176,8 +193,11 @@ def main() -> int:
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--operator-src", type=Path, help="a checkout whose operator to run instead of this one")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds each phase may take")
+    parser.add_argument("--tracemalloc", action="store_true", help="print where the operator's memory goes")
     args = parser.parse_args()
-    rows = {size: measure(size, args.idle_seconds, args.operator_src, args.timeout) for size in args.sizes}
+    rows = {
+        size: measure(size, args.idle_seconds, args.operator_src, args.timeout, args.tracemalloc) for size in args.sizes
+    }
     columns = [
         ("apply -> all Deployments (s)", "to_deployments", "{:.1f}"),
         ("apply -> all Ready (s)", "to_ready", "{:.1f}"),

@@ -22,13 +22,14 @@ def _healthy(url: str) -> bool:
 
 @contextmanager
 def running_operator(
-    env: dict[str, str], log_dir: Path, resync_seconds: float | None = None
+    env: dict[str, str], log_dir: Path, resync_seconds: float | None = None, program: list[str] | None = None
 ) -> Iterator[tuple[subprocess.Popen, Path]]:
-    """The operator with `env` (a cluster's), logging into `log_dir`; yields (process, log); stopped after."""
+    """The operator with `env` (a cluster's), logging into `log_dir`; yields (process, log); stopped after.
+    `program`: what to run instead of the `modelserve-operator` script (e.g. under a profiler)."""
     liveness = f"http://127.0.0.1:{free_ports(1)[0]}/healthz"
     if resync_seconds is not None:
         env = {**env, "MODELSERVE_RESYNC_SECONDS": f"{resync_seconds:g}"}
-    argv = [str(Path(sys.executable).with_name("modelserve-operator")), "--liveness", liveness]
+    argv = [*(program or [str(Path(sys.executable).with_name("modelserve-operator"))]), "--liveness", liveness]
     process = start_process("modelserve-operator", argv, log_dir, env=env)
     log = log_dir / "modelserve-operator.log"
     try:

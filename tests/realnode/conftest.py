@@ -7,29 +7,67 @@ as a pod), pointed at the sandbox's model hub like `make dev`'s.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from node_view import NodeView
 
 from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.hoststate import IPTABLES, iptables_additions, iptables_save, read_sysctls
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import free_ports, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+def host_snapshot(workdir: Path) -> dict[str, Any]:
+    """What the real node may change on the host and must put back when it stops."""
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    processes = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and str(workdir).encode() in (proc / "cmdline").read_bytes():
+                processes.append(proc.name)
+    return {
+        "sysctls": read_sysctls(),
+        "iptables rules": {command: iptables_save(command) or "" for command in IPTABLES},
+        "network links": sorted(os.listdir("/sys/class/net")),
+        "network namespaces": sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else [],
+        "mounts": sorted(mounts),
+        "processes under the sandbox": processes,
+    }
+
+
+def _host_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    rules = "iptables rules"
+    changes = [
+        f"{what}: {before[what]} -> {after[what]}" for what in before if what != rules and before[what] != after[what]
+    ]
+    for command, saved in before[rules].items():
+        now = after[rules][command]
+        changes += [f"{command}: added {diff}" for diff in iptables_additions(saved, now)]
+        changes += [f"{command}: removed {diff}" for diff in iptables_additions(now, saved)]
+    return changes
+
+
 @pytest.fixture(scope="session")
 def node_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     workdir = tmp_path_factory.mktemp("node-cluster")
+    before = host_snapshot(workdir)
     with Cluster(workdir, gpu_nodes=1, real_node=True) as running:
         running.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
         running.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         yield running
+    # Stopping the node puts the host back as it was: the check runs on the real stop path.
+    changes = _host_changes(before, host_snapshot(workdir))
+    assert not changes, "the real node left the host changed:\n" + "\n".join(changes)
     if request.session.testsfailed:
         shutil.rmtree(workdir / "etcd", ignore_errors=True)
         print(f"\nreal-node cluster logs kept in {workdir / 'logs'}")
