@@ -8,7 +8,8 @@ PACKAGES=(containerd runc containernetworking-plugins iptables conntrack iproute
   debootstrap cmake g++ make)
 missing=()
 for package in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+  # The status read whole (`| grep -q` under pipefail can fail on the writer's SIGPIPE).
+  [[ $(dpkg-query -W -f='${Status}' "$package" 2>/dev/null) == "install ok installed" ]] || missing+=("$package")
 done
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 if [[ $(id -u) -ne 0 ]]; then
