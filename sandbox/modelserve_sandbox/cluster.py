@@ -14,6 +14,7 @@ import os
 import secrets
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, fields
@@ -177,6 +178,12 @@ class Cluster:
         for name in reversed(list(self._processes)):
             stop_process(self._processes[name])
         self._processes.clear()
+
+    def restart_apiserver(self, down_seconds: float) -> None:
+        """Stop kube-apiserver, leave it down this long, start it again (an outage, for tests)."""
+        stop_process(self._processes.pop("kube-apiserver"))
+        time.sleep(down_seconds)
+        self._start_apiserver()
 
     def __enter__(self) -> Cluster:
         return self.start()
