@@ -158,7 +158,7 @@ def measure(
                 if traced:
                     operator.send_signal(signal.SIGUSR1)
                     out = workdir / "tracemalloc.txt"
-                    wait_until(out.exists, 120, "the tracemalloc dump", interval=0.5)
+                    wait_until(out.exists, 900, "the tracemalloc dump", interval=1.0)  # slow on a large heap
                     print(f"operator memory at {size} ModelServers, all Ready:\n{out.read_text()}", flush=True)
                 lags = status_lags(kube)
                 one = time.monotonic()
