@@ -165,7 +165,7 @@ def measure(
                 cluster.kubectl("apply", "-f", "-", input=json.dumps(model_server("one-more")))
                 wait_until(
                     lambda: kube.get("apps/v1", "Deployment", NAMESPACE, "one-more") is not None,
-                    60,
+                    timeout,
                     "one more Deployment",
                     interval=0.02,
                 )
