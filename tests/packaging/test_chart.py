@@ -14,6 +14,7 @@ from prometheus_client.metrics_core import Metric
 
 from modelserve_operator import main as operator_main
 from modelserve_operator import manifests
+from modelserve_operator.engines import ENGINES
 from modelserve_operator.settings import Settings
 from modelserve_operator.spec import ModelServer
 from modelserve_sidecar.metrics import SidecarMetrics
@@ -251,3 +252,6 @@ def test_dashboard_charts_series_the_sidecar_exports(helm: Helm) -> None:
     kv_cache = next(panel for panel in dashboard["panels"] if panel["title"] == "KV-cache use")
     kv_metrics = {re.search(r"\((\S+?)\{", target["expr"]).group(1) for target in kv_cache["targets"]}
     assert kv_metrics == {"vllm:kv_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio"}
+    # Each engine's own series, by the prefix its module declares, and no series of an unknown one.
+    engine_series = {name for expr in exprs for name in re.findall(r"\b([a-z]+:\w+)\{", expr)}
+    assert {name.split(":")[0] + ":" for name in engine_series} == {e.metric_prefix for e in ENGINES.values()}
