@@ -42,6 +42,11 @@ stop_dockerd() {
   [[ -z $dockerd_pid ]] && return
   kill "$dockerd_pid" 2>/dev/null || true
   wait "$dockerd_pid" 2>/dev/null || true
+  # dockerd leaves its exec root's mounts behind (netns/default): put the host back as it was.
+  local mounts
+  mounts=$(awk '$5 ~ "^/run/modelserve-docker/" {print $5}' /proc/self/mountinfo | sort -r)
+  for mount in $mounts; do umount "$mount" 2>/dev/null || umount -l "$mount"; done
+  rm -rf /run/modelserve-docker
 }
 trap stop_dockerd EXIT
 
