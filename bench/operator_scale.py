@@ -130,7 +130,7 @@ def measure(
             cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "modelserver.yaml"))
             cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
             kube = Kube(cluster.api_client())
-            env = dict(cluster.env)
+            env = dict(cluster.operator_env)
             if operator_src:
                 roots = [str(operator_src / root) for root in ("operator", "sidecar", "sandbox")]
                 env["PYTHONPATH"] = os.pathsep.join(roots)

@@ -1,4 +1,5 @@
-"""Talking to the API server: server-side apply that writes only on change, create-if-absent, status.
+"""Talking to the API server: server-side apply that writes only on change, create-if-absent, status,
+and the list and watch requests the caches are fed by.
 
 Raw REST calls through the kubernetes client's ApiClient (auth and TLS from kubeconfig or the pod),
 one code path for every kind the operator touches (the request API of kubernetes>=37).
@@ -6,13 +7,15 @@ one code path for every kind the operator touches (the request API of kubernetes
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from .settings import FIELD_MANAGER
+from .settings import FIELD_MANAGER, USER_AGENT
 from .spec import API_VERSION, KIND, PLURAL
 
 PLURALS = {
@@ -26,15 +29,28 @@ PLURALS = {
 }
 # What a dry-run apply may differ in from the live object without anything having changed.
 VOLATILE_METADATA = ("managedFields", "resourceVersion")
+JSON = "application/json"
+# Metadata only (Secrets: the operator never holds a key it did not just generate).
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA_OBJECT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+# A request that takes longer has met a broken connection, not a slow API server.
+REQUEST_TIMEOUT = (10, 60)
+# Watches end server-side after this long (the API server sends bookmarks meanwhile); a read that
+# waits longer than that plus a margin has lost its connection.
+WATCH_SECONDS = 300
+WATCH_READ_TIMEOUT = WATCH_SECONDS + 60
 
 
 def api_client() -> client.ApiClient:
-    """An ApiClient for the pod's service account, or the local kubeconfig ($KUBECONFIG)."""
+    """An ApiClient for the pod's service account, or the local kubeconfig ($KUBECONFIG), whose
+    requests name the operator in the API server's audit log."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.ApiClient()
+    api = client.ApiClient()
+    api.user_agent = USER_AGENT
+    return api
 
 
 def path(api_version: str, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
@@ -79,21 +95,73 @@ class Kube:
         url: str,
         query: list[tuple[str, str]] | None = None,
         body: Any = None,
-        content_type: str = "application/json",
+        content_type: str = JSON,
+        accept: str = JSON,
     ) -> dict[str, Any]:
-        request = self.api.param_serialize(
-            method,
-            url,
-            query_params=query or [],
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(*request)
+        response = self._send(method, url, query, body, content_type, accept, REQUEST_TIMEOUT)
         response.read()
         if not 200 <= response.status <= 299:
             raise ApiException(http_resp=response)
         return json.loads(response.data)
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        query: list[tuple[str, str]] | None,
+        body: Any,
+        content_type: str,
+        accept: str,
+        timeout: tuple[float, float],
+    ) -> Any:
+        method, url, headers, body, post = self.api.param_serialize(
+            method,
+            url,
+            query_params=query or [],
+            header_params={"Accept": accept, "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        return self.api.call_api(method, url, headers, body, post, _request_timeout=timeout)
+
+    def list_all(
+        self, api_version: str, kind: str, namespace: str | None, label_selector: str | None, metadata_only: bool
+    ) -> dict[str, Any]:
+        """One LIST: the items and the resourceVersion to watch from."""
+        query = [("labelSelector", label_selector)] if label_selector else []
+        accept = METADATA_LIST if metadata_only else JSON
+        return self._call("GET", path(api_version, kind, namespace), query, accept=accept)
+
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        label_selector: str | None,
+        metadata_only: bool,
+        since: str,
+    ) -> Iterator[dict[str, Any]]:
+        """The watch events after resourceVersion `since`, until the API server ends the watch."""
+        query = [("watch", "true"), ("allowWatchBookmarks", "true"), ("resourceVersion", since)]
+        query.append(("timeoutSeconds", str(WATCH_SECONDS)))
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        accept = METADATA_OBJECT if metadata_only else JSON
+        url = path(api_version, kind, namespace)
+        response = self._send("GET", url, query, None, JSON, accept, (REQUEST_TIMEOUT[0], WATCH_READ_TIMEOUT))
+        try:
+            if not 200 <= response.status <= 299:
+                response.read()
+                raise ApiException(http_resp=response)
+            pending = b""
+            for chunk in response.response.stream(64 * 1024, decode_content=True):
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            response.response.release_conn()
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -106,8 +174,7 @@ class Kube:
     def list(
         self, api_version: str, kind: str, namespace: str | None, label_selector: str | None = None
     ) -> list[dict[str, Any]]:
-        query = [("labelSelector", label_selector)] if label_selector else []
-        return self._call("GET", path(api_version, kind, namespace), query)["items"]
+        return self.list_all(api_version, kind, namespace, label_selector, metadata_only=False)["items"]
 
     def create(self, manifest: dict[str, Any]) -> bool:
         """POST; False when the object already exists."""
@@ -133,18 +200,17 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
-    def apply(self, manifest: dict[str, Any]) -> str:
-        """Server-side apply, skipped when a dry run shows the live object already matches.
+    def apply(self, manifest: dict[str, Any], live: dict[str, Any] | None) -> tuple[str, str]:
+        """Server-side apply against `live` (the cached object, None when absent), skipped when a
+        dry run shows it already matches.
 
-        Returns "created", "updated", "replaced" or "unchanged". The dry run lets the API server do
-        the comparison (defaults, normalized quantities, fields we stopped setting), so an unchanged
-        spec costs two reads and no write.
+        Returns ("created" | "updated" | "replaced" | "unchanged", the resulting resourceVersion).
+        The dry run lets the API server do the comparison (defaults, normalized quantities, fields
+        we stopped setting), so an unchanged spec costs one request and no write.
         """
-        meta = manifest["metadata"]
-        live = self.get(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
         if live is None:
-            self._server_side_apply(manifest, dry_run=False)
-            return "created"
+            created = self._server_side_apply(manifest, dry_run=False)
+            return "created", created["metadata"]["resourceVersion"]
         try:
             preview = self._server_side_apply(manifest, dry_run=True)
         except ApiException as error:
@@ -152,26 +218,28 @@ class Kube:
                 raise
             # Another manager's edit can leave list items ours cannot merge with (e.g. a Service
             # port renumbered by `kubectl edit` keeps its name `http`): put our object back whole.
-            self._replace(manifest, live)
-            return "replaced"
+            return "replaced", self._replace(manifest, live)["metadata"]["resourceVersion"]
         if _comparable(preview) == _comparable(live):
-            return "unchanged"
-        self._server_side_apply(manifest, dry_run=False)
-        return "updated"
+            return "unchanged", preview["metadata"]["resourceVersion"]
+        updated = self._server_side_apply(manifest, dry_run=False)
+        return "updated", updated["metadata"]["resourceVersion"]
 
-    def _replace(self, manifest: dict[str, Any], live: dict[str, Any]) -> None:
+    def _replace(self, manifest: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
         meta = manifest["metadata"]
         # The API server keeps what it allocated (a Service's clusterIP) when the new object leaves it out.
         body = {**manifest, "metadata": {**meta, "resourceVersion": live["metadata"]["resourceVersion"]}}
-        self._call(
+        return self._call(
             "PUT",
             path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]),
             [("fieldManager", self.field_manager)],
             body=body,
         )
 
-    def patch_status(self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self._call(
+    def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch the status subresource; returns the object as written."""
+        return self._call(
             "PATCH",
             path(api_version, kind, namespace, name, "status"),
             body={"status": status},
@@ -182,3 +250,21 @@ class Kube:
 def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
     metadata = {k: v for k, v in obj.get("metadata", {}).items() if k not in VOLATILE_METADATA}
     return {**{k: v for k, v in obj.items() if k != "status"}, "metadata": metadata}
+
+
+def fingerprint(manifest: dict[str, Any]) -> str:
+    """A digest of a desired manifest: equal digests, equal manifests."""
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+def contains(live: Any, desired: Any) -> bool:
+    """Whether `live` already holds every field of `desired`, as server-side apply would leave it:
+    dicts may carry more (defaults, other managers' fields), lists match item by item, scalars as
+    the API server prints them (2 and "2" alike). False means "ask the API server", never "differs"."""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(
+            key in live and contains(live[key], value) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return isinstance(live, list) and len(live) == len(desired) and all(map(contains, live, desired))
+    return live == desired or (not isinstance(live, (dict, list)) and str(live) == str(desired))

@@ -1,27 +1,34 @@
-"""kopf wiring, kept thin: every event names one ModelServer, and reconcile does the rest.
+"""kopf wiring, kept thin: kopf runs the process (signals, liveness, logging); at startup it starts
+the watch-fed caches, the work queue that reconciles what they report, and the resync.
 
-Only watching handlers (`kopf.on.event`) and no timers: they need no finalizer and keep no state
-in the objects, so deleting a ModelServer never waits for the operator and an unchanged object
-is never written.
+No kopf resource handlers: kopf's per-object event streams held every watched body in memory and
+gave no way to read a child without a request (~8 per reconcile). The caches (watch_cache.py) keep
+compact bodies, and the queue holds keys. Nothing is stored in the objects and no finalizer is
+added, so deleting a ModelServer never waits for the operator and an unchanged object is never written.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 import kopf
 
 from .apply import Kube, api_client
-from .manifests import SELECTOR_LABEL
-from .reconcile import Reconciler, Resync
+from .reconcile import Reconciler, Resync, watch_caches
 from .settings import Settings
-from .spec import GROUP, PLURAL, VERSION
+from .workqueue import WorkQueue
 
-CHILD = {SELECTOR_LABEL: kopf.PRESENT}
-# kopf retries a failed API request (watches included) after 1, 1, 2, 3, 5, 8, 13 and 21 s: after an
-# API server outage the operator could sleep up to 21 s more before it saw anything. Retry every
-# 2 s at most instead, for as long as kopf's default (~54 s) and more: ~90 s before a request fails.
+log = logging.getLogger(__name__)
+
+# Retries of a failed API request (watches included) wait at most 2 s, so after an API server
+# outage the operator sees the cluster again within a couple of seconds (kopf's own default climbs
+# 1, 1, 2, 3, 5, 8, 13, 21 s); ~90 s of retries before a request of kopf's fails.
 API_RETRY_BACKOFFS = (0.5, 1.0, *([2.0] * 44))
+# Reconciles run side by side: most cost no request, the rest wait on the API server.
+WORKERS = 4
+LISTED_LOG_SECONDS = 30
 
 
 @kopf.on.startup()
@@ -29,28 +36,30 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.enabled = False  # the reconciler posts its own Events, one per transition
     settings.networking.error_backoffs = API_RETRY_BACKOFFS
     operator_settings = Settings.from_env()
-    memo.reconciler = Reconciler(Kube(api_client()), operator_settings)
-    memo.resync = Resync(memo.reconciler, operator_settings.resync_seconds, tuple(memo.get("namespaces", ())))
+    kube = Kube(api_client())
+    queue = WorkQueue(WORKERS)
+    caches = watch_caches(kube, tuple(memo.get("namespaces", ())), queue, API_RETRY_BACKOFFS)
+    memo.reconciler = Reconciler(kube, operator_settings, caches)
+    memo.queue = queue
+    memo.caches = caches
+    memo.resync = Resync(caches, queue, operator_settings.resync_seconds)
+    for cache in caches.all():
+        cache.start()
+    # Reconcile only once every cache has listed: a child not yet listed would look missing.
+    threading.Thread(target=_start_when_listed, args=(memo,), name="modelserve-listed", daemon=True).start()
+
+
+def _start_when_listed(memo: kopf.Memo) -> None:
+    for cache in memo.caches.all():
+        while not cache.wait_listed(LISTED_LOG_SECONDS):
+            log.warning("still waiting for the first list of %s", cache.watched.kind)
+    memo.queue.start(memo.reconciler.reconcile)
     memo.resync.start()
 
 
 @kopf.on.cleanup()
 def stop(memo: kopf.Memo, **_: Any) -> None:
     memo.resync.stop()
-
-
-@kopf.on.event(GROUP, VERSION, PLURAL)
-def modelserver_changed(type: str | None, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    if type != "DELETED":
-        memo.reconciler.reconcile(namespace, name)
-
-
-# Children whose changes matter at once: drift to repair (Deployment, Service, claim) or status to
-# report (Deployment, pods). Secrets are left to the resync: watching them would stream every
-# Secret of the cluster through the operator.
-@kopf.on.event("apps", "v1", "deployments", id="deployment-changed", labels=CHILD)
-@kopf.on.event("v1", "services", id="service-changed", labels=CHILD)
-@kopf.on.event("v1", "persistentvolumeclaims", id="claim-changed", labels=CHILD)
-@kopf.on.event("v1", "pods", id="pod-changed", labels=CHILD)
-def child_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.reconcile(namespace, labels[SELECTOR_LABEL])
+    memo.queue.stop()
+    for cache in memo.caches.all():
+        cache.stop()

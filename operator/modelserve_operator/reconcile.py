@@ -1,7 +1,9 @@
 """Level-based reconcile of one ModelServer: read everything, apply what differs, report status.
 
-Any trigger (the ModelServer, one of its children, the periodic resync) runs the same function,
-serialized per object, so a deleted or edited child is put back whatever the order of events.
+Any trigger (the ModelServer, one of its children, the periodic resync) runs the same function
+from the work queue, one worker per key at a time, so a deleted or edited child is put back
+whatever the order of events. Reads come from the watch-fed caches: an object that matches what it
+should be costs no request, and the API server hears from the operator only to change something.
 """
 
 from __future__ import annotations
@@ -9,48 +11,101 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections import defaultdict
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from . import manifests
 from .api_keys import new_api_key
-from .apply import Kube, error_message, is_gone
+from .apply import Kube, contains, error_message, fingerprint, is_gone
 from .settings import Settings
 from .spec import API_VERSION, KIND, ModelServer
 from .status import compute_status, invalid_spec_status, key_secret_status, transitions
 from .validation import explain
+from .watch_cache import Key, WatchCache, Watched
+from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
+
+MODELSERVERS = Watched(API_VERSION, KIND)
+CHILDREN = tuple(
+    Watched(api_version, kind, manifests.SELECTOR_LABEL)
+    for api_version, kind in (
+        ("apps/v1", "Deployment"),
+        ("v1", "Service"),
+        ("v1", "PersistentVolumeClaim"),
+        ("v1", "Pod"),
+    )
+)
+# Watched so a deleted key Secret is re-created at once; metadata only, so no key is ever read.
+SECRETS = Watched("v1", "Secret", manifests.SELECTOR_LABEL, metadata_only=True)
 
 
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@dataclass(frozen=True)
+class Caches:
+    modelservers: WatchCache
+    by_kind: dict[str, WatchCache]  # children and Secrets
+
+    def all(self) -> list[WatchCache]:
+        return [self.modelservers, *self.by_kind.values()]
+
+
+def watch_caches(kube: Kube, namespaces: tuple[str, ...], queue: WorkQueue, backoffs: tuple[float, ...]) -> Caches:
+    """A cache per kind the operator reads, each change queueing the ModelServer it concerns."""
+    scopes: tuple[str | None, ...] = namespaces or (None,)
+
+    def queue_owner(watched: Watched) -> Any:
+        def changed(body: dict[str, Any]) -> None:
+            owner = (body["metadata"].get("labels") or {}).get(manifests.SELECTOR_LABEL)
+            if owner:
+                queue.add((body["metadata"]["namespace"], owner))
+
+        return changed
+
+    def queue_itself(body: dict[str, Any]) -> None:
+        queue.add((body["metadata"]["namespace"], body["metadata"]["name"]))
+
+    return Caches(
+        modelservers=WatchCache(kube, MODELSERVERS, scopes, queue_itself, backoffs),
+        by_kind={
+            watched.kind: WatchCache(kube, watched, scopes, queue_owner(watched), backoffs)
+            for watched in (*CHILDREN, SECRETS)
+        },
+    )
+
+
 class Reconciler:
-    def __init__(self, kube: Kube, settings: Settings):
+    def __init__(self, kube: Kube, settings: Settings, caches: Caches):
         self.kube = kube
         self.settings = settings
-        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
-        self._locks_guard = threading.Lock()
+        self.caches = caches
+        # Per ModelServer, per child: the desired manifest's fingerprint and the child's
+        # resourceVersion last found (or made) to match it. Only this process's knowledge: after a
+        # restart every child is checked with the API server once.
+        self._matched: dict[Key, dict[str, tuple[str, str]]] = {}
+        self._matched_guard = threading.Lock()
 
-    def reconcile(self, namespace: str, name: str) -> None:
-        with self._locks_guard:
-            lock = self._locks[(namespace, name)]
-        with lock:
-            try:
-                self._reconcile(namespace, name)
-            except ApiException as error:
-                if not is_gone(error):
-                    raise
-                # Deleted while we looked at it: its children go with it.
-                log.debug("%s/%s: gone mid-reconcile: %s", namespace, name, error_message(error))
+    def reconcile(self, key: Key) -> None:
+        namespace, name = key
+        try:
+            self._reconcile(namespace, name)
+        except ApiException as error:
+            if not is_gone(error):
+                raise
+            # Deleted while we looked at it: its children go with it.
+            log.debug("%s/%s: gone mid-reconcile: %s", namespace, name, error_message(error))
 
     def _reconcile(self, namespace: str, name: str) -> None:
-        body = self.kube.get(API_VERSION, KIND, namespace, name)
+        body = self.caches.modelservers.get(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
+            with self._matched_guard:
+                self._matched.pop((namespace, name), None)
             return  # the garbage collector removes the children through their owner references
         previous = body.get("status") or {}
         generation = body["metadata"]["generation"]
@@ -61,8 +116,8 @@ class Reconciler:
             self._report(body, previous, invalid_spec_status(generation, previous, now, explain(error)), now)
             return
         apply_error, key_generated = self._apply_children(ms)
-        deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
-        pods = self.kube.list("v1", "Pod", namespace, f"{manifests.SELECTOR_LABEL}={name}")
+        deployment = self.caches.by_kind["Deployment"].get(namespace, name)
+        pods = self.caches.by_kind["Pod"].owned_by(namespace, name)
         status = compute_status(
             ms,
             generation,
@@ -83,25 +138,34 @@ class Reconciler:
             return
         # A merge patch keeps what it does not name: null out what the status no longer has.
         removed = {key: None for key in previous if key not in status}
-        self.kube.patch_status(API_VERSION, KIND, namespace, name, {**removed, **status})
+        written = self.kube.patch_status(API_VERSION, KIND, namespace, name, {**removed, **status})
+        # The next reconcile may come before the watch brings this back: it must not write it again.
+        self.caches.modelservers.put(written)
         for transition in transitions(previous, status):
             log.info("%s/%s: %s %s", namespace, name, transition.reason, transition.message)
             self.kube.create(manifests.event(body, transition, now, socket.gethostname()))
 
     def _apply_children(self, ms: ModelServer) -> tuple[str | None, bool]:
-        """Apply every child: (the API server's refusal, if any, for the Degraded message; whether
-        a key Secret was created, i.e. a new key generated)."""
+        """Apply every child that does not match: (the API server's refusal, if any, for the
+        Degraded message; whether a key Secret was created, i.e. a new key generated)."""
         child, key_generated = "", False
+        with self._matched_guard:
+            matched = self._matched.setdefault((ms.namespace, ms.name), {})
         try:
             for manifest in manifests.server_side_applied(ms, self.settings):
                 child = f"{manifest['kind']} {manifest['metadata']['name']}"
-                outcome = self.kube.apply(manifest)
+                live = self.caches.by_kind[manifest["kind"]].get(ms.namespace, manifest["metadata"]["name"])
+                desired = fingerprint(manifest)
+                if live is not None and _matches(matched.get(child), desired, manifest, live):
+                    continue
+                outcome, resource_version = self.kube.apply(manifest, live)
+                matched[child] = (desired, resource_version)
                 if outcome != "unchanged":
                     log.info("%s/%s: %s %s", ms.namespace, ms.name, child, outcome)
-            secret = manifests.generated_key_secret(ms, new_api_key())
             # Created once and never applied again: rewriting it would change the key under clients.
-            # Create-if-absent (409 = already there) so the operator never needs to read a Secret.
-            if secret:
+            # Create-if-absent: the cache says whether it exists, a 409 that it appeared meanwhile.
+            secret = manifests.generated_key_secret(ms, new_api_key())
+            if secret and self.caches.by_kind["Secret"].get(ms.namespace, secret["metadata"]["name"]) is None:
                 child = f"Secret {secret['metadata']['name']}"
                 key_generated = self.kube.create(secret)
                 if key_generated:
@@ -115,13 +179,23 @@ class Reconciler:
         return None, key_generated
 
 
-class Resync:
-    """Reconciles every ModelServer on a period: repairs drift no watch reports (e.g. the key Secret)."""
+def _matches(last: tuple[str, str] | None, desired: str, manifest: dict[str, Any], live: dict[str, Any]) -> bool:
+    """Whether the cached `live` child is known to match `manifest` without asking the API server:
+    this manifest was checked against it before (same fingerprint), and either the child has not
+    changed since or it still contains every field the manifest sets (a status update, say)."""
+    if last is None or last[0] != desired:
+        return False  # new to this process, or the ModelServer changed: the API server compares
+    return live["metadata"]["resourceVersion"] == last[1] or contains(live, manifest)
 
-    def __init__(self, reconciler: Reconciler, interval: float, namespaces: tuple[str, ...] = ()):
-        self.reconciler = reconciler
+
+class Resync:
+    """Queues every cached ModelServer on a period: a reconcile that failed (a refused child, an
+    outage) is tried again though nothing changed. It costs no request while everything matches."""
+
+    def __init__(self, caches: Caches, queue: WorkQueue, interval: float):
+        self.caches = caches
+        self.queue = queue
         self.interval = interval
-        self.namespaces = namespaces or (None,)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="modelserve-resync", daemon=True)
 
@@ -130,16 +204,9 @@ class Resync:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.interval + 30)
+        self._thread.join(timeout=5)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            try:
-                for namespace in self.namespaces:
-                    for item in self.reconciler.kube.list(API_VERSION, KIND, namespace):
-                        if self._stop.is_set():
-                            return
-                        meta = item["metadata"]
-                        self.reconciler.reconcile(meta["namespace"], meta["name"])
-            except Exception:  # keep resyncing: the next round may succeed where this one failed
-                log.exception("resync round failed")
+            for body in self.caches.modelservers.items():
+                self.queue.add((body["metadata"]["namespace"], body["metadata"]["name"]))

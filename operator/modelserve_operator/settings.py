@@ -18,6 +18,10 @@ def _package_version() -> str:
         return "0.1.0"
 
 
+# How the operator's own requests show in the API server's audit log.
+USER_AGENT = f"{FIELD_MANAGER}/{_package_version()}"
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the operator needs besides the ModelServer itself; every value has an env var."""

@@ -37,6 +37,15 @@ from .processes import (
 
 SERVICE_CIDR = "10.0.0.0/16"  # 65,534 Services: room for thousands of ModelServers
 API_SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service: the first address of SERVICE_CIDR
+# The operator's own user (cluster-admin like the rest): the API server's audit log records its
+# requests, and only its, so a test can see what the operator asks of the API server.
+OPERATOR_USER = "modelserve-operator"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "users": [OPERATOR_USER]}, {"level": "None"}],
+}
 POD_CIDR = "10.244.0.1/16"  # kwok's default pod range overlaps the service range above
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
 
@@ -109,6 +118,9 @@ class Cluster:
         self.kubeconfig = self.workdir / "kubeconfig"
         self.ports = Ports.pick()
         self.token = secrets.token_hex(16)
+        self.operator_token = secrets.token_hex(16)
+        self.operator_kubeconfig = self.workdir / "operator.kubeconfig"
+        self.audit_log = self.workdir / "logs" / "audit.log"
         self.real_node_problem = (
             "not asked for"
             if real_node is False
@@ -128,6 +140,8 @@ class Cluster:
         if self.hub_endpoint:
             extra["MODELSERVE_HUB_ENDPOINT"] = self.hub_endpoint  # the operator points engines at it
         self.env = environ_with_path(self.bin_dir, extra)
+        # What the operator runs with: its own user, audited.
+        self.operator_env = {**self.env, "KUBECONFIG": str(self.operator_kubeconfig)}
         self._processes: dict[str, subprocess.Popen] = {}
         self._pki: Pki | None = None
         self._node_tokens = realnode.NodeCredentials(secrets.token_hex(16), secrets.token_hex(16))
@@ -153,7 +167,8 @@ class Cluster:
             if self._real_node:
                 self._real_node.claim_host()  # makes the bridge the API server advertises
             self._pki = make_pki(self.workdir / "pki", server_ips=(API_SERVICE_IP, realnode.GATEWAY))
-            self._write_kubeconfig()
+            self._write_kubeconfig(self.kubeconfig, "admin", self.token)
+            self._write_kubeconfig(self.operator_kubeconfig, OPERATOR_USER, self.operator_token)
             self._start_etcd()
             self._start_apiserver()
             self._start_controller_manager()
@@ -218,6 +233,13 @@ class Cluster:
 
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
+    def operator_requests(self) -> list[dict]:
+        """The operator's requests so far, oldest first: the audit log's events (verb, requestURI,
+        userAgent, stageTimestamp, ...)."""
+        if not self.audit_log.exists():
+            return []
+        return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
+
     def create_namespace(self, name: str) -> None:
         self.kubectl("create", "namespace", name)
         self.wait_for_service_account(name)
@@ -278,8 +300,11 @@ class Cluster:
             f'{self.token},admin,1,"system:masters"\n'
             f'{self._node_tokens.kubelet_token},system:node:{realnode.NODE_NAME},2,"system:nodes"\n'
             f"{self._node_tokens.proxy_token},system:kube-proxy,3\n"
+            f'{self.operator_token},{OPERATOR_USER},4,"system:masters"\n'
         )
         tokens.chmod(0o600)
+        audit_policy = self.workdir / "audit-policy.json"
+        audit_policy.write_text(json.dumps(AUDIT_POLICY))
         # With a real node, the `kubernetes` Service points at the bridge address, which
         # forwards to loopback: pods reach the API server as on any cluster.
         advertise = realnode.GATEWAY if self._real_node else "127.0.0.1"
@@ -306,6 +331,11 @@ class Cluster:
                 f"--service-account-key-file={self._pki.service_account_pub}",
                 f"--service-account-signing-key-file={self._pki.service_account_key}",
                 f"--cert-dir={self.workdir / 'pki'}",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-maxsize=100",
+                "--audit-log-maxbackup=1",
             ],
         )
         ctx = ssl.create_default_context(cafile=str(self._pki.ca_cert))
@@ -430,10 +460,10 @@ class Cluster:
         }
         return set(names) <= ready
 
-    def _write_kubeconfig(self) -> None:
+    def _write_kubeconfig(self, path: Path, user: str, token: str) -> None:
         assert self._pki
         # JSON is valid YAML; kubectl, helm and the Python client all read it.
-        self.kubeconfig.write_text(
+        path.write_text(
             json.dumps(
                 {
                     "apiVersion": "v1",
@@ -445,15 +475,15 @@ class Cluster:
                             "cluster": {"server": self.server, "certificate-authority": str(self._pki.ca_cert)},
                         }
                     ],
-                    "users": [{"name": "admin", "user": {"token": self.token}}],
+                    "users": [{"name": user, "user": {"token": token}}],
                     "contexts": [
-                        {"name": "sandbox", "context": {"cluster": "sandbox", "user": "admin", "namespace": "default"}}
+                        {"name": "sandbox", "context": {"cluster": "sandbox", "user": user, "namespace": "default"}}
                     ],
                 },
                 indent=2,
             )
         )
-        self.kubeconfig.chmod(0o600)
+        path.chmod(0o600)
 
 
 class CommandFailed(subprocess.CalledProcessError):

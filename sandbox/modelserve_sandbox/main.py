@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             "modelserve-operator",
             [str(Path(sys.executable).with_name("modelserve-operator"))],
             cluster.log_dir,
-            env=cluster.env,
+            env=cluster.operator_env,
         )
         try:
             cluster.kubectl("apply", "-f", str(args.examples))

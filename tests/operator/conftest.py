@@ -27,7 +27,7 @@ def operator_process(
     cluster: Cluster, crd_installed: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[subprocess.Popen, Path]]:
     """`modelserve-operator` against the test cluster, resyncing every 2 s; stopped at session end."""
-    with running_operator(cluster.env, tmp_path_factory.mktemp("operator"), RESYNC_SECONDS) as running:
+    with running_operator(cluster.operator_env, tmp_path_factory.mktemp("operator"), RESYNC_SECONDS) as running:
         yield running
 
 

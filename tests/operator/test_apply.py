@@ -1,4 +1,4 @@
-"""Reading the API server's refusals (bodies as the API server sends them)."""
+"""Talking to the API server, the pure parts: its refusals (bodies as it sends them), paths, comparisons."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 from kubernetes.client.exceptions import ApiException
 
-from modelserve_operator.apply import error_message, is_gone, path
+from modelserve_operator.apply import contains, error_message, fingerprint, is_gone, path
 
 TERMINATING = {
     "kind": "Status",
@@ -50,3 +50,20 @@ def test_paths_for_core_grouped_and_cluster_wide_collections() -> None:
     assert ms == "/apis/serving.modelserve.dev/v1alpha1/namespaces/ns/modelservers/m/status"
     every = path("serving.modelserve.dev/v1alpha1", "ModelServer", None)
     assert every == "/apis/serving.modelserve.dev/v1alpha1/modelservers"
+
+
+def test_contains_is_what_server_side_apply_would_leave_alone() -> None:
+    desired = {"spec": {"replicas": 1, "ports": [{"name": "http", "port": 80}], "limits": {"gpu": 1}}}
+    defaulted = {
+        "spec": {"replicas": 1, "ports": [{"name": "http", "port": 80, "protocol": "TCP"}], "limits": {"gpu": "1"}}
+    }
+    assert contains(defaulted, desired)
+    assert not contains({"spec": {"replicas": 3, "ports": defaulted["spec"]["ports"]}}, desired)
+    extra_port = [*defaulted["spec"]["ports"], {"name": "x", "port": 81}]
+    assert not contains({"spec": {**defaulted["spec"], "ports": extra_port}}, desired)  # ask the API server
+    assert not contains({"spec": {"ports": defaulted["spec"]["ports"], "limits": {"gpu": "1"}}}, desired)
+
+
+def test_fingerprint_follows_content_not_key_order() -> None:
+    assert fingerprint({"a": 1, "b": [1, 2]}) == fingerprint({"b": [1, 2], "a": 1})
+    assert fingerprint({"a": 1}) != fingerprint({"a": 2})

@@ -38,7 +38,7 @@ def test_after_an_outage_a_new_modelserver_gets_its_deployment(tmp_path: Path) -
         def deployment(name: str) -> bool:
             return cluster.kubectl("get", "deployment", name, "--ignore-not-found", "-o", "name").stdout != ""
 
-        with running_operator(cluster.env, tmp_path / "operator") as (operator, log):
+        with running_operator(cluster.operator_env, tmp_path / "operator") as (operator, log):
             cluster.kubectl("apply", "-f", "-", input=_model_server("before"))
             wait_until(lambda: deployment("before"), 60, "the first Deployment")
             cluster.restart_apiserver(OUTAGE_SECONDS)

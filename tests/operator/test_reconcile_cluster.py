@@ -138,7 +138,7 @@ def test_deleted_and_edited_children_are_restored(ops: OperatorView) -> None:
     ops.kubectl("patch", "service", "small", "--type=merge", "-p", json.dumps(renumbered))
     ops.wait(lambda: (ops.get("service", "small") or {})["spec"]["ports"] == SERVICE_PORTS, "the Service port back")
 
-    # Nobody watches Secrets: the periodic resync finds the key Secret missing and makes a new key.
+    # The Secret watch sees the key Secret go: the operator makes a new one, with a new key.
     ops.kubectl("delete", "secret", "small-api-keys")
     ops.wait(lambda: ops.get("secret", "small-api-keys"), "the key Secret to be recreated", timeout=10 * RESYNC_SECONDS)
     assert (ops.get("secret", "small-api-keys") or {})["data"]["api-key"] != key

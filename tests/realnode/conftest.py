@@ -78,7 +78,10 @@ def node_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 @pytest.fixture(scope="module")
 def host_operator(node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """`modelserve-operator` as a host process against the real-node cluster; yields its log."""
-    with running_operator(node_cluster.env, tmp_path_factory.mktemp("node-operator"), resync_seconds=5) as (_, log):
+    with running_operator(node_cluster.operator_env, tmp_path_factory.mktemp("node-operator"), resync_seconds=5) as (
+        _,
+        log,
+    ):
         yield log
 
 

@@ -61,7 +61,7 @@ What the operator does in a namespace it serves, verb by verb (no delete anywher
 collector removes children through their owner references).
 */}}
 {{- define "modelserve.namespacedRules" -}}
-# Watch ModelServers (kopf) and read one before each reconcile; never patch the spec.
+# Watch ModelServers (the operator's cache of them); never patch the spec.
 - apiGroups: ["serving.modelserve.dev"]
   resources: ["modelservers"]
   verbs: ["get", "list", "watch"]
@@ -82,11 +82,12 @@ collector removes children through their owner references).
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create", "patch", "update"]
-# The generated API-key Secret: create-if-absent (409 means it is there). No Secret is ever read,
-# listed, watched, changed or deleted by the operator.
+# The generated API-key Secret: created once, never changed or deleted. Its own Secrets (by label)
+# are listed and watched as metadata only, to re-create a deleted one at once; the operator asks
+# for no Secret's data. (Creating Deployments already lets it mount any Secret of the namespace.)
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["create"]
+  verbs: ["list", "watch", "create"]
 # Pods only for status (Ready counts, InsufficientGPU, image pull and crash reasons).
 - apiGroups: [""]
   resources: ["pods"]

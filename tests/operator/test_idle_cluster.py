@@ -1,0 +1,79 @@
+"""An idle operator is quiet: once everything matches, its only requests to the API server are the
+watches, resync rounds included (read from the API server's audit log of the operator's user)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from operator_testdata import CRD_PATH
+
+from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.operator_process import running_operator
+from modelserve_sandbox.processes import tail, wait_until
+
+pytestmark = pytest.mark.cluster
+RESYNC_SECONDS = 2
+IDLE_SECONDS = 15  # seven resync rounds
+MODEL_SERVERS = 6
+SELECTOR = "serving.modelserve.dev/modelserver"
+
+
+def _model_server(index: int) -> dict[str, Any]:
+    spec: dict[str, Any] = {"model": "LiquidAI/LFM2-350M"}  # private: a generated key Secret each
+    if index == 0:
+        spec["cache"] = {"size": "1Gi"}  # and a claim (never bound here: no provisioner; its pod waits)
+    return {
+        "apiVersion": "serving.modelserve.dev/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": f"idle-{index}", "namespace": "default"},
+        "spec": spec,
+    }
+
+
+def _requests_since(cluster: Cluster, since: datetime) -> list[dict[str, Any]]:
+    return [
+        event
+        for event in cluster.operator_requests()
+        if datetime.fromisoformat(event["stageTimestamp"]) > since and event["verb"] != "watch"
+    ]
+
+
+def _described(events: list[dict[str, Any]]) -> list[str]:
+    return [f"{event['verb']} {event['requestURI']} ({event['userAgent']})" for event in events]
+
+
+def test_an_idle_operator_only_watches(tmp_path: Path) -> None:
+    # A control plane of its own: no other test's objects change while this one listens.
+    with Cluster(tmp_path / "cluster", gpu_nodes=1, cpu_nodes=0, real_node=False) as cluster:
+        cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        with running_operator(cluster.operator_env, tmp_path / "operator", RESYNC_SECONDS) as (operator, log):
+            items = [_model_server(index) for index in range(MODEL_SERVERS)]
+            cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+            served = [f"modelserver/idle-{index}" for index in range(1, MODEL_SERVERS)]
+            cluster.kubectl("wait", "--for=condition=Ready", *served, "--timeout=120s")
+            cluster.kubectl("wait", "--for=jsonpath={.status.phase}=Pending", "pod", "-l", f"{SELECTOR}=idle-0")
+            assert any(e["verb"] == "watch" for e in cluster.operator_requests()), "the audit log saw no watch"
+            time.sleep(2 * RESYNC_SECONDS)  # the last status writes and their echoes
+
+            idle_from = datetime.now(UTC)
+            time.sleep(IDLE_SECONDS)
+            idle = _requests_since(cluster, idle_from)
+            assert not idle, f"requests while idle: {_described(idle)}\n{tail(log, 20)}"
+
+            # The same audit log does see the operator act: a deleted Deployment comes back.
+            changed_from = datetime.now(UTC)
+            cluster.kubectl("delete", "deployment", "idle-1")
+            wait_until(
+                lambda: cluster.kubectl("get", "deployment", "idle-1", "--ignore-not-found", "-o", "name").stdout,
+                30,
+                "the Deployment to come back",
+            )
+            acted = _described(_requests_since(cluster, changed_from))
+            assert any(line.startswith("patch /apis/apps/v1/namespaces/default/deployments/idle-1") for line in acted)
+            assert operator.poll() is None, tail(log, 40)
