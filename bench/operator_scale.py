@@ -6,10 +6,11 @@ ModelServers at once and prints:
   - status lag: per ModelServer, its Ready condition's transition time minus its last pod's
     (p50 and p99; the API server keeps whole seconds);
   - the operator's CPU seconds from the apply to all Ready, and its peak RSS (VmHWM);
-  - API requests per minute at idle, from the API server's own counters (watches left out):
-    with the operator running, then over the same window with it stopped; the difference is the
-    operator's;
-  - apply -> Deployment for one more ModelServer with the N present.
+  - the operator's API requests per minute at idle (watches left out), from the API server's audit
+    log of the operator's own user, and what they were;
+  - apply -> Deployment for one more ModelServer with the N present;
+  - with `--churn-seconds S`: S seconds of churn (every 10 s, 5% of the ModelServers edited, which
+    rolls their pods, and 1% deleted and applied again), the operator's RSS before, at most, and after.
 
 `--tracemalloc` runs the operator under tracemalloc and prints the top
 allocation sites at each N once all are Ready (tracing slows it: time and CPU figures of such a run are not
@@ -17,6 +18,7 @@ comparable). `--operator-src DIR` runs the operator from another checkout (e.g. 
 previous commit) with this script and this sandbox, for a before/after in the same session:
 
     .venv/bin/python bench/operator_scale.py [--sizes 100 1000] [--idle-seconds 60] [--operator-src DIR]
+        [--churn-seconds 0]
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import signal
 import sys
 import tempfile
 import time
-from datetime import datetime
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +46,11 @@ NAMESPACE = "default"
 SELECTOR = "serving.modelserve.dev/modelserver"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PODS_PER_NODE = 300
+CHURN_ROUND_SECONDS = 10
 
 
 def model_server(name: str) -> dict[str, Any]:
-    spec = {"model": "LiquidAI/LFM2-350M", "maxModelLen": 2048, "auth": {"mode": "public"}}
+    spec = {"model": "LiquidAI/LFM2-350M", "maxModelLen": 2048}  # private: a key Secret each
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
 
 
@@ -62,19 +66,46 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def requests_total(cluster: Cluster) -> float:
-    """Every request the API server has answered, watches left out (they are one long request)."""
-    total = 0.0
-    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
-        if line.startswith("apiserver_request_total{") and 'verb="WATCH"' not in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
-def requests_per_minute(cluster: Cluster, seconds: float) -> float:
-    before = requests_total(cluster)
+def operator_requests(cluster: Cluster, seconds: float) -> tuple[float, Counter[str]]:
+    """The operator's requests over the next `seconds`, per minute, and what they were (verb and
+    resource), from the audit log of its user; watches left out (they are one long request)."""
+    started = datetime.now(UTC)
     time.sleep(seconds)
-    return (requests_total(cluster) - before) * 60 / seconds
+    ended = datetime.now(UTC)
+    seen: Counter[str] = Counter()
+    for event in cluster.operator_requests():
+        if event["verb"] != "watch" and started < datetime.fromisoformat(event["stageTimestamp"]) <= ended:
+            seen[f"{event['verb']} {event.get('objectRef', {}).get('resource', '?')}"] += 1
+    return seen.total() * 60 / seconds, seen
+
+
+def churn(cluster: Cluster, size: int, pid: int, seconds: float) -> tuple[float, float, float]:
+    """Edit and re-create ModelServers for `seconds`; the operator's RSS (MiB) before, at most, after."""
+    before = peak = rss_mib(pid)
+    deadline = time.monotonic() + seconds
+    round_ = 0
+    while time.monotonic() < deadline:
+        round_ += 1
+        edited = [model_server(f"ms-{i:05d}") for i in range(round_ % 20, size, 20)]
+        for ms in edited:
+            ms["spec"]["maxModelLen"] = 2048 + 1024 * (round_ % 2)
+        cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": edited}))
+        gone = [f"ms-{i:05d}" for i in range(round_ % 100, size, 100)]
+        cluster.kubectl("delete", "modelserver", *gone, "--wait=false")
+        cluster.kubectl("wait", "--for=delete", *(f"modelserver/{name}" for name in gone), "--timeout=120s")
+        again = [model_server(name) for name in gone]
+        cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": again}))
+        time.sleep(CHURN_ROUND_SECONDS)
+        peak = max(peak, rss_mib(pid))
+    time.sleep(30)  # the last rollouts settle
+    return before, peak, rss_mib(pid)
 
 
 def _time(stamp: str) -> float:
@@ -118,8 +149,8 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def measure(
-    size: int, idle_seconds: float, operator_src: Path | None, timeout: float, traced: bool
-) -> dict[str, float]:
+    size: int, idle_seconds: float, operator_src: Path | None, timeout: float, traced: bool, churn_seconds: float
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="operator-scale-") as tmp:
         workdir = Path(tmp)
         # A KWOK node's 32 CPUs hold 320 sidecars (100m each): as many nodes as that takes.
@@ -171,9 +202,9 @@ def measure(
                 )
                 one_more = time.monotonic() - one
                 time.sleep(10)  # let the last status writes and their echoes pass
-                idle_with = requests_per_minute(cluster, idle_seconds)
+                idle, idle_kinds = operator_requests(cluster, idle_seconds)
                 rss = peak_rss_mib(operator.pid)
-            idle_without = requests_per_minute(cluster, idle_seconds)
+                churned = churn(cluster, size, operator.pid, churn_seconds) if churn_seconds else (float("nan"),) * 3
     return {
         "to_deployments": to_deployments,
         "to_ready": to_ready,
@@ -181,9 +212,12 @@ def measure(
         "lag_p99": percentile(lags, 0.99),
         "cpu": cpu,
         "rss": rss,
-        "idle_operator": idle_with - idle_without,
-        "idle_baseline": idle_without,
+        "idle_operator": idle,
+        "idle_kinds": ", ".join(f"{kind} {count}" for kind, count in idle_kinds.most_common(6)) or "none",
         "one_more": one_more,
+        "churn_rss_before": churned[0],
+        "churn_rss_peak": churned[1],
+        "churn_rss_after": churned[2],
     }
 
 
@@ -194,9 +228,11 @@ def main() -> int:
     parser.add_argument("--operator-src", type=Path, help="a checkout whose operator to run instead of this one")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds each phase may take")
     parser.add_argument("--tracemalloc", action="store_true", help="print where the operator's memory goes")
+    parser.add_argument("--churn-seconds", type=float, default=0.0, help="then churn this long, watching RSS")
     args = parser.parse_args()
     rows = {
-        size: measure(size, args.idle_seconds, args.operator_src, args.timeout, args.tracemalloc) for size in args.sizes
+        size: measure(size, args.idle_seconds, args.operator_src, args.timeout, args.tracemalloc, args.churn_seconds)
+        for size in args.sizes
     }
     columns = [
         ("apply -> all Deployments (s)", "to_deployments", "{:.1f}"),
@@ -206,14 +242,21 @@ def main() -> int:
         ("operator CPU, apply -> Ready (s)", "cpu", "{:.1f}"),
         ("operator peak RSS (MiB)", "rss", "{:.0f}"),
         ("idle: operator's API requests/min", "idle_operator", "{:.0f}"),
-        ("idle: the rest of the sandbox's/min", "idle_baseline", "{:.0f}"),
         ("one more: apply -> Deployment (s)", "one_more", "{:.2f}"),
     ]
+    if args.churn_seconds:
+        columns += [
+            (f"churn {args.churn_seconds:g} s: RSS before (MiB)", "churn_rss_before", "{:.0f}"),
+            ("churn: RSS at most (MiB)", "churn_rss_peak", "{:.0f}"),
+            ("churn: RSS after (MiB)", "churn_rss_after", "{:.0f}"),
+        ]
     source = f"operator from {args.operator_src}" if args.operator_src else "operator from this checkout"
     print(f"{source}; idle window {args.idle_seconds:g} s")
     print(f"{'ModelServers':<38}" + "".join(f"{size:>10}" for size in args.sizes))
     for label, key, fmt in columns:
         print(f"{label:<38}" + "".join(f"{fmt.format(rows[size][key]):>10}" for size in args.sizes))
+    for size in args.sizes:
+        print(f"idle requests at {size} over {args.idle_seconds:g} s: {rows[size]['idle_kinds']}")
     return 0
 
 

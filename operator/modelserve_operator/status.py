@@ -139,6 +139,13 @@ def _condition(type_: str, ok: bool, reason: str, message: str, generation: int)
     )
 
 
+def _is_ready(pod: dict[str, Any]) -> bool:
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 def compute_status(
     ms: ModelServer,
     generation: int,
@@ -154,11 +161,16 @@ def compute_status(
     desired = desired_replicas(ms.spec.replicas)
     dep_status = (deployment or {}).get("status") or {}
     replicas = dep_status.get("replicas", 0)
-    ready = dep_status.get("readyReplicas", 0)
+    # Counted from the pods, not the Deployment's readyReplicas: the pods' own Ready reaches the
+    # operator first (the Deployment's status waits its turn in the controller-manager, ~100 s
+    # behind at 1,000 ModelServers). The same pods the Deployment counts: any revision, not terminating.
+    ready = sum(1 for pod in pods if _is_ready(pod))
     observed = deployment is not None and dep_status.get("observedGeneration", 0) >= deployment["metadata"].get(
         "generation", 0
     )
-    rolled_out = observed and dep_status.get("updatedReplicas", 0) == desired == replicas == ready
+    rolled_out = observed and dep_status.get("updatedReplicas", 0) == desired == replicas == dep_status.get(
+        "readyReplicas", 0
+    )
     problem = Problem("ApplyFailed", apply_error) if apply_error else first_problem(ms, deployment, pods)
     waiting = _waiting(deployment, pods)
 

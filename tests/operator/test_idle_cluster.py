@@ -1,5 +1,7 @@
 """An idle operator is quiet: once everything matches, its only requests to the API server are the
-watches, resync rounds included (read from the API server's audit log of the operator's user)."""
+watches, resync rounds included (read from the API server's audit log of the operator's user).
+And what it no longer polls for, the watches bring at once: with no resync at all, a deleted
+child or key Secret comes back."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from modelserve_sandbox.processes import tail, wait_until
 
 pytestmark = pytest.mark.cluster
 RESYNC_SECONDS = 2
+NEVER_SECONDS = 24 * 3600  # a resync period no test outlives
 IDLE_SECONDS = 15  # seven resync rounds
 MODEL_SERVERS = 6
 SELECTOR = "serving.modelserve.dev/modelserver"
@@ -69,11 +72,30 @@ def test_an_idle_operator_only_watches(tmp_path: Path) -> None:
             # The same audit log does see the operator act: a deleted Deployment comes back.
             changed_from = datetime.now(UTC)
             cluster.kubectl("delete", "deployment", "idle-1")
-            wait_until(
-                lambda: cluster.kubectl("get", "deployment", "idle-1", "--ignore-not-found", "-o", "name").stdout,
-                30,
-                "the Deployment to come back",
-            )
+            wait_until(lambda: _exists(cluster, "deployment", "idle-1"), 30, "the Deployment to come back")
             acted = _described(_requests_since(cluster, changed_from))
             assert any(line.startswith("patch /apis/apps/v1/namespaces/default/deployments/idle-1") for line in acted)
             assert operator.poll() is None, tail(log, 40)
+
+        with running_operator(cluster.operator_env, tmp_path / "operator-2", NEVER_SECONDS) as (operator, log):
+            time.sleep(2)  # its first lists
+            key = _secret_data(cluster, "idle-2-api-keys")
+            cluster.kubectl("delete", "secret", "idle-2-api-keys")
+            cluster.kubectl("delete", "service", "idle-3")
+            wait_until(
+                lambda: _secret_data(cluster, "idle-2-api-keys") not in ("", key),
+                30,
+                "a new key Secret, with no resync to find it",
+                on_timeout=lambda: "\n" + tail(log, 20),
+            )
+            wait_until(lambda: _exists(cluster, "service", "idle-3"), 30, "the Service back, with no resync")
+            assert operator.poll() is None, tail(log, 40)
+
+
+def _secret_data(cluster: Cluster, name: str) -> str:
+    found = cluster.kubectl("get", "secret", name, "--ignore-not-found", "-o", "jsonpath={.data.api-key}")
+    return found.stdout
+
+
+def _exists(cluster: Cluster, kind: str, name: str) -> bool:
+    return bool(cluster.kubectl("get", kind, name, "--ignore-not-found", "-o", "name").stdout)

@@ -40,6 +40,9 @@ def _deployment(
     return {"metadata": {"name": "m", "generation": generation}, "status": status}
 
 
+READY = [{"type": "Ready", "status": "True"}]
+
+
 def _pod(name: str = "m-1", node: str | None = None, **status: Any) -> dict[str, Any]:
     spec = {"nodeName": node} if node else {}
     return {"metadata": {"name": name}, "spec": spec, "status": status}
@@ -53,6 +56,9 @@ def _status(
     now: str = T0,
     **kw: Any,
 ) -> dict[str, Any]:
+    if deployment and not pods:  # the ready pods the Deployment counts
+        count = deployment["status"].get("readyReplicas", 0)
+        pods = [_pod(f"m-{i}", "n", conditions=READY) for i in range(count)]
     return compute_status(ms, 3, deployment, pods, previous, now, ENDPOINT, **kw)
 
 
@@ -90,7 +96,7 @@ def test_a_scheduled_pod_that_is_not_ready_is_loading_the_model() -> None:
 
 
 def test_all_replicas_ready_and_rolled_out_is_ready() -> None:
-    status = _status(_ms(), _deployment(ready=1), [_pod(node="gpu-0")])
+    status = _status(_ms(), _deployment(ready=1), [_pod(node="gpu-0", conditions=READY)])
     assert status["phase"] == "Ready" and status["readyReplicas"] == 1
     assert _conditions(status) == {
         "Ready": ("True", "Ready"),
@@ -154,7 +160,7 @@ def test_refused_apply_is_degraded_with_the_api_servers_message() -> None:
 def test_ready_pods_behind_a_refused_service_are_not_ready() -> None:
     # The pods answer, but no Service gives status.endpoint an address: a client cannot reach them.
     refused = "Service m was refused: failed to allocate a serviceIP: range is full"
-    status = _status(_ms(), _deployment(replicas=1, ready=1), [_pod()], apply_error=refused)
+    status = _status(_ms(), _deployment(replicas=1, ready=1), [_pod(conditions=READY)], apply_error=refused)
     assert _conditions(status)["Ready"] == ("False", "ApplyFailed")
     assert next(c for c in status["conditions"] if c["type"] == "Ready")["message"] == refused
     assert status["phase"] == "Degraded" and status["readyReplicas"] == 1
@@ -170,7 +176,7 @@ def test_transition_times_change_only_with_the_status() -> None:
     first = _status(ms, _deployment(), [_pod(node="gpu-0")], now=T0)
     same = _status(ms, _deployment(), [_pod(node="gpu-0")], previous=first, now=T1)
     assert same == first  # nothing changed: the operator writes nothing
-    ready = _status(ms, _deployment(ready=1), [_pod(node="gpu-0")], previous=first, now=T1)
+    ready = _status(ms, _deployment(ready=1), [_pod(node="gpu-0", conditions=READY)], previous=first, now=T1)
     times = {c["type"]: c["lastTransitionTime"] for c in ready["conditions"]}
     assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0}
 
@@ -198,7 +204,7 @@ def test_a_stored_spec_the_model_refuses_is_reported_in_conditions_without_its_v
     else:
         raise AssertionError("the model accepted an unknown profile")
     assert message.startswith("spec.profile: ")
-    previous = compute_status(_ms(), 1, _deployment(1, 1, 1), [], None, T0, ENDPOINT)
+    previous = compute_status(_ms(), 1, _deployment(1, 1, 1), [_pod(conditions=READY)], None, T0, ENDPOINT)
     status = invalid_spec_status(2, previous, T1, message)
     conditions = {c["type"]: c for c in status["conditions"]}
     assert status["phase"] == "Degraded" and status["observedGeneration"] == 2
@@ -233,3 +239,14 @@ def test_a_regenerated_key_is_shown_and_warned_about() -> None:
 
 def test_no_key_secret_without_a_generated_key() -> None:
     assert key_secret_status(None, False, {"keySecret": {"name": "m-api-keys"}}, T0) is None
+
+
+def test_ready_counts_the_pods_not_the_deployments_lagging_status() -> None:
+    # The pod is Ready; the Deployment's status has not caught up: Ready already.
+    status = _status(_ms(), _deployment(ready=0), [_pod(node="gpu-0", conditions=READY)])
+    assert _conditions(status)["Ready"] == ("True", "Ready") and status["readyReplicas"] == 1
+    # A terminating pod no longer counts, whatever the Deployment still says.
+    leaving = _pod(node="gpu-0", conditions=READY)
+    leaving["metadata"]["deletionTimestamp"] = T0
+    status = _status(_ms(), _deployment(ready=1), [leaving])
+    assert _conditions(status)["Ready"][0] == "False" and status["readyReplicas"] == 0
