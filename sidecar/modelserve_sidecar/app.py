@@ -11,7 +11,7 @@ import aiohttp
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from .contract import HEALTH_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Settings
+from .contract import HEALTH_ROUTE, LOAD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Settings
 from .keys import KeyStore
 from .metrics import CONTENT_TYPE, SidecarMetrics
 from .proxy import Proxy
@@ -66,6 +66,10 @@ def build_app(settings: Settings) -> Dispatcher:
     async def readyz() -> JSONResponse:
         ready, reason = await readiness.status()
         return JSONResponse({"ready": ready, "reason": reason}, status_code=200 if ready else 503)
+
+    @api.get(LOAD_ROUTE)
+    async def load() -> dict[str, Any]:
+        return proxy.demand.now().to_json()
 
     @api.get(METRICS_ROUTE)
     async def scrape(request: Request) -> Response:

@@ -25,7 +25,30 @@ KEYS_DIR = "/etc/modelserve/keys"
 HEALTH_ROUTE = "/healthz"
 READY_ROUTE = "/readyz"
 METRICS_ROUTE = "/metrics"
-OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE})
+# What the operator's autoscaler reads from each pod: requests in flight and when the last one
+# arrived, as JSON (`PodLoad`); no key needed, like the probes (it carries no request content).
+LOAD_ROUTE = "/load"
+OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, LOAD_ROUTE})
+
+
+@dataclass(frozen=True)
+class PodLoad:
+    in_flight: int
+    arrivals: int  # requests let through since the sidecar started
+    seconds_since_arrival: float | None  # None: none yet
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "inFlight": self.in_flight,
+            "arrivals": self.arrivals,
+            "secondsSinceArrival": self.seconds_since_arrival,
+        }
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> PodLoad:
+        since = body["secondsSinceArrival"]
+        return cls(int(body["inFlight"]), int(body["arrivals"]), None if since is None else float(since))
+
 
 # The sampling fields the sidecar may fill in, by their request (snake_case) names: the
 # ModelServer spec's `samplingDefaults` has exactly these (a test holds the two together).

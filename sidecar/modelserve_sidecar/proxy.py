@@ -15,6 +15,7 @@ from yarl import URL
 from . import errors
 from .auth import refusal_reason
 from .contract import Settings
+from .demand import Demand
 from .keys import KeyStore
 from .metrics import SidecarMetrics, route_label, status_class
 from .request_checks import SAMPLING_ROUTES, check_body
@@ -89,6 +90,7 @@ class Proxy:
         self.settings = settings
         self.keys = keys  # None in public mode
         self.metrics = metrics
+        self.demand = Demand()
         self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
         self._base = settings.upstream_url
         self._targets: dict[tuple[bytes, bytes], URL] = {}
@@ -108,10 +110,12 @@ class Proxy:
         route = route_label(scope["path"])
         exchange = _Exchange(start)
         self.metrics.in_flight.inc()
+        self.demand.in_flight += 1
         try:
             await self._handle(scope, receive, send, exchange)
         finally:
             self.metrics.in_flight.dec()
+            self.demand.in_flight -= 1
             label = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
             self.metrics.observe(route, label, perf_counter() - start, exchange.ttfb)
 
@@ -121,6 +125,7 @@ class Proxy:
         if refused is not None:
             exchange.status = await respond(send, refused)
             return
+        self.demand.arrived()
 
         limit = self.settings.max_body_bytes
         declared = content_length(headers)

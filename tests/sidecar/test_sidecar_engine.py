@@ -178,6 +178,26 @@ def test_metrics_count_the_real_engine_traffic(sidecar: Sidecar) -> None:
     assert API_KEY not in after and API_KEY not in sidecar.logs()
 
 
+def test_load_reports_streams_in_flight_and_arrivals_not_refusals(sidecar: Sidecar) -> None:
+    def load() -> dict:
+        answer = httpx.get(sidecar.url + "/load", timeout=10)  # no key: the operator's autoscaler reads it
+        answer.raise_for_status()
+        return answer.json()
+
+    before = load()
+    httpx.post(sidecar.url + "/v1/chat/completions", json={"model": ENGINE_MODEL, "messages": PROMPT}, timeout=30)
+    assert load()["arrivals"] == before["arrivals"]  # a 401 wakes nothing up
+    request = {"model": ENGINE_MODEL, "messages": PROMPT, "max_tokens": 1000, "stream": True, "logit_bias": NO_END}
+    with httpx.stream("POST", sidecar.url + "/v1/chat/completions", json=request, headers=AUTH, timeout=60) as stream:
+        assert stream.status_code == 200
+        lines = stream.iter_lines()  # kept: a dropped iterator closes the stream
+        next(lines)
+        during = load()
+        assert during["inFlight"] >= 1 and during["arrivals"] == before["arrivals"] + 1, (before, during)
+        assert during["secondsSinceArrival"] is not None and during["secondsSinceArrival"] < 30
+    assert load()["inFlight"] == 0
+
+
 def test_refusals_over_raw_http(sidecar: Sidecar) -> None:
     chat = sidecar.url + "/v1/chat/completions"
     missing = httpx.post(chat, json={"model": ENGINE_MODEL, "messages": PROMPT}, timeout=30)
