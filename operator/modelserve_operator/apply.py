@@ -235,6 +235,12 @@ class Kube:
             body=body,
         )
 
+    def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch (e.g. one annotation), for what server-side apply does not own."""
+        return self._call(
+            "PATCH", path(api_version, kind, namespace, name), body=patch, content_type="application/merge-patch+json"
+        )
+
     def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any]:

@@ -6,9 +6,9 @@
 replica; `active` means a request arrived within the idle window (or one is in flight or held).
 Up: at once, to the recommendation (pods still loading count as replicas, so a burst is not
 answered twice). Down: only to the highest recommendation seen over the scale-down delay, at most
-halving per step, and never before this process has watched a whole delay (after a restart it
-knows nothing of the minutes before). With `min: 0` an idle ModelServer reaches zero: buffer
-replicas do not keep it awake.
+halving per step, never while a replica is still loading, and never before this process has
+watched a whole delay (after a restart it knows nothing of the minutes before). With `min: 0` an
+idle ModelServer reaches zero: buffer replicas do not keep it awake.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class Load:
     in_flight: float  # across the pods
     held: float = 0.0  # requests waiting for a replica (a gateway's queue)
     last_request_at: float | None = None  # the latest arrival seen
+    loading: int = 0  # replicas not ready yet: never a reason to scale down
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def decide(policy: Policy, history: History, load: Load, current: int) -> tuple[
     highest = max(r for _, r in history.recommendations)
     watched_long_enough = load.at - history.since >= policy.scale_down_delay
     target = max(highest, current // 2, policy.min)
-    if target < current and watched_long_enough:
+    if target < current and watched_long_enough and not load.loading:
         message = f"{current} -> {target} replicas: at most {highest} wanted over {policy.scale_down_delay:g} s"
         return Decision(target, "ScaleDown", f"{message} ({demand})"), history
     return Decision(max(current, policy.min), "Steady", f"{current} replicas: {demand}, {per}"), history

@@ -161,7 +161,15 @@ def crd() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    # /scale: `kubectl scale ms`, an HPA or KEDA set spec.replicas.count.
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas.count",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {"openAPIV3Schema": root},
                 }

@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 
 from .apply import Kube, api_client
+from .autoscaling import Autoscaling
 from .reconcile import Reconciler, Resync, watch_caches
 from .settings import Settings
 from .workqueue import WorkQueue
@@ -39,7 +40,9 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     kube = Kube(api_client())
     queue = WorkQueue(WORKERS)
     caches = watch_caches(kube, tuple(memo.get("namespaces", ())), queue, API_RETRY_BACKOFFS)
-    memo.reconciler = Reconciler(kube, operator_settings, caches)
+    by_kind = caches.by_kind
+    memo.autoscaling = Autoscaling(kube, caches.modelservers, by_kind["Pod"], by_kind["Deployment"], queue)
+    memo.reconciler = Reconciler(kube, operator_settings, caches, memo.autoscaling)
     memo.queue = queue
     memo.caches = caches
     memo.resync = Resync(caches, queue, operator_settings.resync_seconds)
@@ -55,10 +58,12 @@ def _start_when_listed(memo: kopf.Memo) -> None:
             log.warning("still waiting for the first list of %s", cache.watched.kind)
     memo.queue.start(memo.reconciler.reconcile)
     memo.resync.start()
+    memo.autoscaling.start()
 
 
 @kopf.on.cleanup()
 def stop(memo: kopf.Memo, **_: Any) -> None:
+    memo.autoscaling.stop()
     memo.resync.stop()
     memo.queue.stop()
     for cache in memo.caches.all():

@@ -154,7 +154,8 @@ def _volumes(ms: ModelServer, engine: Engine) -> list[dict[str, Any]]:
     return volumes
 
 
-def deployment(ms: ModelServer, settings: Settings) -> dict[str, Any]:
+def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None) -> dict[str, Any]:
+    """`replicas`: the autoscaler's count (None: where it starts, min + buffer)."""
     spec = ms.spec
     engine = engine_for(spec.profile)
     engine_image = settings.engine_image(engine.name, engine.image)
@@ -182,7 +183,7 @@ def deployment(ms: ModelServer, settings: Settings) -> dict[str, Any]:
         "kind": "Deployment",
         "metadata": _metadata(ms, ms.name),
         "spec": {
-            "replicas": desired_replicas(spec.replicas),
+            "replicas": desired_replicas(spec.replicas) if replicas is None else replicas,
             "revisionHistoryLimit": 3,
             "progressDeadlineSeconds": settings.startup_seconds,
             "selector": {"matchLabels": {SELECTOR_LABEL: ms.name}},
@@ -249,9 +250,9 @@ def generated_key_secret(ms: ModelServer, key: str) -> dict[str, Any] | None:
     return key_secret(_metadata(ms, name), key) if name else None
 
 
-def server_side_applied(ms: ModelServer, settings: Settings) -> list[dict[str, Any]]:
+def server_side_applied(ms: ModelServer, settings: Settings, replicas: int | None = None) -> list[dict[str, Any]]:
     """The children kept in place by server-side apply, in apply order (the key Secret is not one)."""
-    objects = [deployment(ms, settings), service(ms)]
+    objects = [deployment(ms, settings, replicas), service(ms)]
     claim = cache_claim(ms)
     if claim:
         objects.insert(0, claim)

@@ -12,7 +12,6 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -20,9 +19,10 @@ from kubernetes.client.exceptions import ApiException
 from . import manifests
 from .api_keys import new_api_key
 from .apply import Kube, contains, error_message, fingerprint, is_gone
+from .autoscaling import Autoscaling
 from .settings import Settings
 from .spec import API_VERSION, KIND, ModelServer
-from .status import compute_status, invalid_spec_status, key_secret_status, transitions
+from .status import compute_status, invalid_spec_status, key_secret_status, transitions, utc_now
 from .validation import explain
 from .watch_cache import Key, WatchCache, Watched
 from .workqueue import WorkQueue
@@ -41,10 +41,6 @@ CHILDREN = tuple(
 )
 # Watched so a deleted key Secret is re-created at once; metadata only, so no key is ever read.
 SECRETS = Watched("v1", "Secret", manifests.SELECTOR_LABEL, metadata_only=True)
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -81,10 +77,11 @@ def watch_caches(kube: Kube, namespaces: tuple[str, ...], queue: WorkQueue, back
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, settings: Settings, caches: Caches):
+    def __init__(self, kube: Kube, settings: Settings, caches: Caches, autoscaling: Autoscaling):
         self.kube = kube
         self.settings = settings
         self.caches = caches
+        self.autoscaling = autoscaling
         # Per ModelServer, per child: the desired manifest's fingerprint and the child's
         # resourceVersion last found (or made) to match it. Only this process's knowledge: after a
         # restart every child is checked with the API server once.
@@ -106,6 +103,7 @@ class Reconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             with self._matched_guard:
                 self._matched.pop((namespace, name), None)
+            self.autoscaling.forget((namespace, name))
             return  # the garbage collector removes the children through their owner references
         previous = body.get("status") or {}
         generation = body["metadata"]["generation"]
@@ -115,7 +113,8 @@ class Reconciler:
         except ValueError as error:  # pydantic's ValidationError is a ValueError
             self._report(body, previous, invalid_spec_status(generation, previous, now, explain(error)), now)
             return
-        apply_error, key_generated = self._apply_children(ms)
+        replicas = self.autoscaling.replicas(ms)
+        apply_error, key_generated = self._apply_children(ms, replicas)
         deployment = self.caches.by_kind["Deployment"].get(namespace, name)
         pods = self.caches.by_kind["Pod"].owned_by(namespace, name)
         status = compute_status(
@@ -128,6 +127,8 @@ class Reconciler:
             manifests.endpoint(ms, self.settings.cluster_domain),
             apply_error,
             key_secret_status(manifests.generated_secret_name(ms), key_generated, previous, now),
+            desired=replicas,
+            scaling=self.autoscaling.scaling(ms),
         )
         self._report(body, previous, status, now)
 
@@ -145,14 +146,14 @@ class Reconciler:
             log.info("%s/%s: %s %s", namespace, name, transition.reason, transition.message)
             self.kube.create(manifests.event(body, transition, now, socket.gethostname()))
 
-    def _apply_children(self, ms: ModelServer) -> tuple[str | None, bool]:
+    def _apply_children(self, ms: ModelServer, replicas: int) -> tuple[str | None, bool]:
         """Apply every child that does not match: (the API server's refusal, if any, for the
         Degraded message; whether a key Secret was created, i.e. a new key generated)."""
         child, key_generated = "", False
         with self._matched_guard:
             matched = self._matched.setdefault((ms.namespace, ms.name), {})
         try:
-            for manifest in manifests.server_side_applied(ms, self.settings):
+            for manifest in manifests.server_side_applied(ms, self.settings, replicas):
                 child = f"{manifest['kind']} {manifest['metadata']['name']}"
                 live = self.caches.by_kind[manifest["kind"]].get(ms.namespace, manifest["metadata"]["name"])
                 desired = fingerprint(manifest)

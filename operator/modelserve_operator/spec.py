@@ -155,6 +155,32 @@ class Replicas(WireModel):
         0, ge=0, le=1000, description="Idle replicas kept above current demand, for bursts and preempted GPUs."
     )
     max: int = Field(1, ge=1, le=1000, description="Ceiling on replicas.")
+    target_per_replica: int = Field(
+        8,
+        ge=1,
+        le=10000,
+        description="Requests in flight one replica serves at full speed; demand above it adds replicas "
+        "(vLLM and SGLang batch dozens; a llama.cpp server has its few slots).",
+    )
+    scale_down_delay_seconds: int = Field(
+        300,
+        ge=0,
+        le=86400,
+        description="Replicas go only once demand has wanted fewer for this long (cold starts take minutes).",
+    )
+    idle_window_seconds: int = Field(
+        600,
+        ge=1,
+        le=86400,
+        description="With no request for this long the buffer is let go, and with min 0 the last replica.",
+    )
+    count: int | None = Field(
+        None,
+        ge=0,
+        le=1000,
+        description="Set through the /scale subresource (kubectl scale, an HPA, KEDA): exactly this many "
+        "replicas, between min and max, and the built-in autoscaler off. Unset: the autoscaler decides.",
+    )
 
     rules = (
         Rule("self.min <= self.max", "replicas.min must not exceed replicas.max", "min", lambda r: r.min <= r.max),
@@ -163,6 +189,12 @@ class Replicas(WireModel):
             "replicas.min + replicas.buffer must not exceed replicas.max",
             "buffer",
             lambda r: r.min + r.buffer <= r.max,
+        ),
+        Rule(
+            "!has(self.count) || (self.count >= self.min && self.count <= self.max)",
+            "replicas.count must be between replicas.min and replicas.max",
+            "count",
+            lambda r: r.count is None or r.min <= r.count <= r.max,
         ),
     )
 
@@ -353,7 +385,8 @@ class ModelServerSpec(WireModel):
     )
     replicas: Replicas = Field(
         default=Replicas(),
-        description="Replica bounds; the Deployment runs min + buffer for now.",
+        description="Replica bounds and the autoscaler: demand in flight over targetPerReplica, plus buffer "
+        "while active, between min and max.",
     )
     torch_compile: bool = Field(
         False, description="low-latency only: compile the model (longer start, lower per-token latency)."

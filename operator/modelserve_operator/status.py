@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from .replicas import desired_replicas
-from .spec import ModelServer
+from .spec import GROUP, ModelServer
 
 
 class Condition(BaseModel):
@@ -25,6 +26,11 @@ class Condition(BaseModel):
     observed_generation: int | None = Field(None, description="ModelServer generation the condition reflects.")
 
 
+def utc_now() -> str:
+    """A status timestamp (RFC 3339, whole seconds, as the API server writes them)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class KeySecretStatus(BaseModel):
     """The API key the operator generated, so a regenerated key shows where users look."""
 
@@ -33,6 +39,16 @@ class KeySecretStatus(BaseModel):
     name: str = Field(description="The Secret holding the generated key (data key api-key).")
     generated_at: str | None = Field(None, description="When the operator last generated the key (RFC 3339).")
     message: str = Field("", description="What happened to the key last.")
+
+
+class Scaling(BaseModel):
+    """The autoscaler's last change of the replica count."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    reason: Literal["ScaleUp", "ScaleDown"] = Field(description="ScaleUp or ScaleDown.")
+    message: str = Field(description="From how many to how many replicas, and the demand that decided it.")
+    time: str = Field(description="When (RFC 3339).")
 
 
 class ModelServerStatus(BaseModel):
@@ -44,7 +60,9 @@ class ModelServerStatus(BaseModel):
     phase: Literal["Pending", "Loading", "Ready", "Updating", "Degraded", "Idle"] | None = Field(
         None, description="Summary: Pending, Loading, Ready, Updating, Degraded or Idle (no replicas asked)."
     )
+    desired_replicas: int | None = Field(None, description="Replicas the autoscaler asks for now.")
     replicas: int | None = Field(None, description="Pods the Deployment runs.")
+    selector: str | None = Field(None, description="Label selector of the pods (for the /scale subresource).")
     ready_replicas: int | None = Field(None, description="Pods whose sidecar reports the model ready.")
     endpoint: str | None = Field(None, description="In-cluster base URL of the OpenAI-compatible API.")
     conditions: list[Condition] = Field(
@@ -55,6 +73,7 @@ class ModelServerStatus(BaseModel):
     key_secret: KeySecretStatus | None = Field(
         None, description="The generated API key's Secret (auth.mode private without auth.secretName)."
     )
+    scaling: Scaling | None = Field(None, description="The autoscaler's last change of the replica count.")
 
 
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -156,9 +175,12 @@ def compute_status(
     endpoint: str,
     apply_error: str | None = None,
     key_secret: KeySecretStatus | None = None,
+    desired: int | None = None,
+    scaling: Scaling | None = None,
 ) -> dict[str, Any]:
-    """The status to write, in wire form. `previous` keeps lastTransitionTime of unchanged conditions."""
-    desired = desired_replicas(ms.spec.replicas)
+    """The status to write, in wire form. `previous` keeps lastTransitionTime of unchanged conditions.
+    `desired`: the autoscaler's replica count (None: min + buffer); `scaling`: its last decision."""
+    desired = desired_replicas(ms.spec.replicas) if desired is None else desired
     dep_status = (deployment or {}).get("status") or {}
     replicas = dep_status.get("replicas", 0)
     # Counted from the pods, not the Deployment's readyReplicas: the pods' own Ready reaches the
@@ -179,7 +201,8 @@ def compute_status(
         # endpoint needs (the Service, the key Secret, the Deployment as specified) was refused.
         ready_condition = _condition("Ready", False, "ApplyFailed", apply_error, generation)
     elif desired == 0:
-        ready_condition = _condition("Ready", False, "ScaledToZero", "replicas.min + replicas.buffer is 0", generation)
+        why = scaling.message if scaling else "replicas.min + replicas.buffer is 0"
+        ready_condition = _condition("Ready", False, "ScaledToZero", why, generation)
     elif ready >= desired:
         ready_condition = _condition("Ready", True, "Ready", f"{ready}/{desired} replicas ready", generation)
     else:
@@ -215,6 +238,9 @@ def compute_status(
         endpoint=endpoint,
         conditions=_timed([ready_condition, progressing, degraded], previous, now),
         key_secret=key_secret,
+        desired_replicas=desired,
+        scaling=scaling,
+        selector=f"{GROUP}/modelserver={ms.name}",
     )
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -283,4 +309,7 @@ def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> lis
     if key_before.get("name") == key.get("name") and key.get("generatedAt") != key_before.get("generatedAt"):
         # Clients holding the old key now get 401: say so where users look, not only in the log.
         out.append(Transition("Warning", "APIKeyRegenerated", key["message"]))
+    scaling = current.get("scaling")
+    if scaling and scaling != (previous or {}).get("scaling"):
+        out.append(Transition("Normal", scaling["reason"], scaling["message"]))
     return out

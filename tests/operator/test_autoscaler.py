@@ -6,6 +6,10 @@ from __future__ import annotations
 import itertools
 
 from modelserve_operator.autoscaler import History, Load, Policy, decide, recommendation
+from modelserve_operator.autoscaling import readable
+from modelserve_operator.replicas import autoscaled, desired_replicas
+from modelserve_operator.spec import Replicas
+from modelserve_operator.status import transitions
 from modelserve_sandbox.load_traces import autoscaler_rule, burst, flapping_bait, simulate, spike_then_idle
 
 POLICY = Policy(min=1, buffer=1, max=10, target=8, scale_down_delay=300, idle_window=600)
@@ -64,6 +68,14 @@ def test_loading_pods_count_as_capacity() -> None:
     assert _run(POLICY, [(t, 30.0) for t in range(0, 240, 2)], current=1) == [5] * 120
 
 
+def test_a_loading_replica_is_never_the_reason_to_scale_down() -> None:
+    quiet = Load(1000.0, 0, 0, None, loading=1)
+    decision, _ = decide(POLICY, History(0.0), quiet, current=4)
+    assert decision.replicas == 4
+    decision, _ = decide(POLICY, History(0.0), Load(1000.0, 0, 0, None), current=4)
+    assert (decision.replicas, decision.reason) == (2, "ScaleDown")
+
+
 def test_scale_from_zero_within_one_decision() -> None:
     decision, _ = decide(TO_ZERO, History(0.0), Load(10.0, 0, 1, 10.0), current=0)
     assert (decision.replicas, decision.reason) == (2, "ScaleUp")
@@ -93,3 +105,33 @@ def test_traces_a_burst_is_answered_at_once() -> None:
     outcome = simulate(burst(), autoscaler_rule(POLICY), start_replicas=2)
     up = next(at for at, replicas, _ in outcome.timeline if replicas > 2)
     assert 900 <= up <= 904  # the burst starts at 900 s; one or two decisions later
+
+
+def _pod(container_id: str | None, ip: str | None = "10.88.0.5") -> dict:
+    sidecar = {"name": "sidecar", "state": {"running": {}}, **({"containerID": container_id} if container_id else {})}
+    return {"metadata": {"name": "m-1"}, "status": {"podIP": ip, "containerStatuses": [sidecar]}}
+
+
+def test_only_pods_a_runtime_started_are_read() -> None:
+    assert readable(_pod("containerd://abc"))
+    assert not readable(_pod(None))  # a KWOK pod: nothing listens at its address
+    assert not readable(_pod("containerd://abc", ip=None))
+    leaving = _pod("containerd://abc")
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert not readable(leaving)
+
+
+def test_a_count_from_the_scale_subresource_turns_the_autoscaler_off() -> None:
+    assert autoscaled(Replicas(min=1, max=4)) and not autoscaled(Replicas(min=2, max=2))
+    fixed = Replicas(min=1, max=4, count=3)
+    assert not autoscaled(fixed) and desired_replicas(fixed) == 3
+    assert desired_replicas(Replicas(min=1, buffer=1, max=4)) == 2
+
+
+def test_each_scaling_decision_is_an_event() -> None:
+    before = {"conditions": [], "scaling": {"reason": "ScaleUp", "message": "1 -> 3 replicas", "time": "t0"}}
+    after = {**before, "scaling": {"reason": "ScaleDown", "message": "3 -> 2 replicas", "time": "t1"}}
+    assert [(t.type, t.reason, t.message) for t in transitions(before, after)] == [
+        ("Normal", "ScaleDown", "3 -> 2 replicas")
+    ]
+    assert transitions(after, after) == []

@@ -66,7 +66,13 @@ def test_identity_printer_columns_and_status_subresource() -> None:
         ["ms"],
     )
     version = spec["versions"][0]
-    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert version["name"] == "v1alpha1" and version["subresources"]["status"] == {}
+    scale = version["subresources"]["scale"]  # kubectl scale, HPA, KEDA
+    assert scale == {
+        "specReplicasPath": ".spec.replicas.count",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
     columns = [column["name"] for column in version["additionalPrinterColumns"]]
     assert {"Model", "Profile", "Ready", "Replicas", "Endpoint", "Age"} <= set(columns)
 
@@ -84,6 +90,13 @@ def test_every_cel_rule_names_the_field_it_blames() -> None:
 def test_defaults_are_filled_in_by_the_api_server() -> None:
     # Whole-object defaults: CEL rules on replicas see complete objects even when the user wrote none.
     spec = _schema()["properties"]["spec"]["properties"]
-    assert spec["replicas"]["default"] == {"min": 1, "buffer": 0, "max": 1}
+    assert spec["replicas"]["default"] == {
+        "min": 1,
+        "buffer": 0,
+        "max": 1,
+        "targetPerReplica": 8,
+        "scaleDownDelaySeconds": 300,
+        "idleWindowSeconds": 600,
+    }
     assert spec["auth"]["default"] == {"mode": "private"}
     assert spec["profile"]["default"] == "high-throughput"

@@ -151,6 +151,7 @@ NEEDED = [
     ("watch", "secrets"),
     ("list", "pods"),
     ("watch", "pods"),
+    ("patch", "pods"),
     ("create", "events"),
 ]
 # What it must never do, in a namespace it serves or anywhere else.

@@ -88,10 +88,11 @@ collector removes children through their owner references).
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["list", "watch", "create"]
-# Pods only for status (Ready counts, InsufficientGPU, image pull and crash reasons).
+# Pods for status (Ready counts, InsufficientGPU, image pull and crash reasons), and patch for one
+# annotation before a scale-down: pod-deletion-cost, so the pods serving least go first.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch"]
 # An Event on each status transition (and kopf's own warnings).
 - apiGroups: [""]
   resources: ["events"]

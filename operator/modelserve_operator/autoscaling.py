@@ -1,0 +1,201 @@
+"""The autoscaler at work: every couple of seconds each autoscaled ModelServer's pods report their
+load (the sidecar's /load), the pure decision (autoscaler.py) picks the replicas, and a change
+queues a reconcile, which applies it and reports it (status.scaling, an Event).
+
+Decisions live in this process: after a restart the Deployment's own replica count is where it
+starts from, and nothing is scaled down before a whole scale-down delay has been watched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from modelserve_sidecar.contract import LISTEN_PORT, LOAD_ROUTE, PodLoad
+
+from .apply import Kube, error_message
+from .autoscaler import Decision, History, Load, Policy, decide
+from .manifests import SIDECAR_NAME
+from .replicas import autoscaled, desired_replicas
+from .spec import ModelServer, Replicas
+from .status import Scaling, utc_now
+from .watch_cache import Key, WatchCache
+from .workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+PERIOD_SECONDS = 2.0
+READ_TIMEOUT_SECONDS = 1.0
+READERS = 8
+# Kubernetes' ReplicaSet controller removes the pods with the lowest cost first.
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+def policy(replicas: Replicas) -> Policy:
+    return Policy(
+        min=replicas.min,
+        buffer=replicas.buffer,
+        max=replicas.max,
+        target=replicas.target_per_replica,
+        scale_down_delay=replicas.scale_down_delay_seconds,
+        idle_window=replicas.idle_window_seconds,
+    )
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def readable(pod: dict[str, Any]) -> bool:
+    """A pod whose sidecar a container runtime started and that has an address: one that can answer.
+    (Simulated nodes such as KWOK's report running containers with no container ID and an
+    address nothing listens on: such pods are never read.)"""
+    if pod["metadata"].get("deletionTimestamp") or not (pod.get("status") or {}).get("podIP"):
+        return False
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any(
+        s.get("name") == SIDECAR_NAME and s.get("containerID") and "running" in (s.get("state") or {}) for s in statuses
+    )
+
+
+def read_pod_load(address: str) -> PodLoad | None:
+    url = f"http://{address}:{LISTEN_PORT}{LOAD_ROUTE}"
+    try:
+        with urllib.request.urlopen(url, timeout=READ_TIMEOUT_SECONDS) as answer:
+            return PodLoad.from_json(json.loads(answer.read()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class Autoscaling:
+    def __init__(
+        self, kube: Kube, modelservers: WatchCache, pods: WatchCache, deployments: WatchCache, queue: WorkQueue
+    ):
+        self.kube = kube
+        self.modelservers = modelservers
+        self.pods = pods
+        self.deployments = deployments
+        self.queue = queue
+        self._decided: dict[Key, int] = {}
+        self._scaling: dict[Key, Scaling] = {}
+        self._histories: dict[Key, History] = {}
+        self._last_arrival: dict[Key, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="pod-load")
+        self._thread = threading.Thread(target=self._run, name="modelserve-autoscaler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._readers.shutdown(wait=False, cancel_futures=True)
+
+    def replicas(self, ms: ModelServer) -> int:
+        """What the Deployment runs now: the last decision, or (new, or after a restart) what it
+        already runs, within the bounds."""
+        bounds = ms.spec.replicas
+        if not autoscaled(bounds):
+            return desired_replicas(bounds)
+        with self._lock:
+            decided = self._decided.get((ms.namespace, ms.name))
+        if decided is None:
+            running = ((self.deployments.get(ms.namespace, ms.name) or {}).get("spec") or {}).get("replicas")
+            decided = desired_replicas(bounds) if running is None else running
+        return max(bounds.min, min(bounds.max, decided))
+
+    def scaling(self, ms: ModelServer) -> Scaling | None:
+        with self._lock:
+            return self._scaling.get((ms.namespace, ms.name))
+
+    def _run(self) -> None:
+        while not self._stop.wait(PERIOD_SECONDS):
+            for body in self.modelservers.items():
+                try:
+                    self._step(body)
+                except Exception:  # one ModelServer's trouble must not stop the others'
+                    log.exception("%s/%s: autoscaling failed", body["metadata"]["namespace"], body["metadata"]["name"])
+
+    def _step(self, body: dict[str, Any]) -> None:
+        bounds = (body.get("spec") or {}).get("replicas") or {}
+        if (
+            bounds.get("max", 1) <= bounds.get("min", 1)
+            or "count" in bounds
+            or body["metadata"].get("deletionTimestamp")
+        ):
+            return  # cheap test first: parsing every ModelServer every 2 s is not
+        ms = ModelServer.from_manifest(body)
+        key = (ms.namespace, ms.name)
+        pods = [
+            pod for pod in self.pods.owned_by(ms.namespace, ms.name) if not pod["metadata"].get("deletionTimestamp")
+        ]
+        ready = [pod for pod in pods if _ready(pod) and readable(pod)]
+        loads = dict(
+            zip(
+                (pod["metadata"]["name"] for pod in ready),
+                self._readers.map(read_pod_load, (pod["status"]["podIP"] for pod in ready)),
+                strict=True,
+            )
+        )
+        known = {name: load for name, load in loads.items() if load is not None}
+        if pods and not known and any(_ready(pod) for pod in pods):
+            return  # replicas answer, but none can be read: hold rather than guess
+        now = time.monotonic()
+        arrivals = [
+            now - load.seconds_since_arrival for load in known.values() if load.seconds_since_arrival is not None
+        ]
+        with self._lock:
+            last = max([*arrivals, self._last_arrival.get(key, float("-inf"))])
+            if arrivals:
+                self._last_arrival[key] = last
+            history = self._histories.get(key) or History(since=now)
+        current = self.replicas(ms)
+        load = Load(
+            at=now,
+            in_flight=sum(load.in_flight for load in known.values()),
+            last_request_at=None if last == float("-inf") else last,
+            loading=sum(1 for pod in pods if not _ready(pod)),
+        )
+        decision, history = decide(policy(ms.spec.replicas), history, load, current)
+        with self._lock:
+            self._histories[key] = history
+        if decision.replicas == current:
+            return
+        if decision.replicas < current:
+            self._mark_deletion_costs(ms, known)
+        self._follow(ms, decision)
+
+    def _follow(self, ms: ModelServer, decision: Decision) -> None:
+        key = (ms.namespace, ms.name)
+        log.info("%s/%s: %s %s", ms.namespace, ms.name, decision.reason, decision.message)
+        with self._lock:
+            self._decided[key] = decision.replicas
+            self._scaling[key] = Scaling(reason=decision.reason, message=decision.message, time=utc_now())
+        self.queue.add(key)
+
+    def _mark_deletion_costs(self, ms: ModelServer, loads: dict[str, PodLoad]) -> None:
+        """The pods serving least go first: each one's cost is its requests in flight."""
+        for name, load in loads.items():
+            pod = self.pods.get(ms.namespace, name) or {}
+            cost = str(load.in_flight)
+            if ((pod.get("metadata") or {}).get("annotations") or {}).get(DELETION_COST) == cost:
+                continue
+            try:
+                self.kube.patch("v1", "Pod", ms.namespace, name, {"metadata": {"annotations": {DELETION_COST: cost}}})
+            except ApiException as error:  # the pod may be gone already: its cost no longer matters
+                log.debug("%s/%s: pod %s deletion cost: %s", ms.namespace, ms.name, name, error_message(error))
+
+    def forget(self, key: Key) -> None:
+        with self._lock:
+            for memory in (self._decided, self._scaling, self._histories, self._last_arrival):
+                memory.pop(key, None)
