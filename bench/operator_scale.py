@@ -136,6 +136,11 @@ def status_lags(kube: Kube) -> list[float]:
     return lags
 
 
+def count_settled(kube: Kube) -> int:
+    """ModelServers whose rollout is complete (phase Ready: the Deployment's own status caught up)."""
+    return sum(ms.get("status", {}).get("phase") == "Ready" for ms in kube.list(API_VERSION, KIND, NAMESPACE))
+
+
 def count_ready(kube: Kube) -> int:
     return sum(
         _ready_since(ms.get("status", {}).get("conditions", [])) is not None
@@ -201,6 +206,8 @@ def measure(
                     interval=0.02,
                 )
                 one_more = time.monotonic() - one
+                # Idle means nothing left to report: every Deployment's status has caught up.
+                wait_until(lambda: count_settled(kube) >= size + 1, timeout, "all rollouts complete", interval=1.0)
                 time.sleep(10)  # let the last status writes and their echoes pass
                 idle, idle_kinds = operator_requests(cluster, idle_seconds)
                 rss = peak_rss_mib(operator.pid)

@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from modelserve_sidecar.contract import LISTEN_PORT, LOAD_ROUTE, PodLoad
 
+from . import metrics
 from .apply import Kube, error_message
 from .autoscaler import Decision, History, Load, Policy, decide
 from .manifests import SIDECAR_NAME
@@ -169,6 +170,8 @@ class Autoscaling:
         decision, history = decide(policy(ms.spec.replicas), history, load, current)
         with self._lock:
             self._histories[key] = history
+        metrics.DEMAND.labels(*key).set(load.in_flight)
+        metrics.DESIRED_REPLICAS.labels(*key).set(decision.replicas)
         if decision.replicas == current:
             return
         if decision.replicas < current:
@@ -178,6 +181,7 @@ class Autoscaling:
     def _follow(self, ms: ModelServer, decision: Decision) -> None:
         key = (ms.namespace, ms.name)
         log.info("%s/%s: %s %s", ms.namespace, ms.name, decision.reason, decision.message)
+        metrics.SCALE_DECISIONS.labels(decision.reason).inc()
         with self._lock:
             self._decided[key] = decision.replicas
             self._scaling[key] = Scaling(reason=decision.reason, message=decision.message, time=utc_now())
@@ -199,3 +203,4 @@ class Autoscaling:
         with self._lock:
             for memory in (self._decided, self._scaling, self._histories, self._last_arrival):
                 memory.pop(key, None)
+        metrics.forget(*key)

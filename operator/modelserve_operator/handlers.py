@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from . import metrics
 from .apply import Kube, api_client
 from .autoscaling import Autoscaling
 from .reconcile import Reconciler, Resync, watch_caches
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 # 1, 1, 2, 3, 5, 8, 13, 21 s); ~90 s of retries before a request of kopf's fails.
 API_RETRY_BACKOFFS = (0.5, 1.0, *([2.0] * 44))
 # Reconciles run side by side: most cost no request, the rest wait on the API server.
-WORKERS = 4
+WORKERS = 8
 LISTED_LOG_SECONDS = 30
 
 
@@ -46,6 +47,9 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     memo.queue = queue
     memo.caches = caches
     memo.resync = Resync(caches, queue, operator_settings.resync_seconds)
+    metrics.QUEUE_DEPTH.set_function(lambda: len(queue))
+    if operator_settings.metrics_port:
+        metrics.serve(operator_settings.metrics_port)
     for cache in caches.all():
         cache.start()
     # Reconcile only once every cache has listed: a child not yet listed would look missing.

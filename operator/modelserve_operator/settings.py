@@ -37,6 +37,7 @@ class Settings:
     # MODELSERVE_ENGINE_IMAGE_<ENGINE> (VLLM, SGLANG, LLAMACPP): a mirror or a newer tag for every
     # ModelServer of that engine; a ModelServer's own spec.image still wins.
     engine_images: Mapping[str, str] = field(default_factory=dict)
+    metrics_port: int = 0  # MODELSERVE_METRICS_PORT: the operator's own /metrics; 0: not served
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -47,6 +48,7 @@ class Settings:
             resync_seconds=float(env.get("MODELSERVE_RESYNC_SECONDS", cls.resync_seconds)),
             cluster_domain=env.get("MODELSERVE_CLUSTER_DOMAIN", cls.cluster_domain),
             hub_endpoint=env.get("MODELSERVE_HUB_ENDPOINT", cls.hub_endpoint),
+            metrics_port=int(env.get("MODELSERVE_METRICS_PORT", cls.metrics_port)),
             engine_images={
                 key.removeprefix(ENGINE_IMAGE_PREFIX).lower(): value
                 for key, value in env.items()

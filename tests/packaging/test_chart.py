@@ -168,7 +168,10 @@ def test_operator_deployment_is_hardened(helm: Helm) -> None:
     # kopf's liveness endpoint is what the probe asks.
     (liveness,) = [arg for arg in container["args"] if arg.startswith("--liveness=")]
     port = int(re.fullmatch(r"--liveness=http://0\.0\.0\.0:(\d+)/healthz", liveness).group(1))
-    assert container["ports"] == [{"name": "health", "containerPort": port, "protocol": "TCP"}]
+    assert container["ports"] == [
+        {"name": "health", "containerPort": port, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 8081, "protocol": "TCP"},  # the operator's own /metrics
+    ]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
 
 
@@ -182,6 +185,7 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
             "operator.startupSeconds=900",
             "operator.resyncSeconds=30",
             "operator.clusterDomain=example.internal",
+            "operator.metricsPort=9100",
             "engines.vllm.image=mirror.example/vllm-openai:v9",
             "engines.llamacpp.image=mirror.example/llama:b1",
         )
@@ -195,6 +199,7 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
         resync_seconds=30.0,
         cluster_domain="example.internal",
         engine_images={"vllm": "mirror.example/vllm-openai:v9", "llamacpp": "mirror.example/llama:b1"},
+        metrics_port=9100,
     )
     assert all(name.startswith("MODELSERVE_") for name in env)
 

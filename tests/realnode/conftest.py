@@ -76,12 +76,18 @@ def node_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 
 
 @pytest.fixture(scope="module")
-def host_operator(node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def operator_metrics_port() -> int:
+    """Where the host operator serves its own /metrics."""
+    return free_ports(1)[0]
+
+
+@pytest.fixture(scope="module")
+def host_operator(
+    node_cluster: Cluster, operator_metrics_port: int, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
     """`modelserve-operator` as a host process against the real-node cluster; yields its log."""
-    with running_operator(node_cluster.operator_env, tmp_path_factory.mktemp("node-operator"), resync_seconds=5) as (
-        _,
-        log,
-    ):
+    env = {**node_cluster.operator_env, "MODELSERVE_METRICS_PORT": str(operator_metrics_port)}
+    with running_operator(env, tmp_path_factory.mktemp("node-operator"), resync_seconds=5) as (_, log):
         yield log
 
 

@@ -82,7 +82,7 @@ def _state(node: NodeView) -> str:
     return f"replicas {deployment.get('spec', {}).get('replicas')}, ready {len(ready)}, in flight {in_flight}"
 
 
-def test_replicas_follow_real_load_up_and_back_down(node: NodeView) -> None:
+def test_replicas_follow_real_load_up_and_back_down(node: NodeView, operator_metrics_port: int) -> None:
     node.apply(cpu_server("elastic", public=True, replicas=REPLICAS))
     node.wait_phase("elastic", "Ready")
     base = f"http://{node.cluster_ip('elastic')}"
@@ -125,3 +125,9 @@ def test_replicas_follow_real_load_up_and_back_down(node: NodeView) -> None:
     assert "ScaleUp" in reasons and "ScaleDown" in reasons, reasons
     status = (node.get("modelserver", "elastic") or {})["status"]
     assert status["scaling"]["reason"] == "ScaleDown" and status["desiredReplicas"] == 1, json.dumps(status)
+    # The operator's own metrics say the same.
+    exported = httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics", timeout=10).text
+    labels = f'namespace="{node.namespace}",modelserver="elastic"'
+    assert f"modelserve_operator_desired_replicas{{{labels}}} 1.0" in exported
+    for reason in ("ScaleUp", "ScaleDown"):
+        assert f'modelserve_operator_scale_decisions_total{{reason="{reason}"}}' in exported
