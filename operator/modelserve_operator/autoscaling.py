@@ -26,7 +26,7 @@ from .autoscaler import Decision, History, Load, Policy, decide
 from .manifests import SIDECAR_NAME
 from .replicas import autoscaled, desired_replicas
 from .spec import ModelServer, Replicas
-from .status import Scaling, utc_now
+from .status import Scaling, pod_ready, utc_now
 from .watch_cache import Key, WatchCache
 from .workqueue import WorkQueue
 
@@ -48,11 +48,6 @@ def policy(replicas: Replicas) -> Policy:
         scale_down_delay=replicas.scale_down_delay_seconds,
         idle_window=replicas.idle_window_seconds,
     )
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def readable(pod: dict[str, Any]) -> bool:
@@ -140,7 +135,7 @@ class Autoscaling:
         pods = [
             pod for pod in self.pods.owned_by(ms.namespace, ms.name) if not pod["metadata"].get("deletionTimestamp")
         ]
-        ready = [pod for pod in pods if _ready(pod) and readable(pod)]
+        ready = [pod for pod in pods if pod_ready(pod) and readable(pod)]
         loads = dict(
             zip(
                 (pod["metadata"]["name"] for pod in ready),
@@ -149,7 +144,7 @@ class Autoscaling:
             )
         )
         known = {name: load for name, load in loads.items() if load is not None}
-        if pods and not known and any(_ready(pod) for pod in pods):
+        if pods and not known and any(pod_ready(pod) for pod in pods):
             return  # replicas answer, but none can be read: hold rather than guess
         now = time.monotonic()
         arrivals = [
@@ -165,7 +160,7 @@ class Autoscaling:
             at=now,
             in_flight=sum(load.in_flight for load in known.values()),
             last_request_at=None if last == float("-inf") else last,
-            loading=sum(1 for pod in pods if not _ready(pod)),
+            loading=sum(1 for pod in pods if not pod_ready(pod)),
         )
         decision, history = decide(policy(ms.spec.replicas), history, load, current)
         with self._lock:

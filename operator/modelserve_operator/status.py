@@ -158,7 +158,8 @@ def _condition(type_: str, ok: bool, reason: str, message: str, generation: int)
     )
 
 
-def _is_ready(pod: dict[str, Any]) -> bool:
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """Ready and not terminating: a pod the Deployment counts as ready."""
     if pod["metadata"].get("deletionTimestamp"):
         return False
     conditions = (pod.get("status") or {}).get("conditions") or []
@@ -186,7 +187,7 @@ def compute_status(
     # Counted from the pods, not the Deployment's readyReplicas: the pods' own Ready reaches the
     # operator first (the Deployment's status waits its turn in the controller-manager, ~100 s
     # behind at 1,000 ModelServers). The same pods the Deployment counts: any revision, not terminating.
-    ready = sum(1 for pod in pods if _is_ready(pod))
+    ready = sum(1 for pod in pods if pod_ready(pod))
     observed = deployment is not None and dep_status.get("observedGeneration", 0) >= deployment["metadata"].get(
         "generation", 0
     )
