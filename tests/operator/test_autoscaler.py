@@ -10,7 +10,15 @@ from modelserve_operator.autoscaling import readable
 from modelserve_operator.replicas import autoscaled, desired_replicas
 from modelserve_operator.spec import Replicas
 from modelserve_operator.status import transitions
-from modelserve_sandbox.load_traces import autoscaler_rule, burst, flapping_bait, simulate, spike_then_idle
+from modelserve_sandbox.load_traces import (
+    autoscaler_rule,
+    burst,
+    diurnal,
+    flapping_bait,
+    ramp,
+    simulate,
+    spike_then_idle,
+)
 
 POLICY = Policy(min=1, buffer=1, max=10, target=8, scale_down_delay=300, idle_window=600)
 TO_ZERO = Policy(min=0, buffer=1, max=10, target=8, scale_down_delay=300, idle_window=600)
@@ -135,3 +143,21 @@ def test_each_scaling_decision_is_an_event() -> None:
         ("Normal", "ScaleDown", "3 -> 2 replicas")
     ]
     assert transitions(after, after) == []
+
+
+def test_traces_a_ramp_is_followed_up_and_down_within_the_bounds() -> None:
+    outcome = simulate(ramp(), autoscaler_rule(POLICY), start_replicas=2)
+    counts = [replicas for _, replicas, _ in outcome.timeline]
+    peak = counts.index(max(counts))
+    assert max(counts) <= POLICY.max and min(counts) >= POLICY.min
+    assert counts[:peak] == sorted(counts[:peak])  # never down on the way up
+    assert counts[peak:] == sorted(counts[peak:], reverse=True)  # never up on the way down
+    assert counts[-1] < max(counts)
+
+
+def test_traces_a_day_scales_with_it_and_serves_it() -> None:
+    outcome = simulate(diurnal(), autoscaler_rule(POLICY), start_replicas=2)
+    counts = [replicas for _, replicas, _ in outcome.timeline]
+    assert counts[len(counts) // 2] > counts[0] and counts[-1] < max(counts)
+    assert outcome.waited == 0  # the buffer absorbs the afternoon's growth while replicas start
+    assert outcome.scale_events <= 12
