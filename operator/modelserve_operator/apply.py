@@ -100,8 +100,7 @@ class Kube:
     ) -> dict[str, Any]:
         response = self._send(method, url, query, body, content_type, accept, REQUEST_TIMEOUT)
         response.read()
-        if not 200 <= response.status <= 299:
-            raise ApiException(http_resp=response)
+        _raise_unless_ok(response)
         return json.loads(response.data)
 
     def _send(
@@ -151,8 +150,8 @@ class Kube:
         response = self._send("GET", url, query, None, JSON, accept, (REQUEST_TIMEOUT[0], WATCH_READ_TIMEOUT))
         try:
             if not 200 <= response.status <= 299:
-                response.read()
-                raise ApiException(http_resp=response)
+                response.read()  # the refusal's body, for the exception
+            _raise_unless_ok(response)
             pending = b""
             for chunk in response.response.stream(64 * 1024, decode_content=True):
                 lines = (pending + chunk).split(b"\n")
@@ -235,22 +234,26 @@ class Kube:
             body=body,
         )
 
-    def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        """A merge patch (e.g. one annotation), for what server-side apply does not own."""
+    def patch(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any], sub: str | None = None
+    ) -> dict[str, Any]:
+        """A merge patch (one annotation, the status subresource); returns the object as written."""
         return self._call(
-            "PATCH", path(api_version, kind, namespace, name), body=patch, content_type="application/merge-patch+json"
+            "PATCH",
+            path(api_version, kind, namespace, name, sub),
+            body=patch,
+            content_type="application/merge-patch+json",
         )
 
     def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any]:
-        """Merge-patch the status subresource; returns the object as written."""
-        return self._call(
-            "PATCH",
-            path(api_version, kind, namespace, name, "status"),
-            body={"status": status},
-            content_type="application/merge-patch+json",
-        )
+        return self.patch(api_version, kind, namespace, name, {"status": status}, sub="status")
+
+
+def _raise_unless_ok(response: Any) -> None:
+    if not 200 <= response.status <= 299:
+        raise ApiException(http_resp=response)
 
 
 def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
