@@ -1,0 +1,165 @@
+"""The hot path both the sidecar and the gateway run: read a request body, send it upstream with
+aiohttp, and stream the answer back to the ASGI client chunk by chunk, untouched. Raw ASGI, no
+framework layer; a client that goes away cancels the upstream request (which aborts the generation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from time import perf_counter
+from typing import Any
+
+import aiohttp
+
+from . import errors
+from .usage import ResponseTail
+
+# RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+# Answers that carry token usage: JSON, or SSE streams.
+USAGE_TYPES = frozenset({"application/json", "text/event-stream"})
+
+Headers = list[tuple[bytes, bytes]]
+
+
+def filter_headers(headers: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes]) -> Headers:
+    """Headers without `drop` and without any header the Connection header names (pure)."""
+    kept: Headers = []
+    for raw_name, value in headers:
+        name = raw_name.lower()
+        if name == b"connection":
+            drop = drop | {token.strip().lower() for token in value.split(b",")}
+        kept.append((name, value))
+    return [(name, value) for name, value in kept if name not in drop]
+
+
+def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def upstream_error_kind(exc: BaseException) -> str:
+    """The metrics label of a failed upstream exchange."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timeout"
+    return "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "disconnected"
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request body was being read."""
+
+
+class Exchange:
+    """What one request did, for its metrics."""
+
+    __slots__ = ("client_gone", "start", "status", "ttfb")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.status = 500
+        self.ttfb: float | None = None
+        self.client_gone = False
+
+
+async def respond(send: Any, error: errors.ErrorResponse, close: bool = False) -> int:
+    body = error.body()
+    headers = error.headers(body)
+    if close:  # the rest of an oversized body is not read, so the connection cannot be reused
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+    return error.status
+
+
+async def read_body(receive: Any, limit: int) -> bytes | None:
+    """The whole request body, or None when it grows beyond `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def relay(
+    receive: Any,
+    send: Any,
+    exchange: Exchange,
+    open_upstream: Callable[[], Awaitable[aiohttp.ClientResponse]],
+    failed: Callable[[BaseException], errors.ErrorResponse],
+    count_usage: bool = False,
+    extra_headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> tuple[bytes | None, BaseException | None]:
+    """Open the upstream request and stream its answer to the client.
+
+    Returns the end of the answer when `count_usage` and it may carry usage, and the upstream
+    error if there was one (after a status was sent, the answer just ends without its final
+    chunk, which tells the client it was cut; before, the client gets `failed(error)`)."""
+    # receive() only returns again when the client goes away: that cancels this task, which
+    # closes the upstream connection, which makes the engine abort the generation.
+    task = asyncio.current_task()
+    assert task is not None
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task, exchange))
+    started = False
+    try:
+        upstream = await open_upstream()
+        async with upstream:
+            exchange.status = upstream.status
+            headers = filter_headers(upstream.raw_headers, HOP_BY_HOP)
+            headers.extend(extra_headers)
+            await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
+            started = True
+            counted = count_usage and upstream.status == 200 and upstream.content_type in USAGE_TYPES
+            tail = ResponseTail() if counted else None
+            async for chunk in upstream.content.iter_any():
+                if exchange.ttfb is None:
+                    exchange.ttfb = perf_counter() - exchange.start
+                if tail is not None:
+                    tail.add(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            watcher.cancel()  # before the last send: after it, receive() reports a disconnect
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return (tail.bytes() if tail is not None else None), None
+    except asyncio.CancelledError:
+        if not exchange.client_gone:
+            raise  # shutdown, not a disconnect
+        task.uncancel()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        if not started:
+            exchange.status = await respond(send, failed(exc))
+        return None, exc
+    finally:
+        watcher.cancel()
+    return None, None
+
+
+async def _cancel_on_disconnect(receive: Any, task: asyncio.Task[Any], exchange: Exchange) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    exchange.client_gone = True
+    task.cancel()
