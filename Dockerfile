@@ -1,4 +1,4 @@
-# One image for the modelserve operator, the per-pod sidecar and the `modelserve` CLI.
+# One image for the modelserve operator, the per-pod sidecar, the gateway and the `modelserve` CLI.
 # Kubernetes probes check health (the operator's /healthz, the sidecar's /healthz and
 # /readyz), so the image has no HEALTHCHECK. Build: docker build -t modelserve:0.1.0 .
 
@@ -14,6 +14,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY sidecar/ sidecar/
+COPY gateway/ gateway/
 COPY sandbox/ sandbox/
 RUN python -m venv "$VENV" \
     && "$VENV/bin/pip" wheel --no-deps --wheel-dir dist . \

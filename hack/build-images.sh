@@ -81,7 +81,7 @@ fi
 
 # --- the project image, from the project's own Dockerfile ---------------------------------
 mapfile -t inputs < <(git ls-files -co --exclude-standard Dockerfile .dockerignore pyproject.toml \
-  README.md operator sidecar sandbox | sort)
+  README.md operator sidecar gateway sandbox | sort)
 project_hash=$(echo "$base_hash" | cat - <(hash_files "${inputs[@]}") | sha256sum | cut -c1-16)
 PROJECT=ghcr.io/modelserve/modelserve:$VERSION
 if [[ ! -f $IMAGES/modelserve-$project_hash.tar ]]; then

@@ -13,11 +13,13 @@ import logging
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from modelserve_gateway import contract as gateway
 from modelserve_sidecar.contract import LISTEN_PORT, LOAD_ROUTE, PodLoad
 
 from . import metrics
@@ -50,32 +52,66 @@ def policy(replicas: Replicas) -> Policy:
     )
 
 
-def readable(pod: dict[str, Any]) -> bool:
-    """A pod whose sidecar a container runtime started and that has an address: one that can answer.
+def readable(pod: dict[str, Any], container: str = SIDECAR_NAME) -> bool:
+    """A pod whose `container` a container runtime started and that has an address: one that can answer.
     (Simulated nodes such as KWOK's report running containers with no container ID and an
     address nothing listens on: such pods are never read.)"""
     if pod["metadata"].get("deletionTimestamp") or not (pod.get("status") or {}).get("podIP"):
         return False
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return any(
-        s.get("name") == SIDECAR_NAME and s.get("containerID") and "running" in (s.get("state") or {}) for s in statuses
+        s.get("name") == container and s.get("containerID") and "running" in (s.get("state") or {}) for s in statuses
     )
 
 
-def read_pod_load(address: str) -> PodLoad | None:
-    url = f"http://{address}:{LISTEN_PORT}{LOAD_ROUTE}"
+def read_json(url: str) -> Any:
+    """A pod's JSON answer, or None when it cannot be read now."""
     try:
         with urllib.request.urlopen(url, timeout=READ_TIMEOUT_SECONDS) as answer:
-            return PodLoad.from_json(json.loads(answer.read()))
-    except (OSError, ValueError, KeyError, TypeError):
+            return json.loads(answer.read())
+    except (OSError, ValueError):
         return None
+
+
+def read_pod_load(address: str) -> PodLoad | None:
+    body = read_json(f"http://{address}:{LISTEN_PORT}{LOAD_ROUTE}")
+    try:
+        return None if body is None else PodLoad.from_json(body)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def read_held(address: str) -> dict[Key, int]:
+    """What one gateway pod holds, per ModelServer (nothing when it cannot be read)."""
+    body = read_json(f"http://{address}:{gateway.LISTEN_PORT}{gateway.HELD_ROUTE}")
+    try:
+        return {} if body is None else gateway.held_from_json(body)
+    except (KeyError, TypeError, ValueError):
+        return {}
+
+
+def total_held(gateway_pods: list[dict[str, Any]], read: Callable[[str], dict[Key, int]]) -> dict[Key, int]:
+    """Requests held across the ready gateway pods, per ModelServer."""
+    totals: dict[Key, int] = {}
+    for pod in gateway_pods:
+        if pod_ready(pod) and readable(pod, gateway.GATEWAY_CONTAINER):
+            for key, count in read(pod["status"]["podIP"]).items():
+                totals[key] = totals.get(key, 0) + count
+    return totals
 
 
 class Autoscaling:
     def __init__(
-        self, kube: Kube, modelservers: WatchCache, pods: WatchCache, deployments: WatchCache, queue: WorkQueue
+        self,
+        kube: Kube,
+        modelservers: WatchCache,
+        pods: WatchCache,
+        deployments: WatchCache,
+        queue: WorkQueue,
+        gateways: WatchCache | None = None,
     ):
         self.kube = kube
+        self.gateways = gateways  # the gateway's pods, whose held requests are demand
         self.modelservers = modelservers
         self.pods = pods
         self.deployments = deployments
@@ -116,13 +152,14 @@ class Autoscaling:
 
     def _run(self) -> None:
         while not self._stop.wait(PERIOD_SECONDS):
+            held = total_held(self.gateways.items(), read_held) if self.gateways is not None else {}
             for body in self.modelservers.items():
                 try:
-                    self._step(body)
+                    self._step(body, held)
                 except Exception:  # one ModelServer's trouble must not stop the others'
                     log.exception("%s/%s: autoscaling failed", body["metadata"]["namespace"], body["metadata"]["name"])
 
-    def _step(self, body: dict[str, Any]) -> None:
+    def _step(self, body: dict[str, Any], held: dict[Key, int]) -> None:
         bounds = (body.get("spec") or {}).get("replicas") or {}
         if (
             bounds.get("max", 1) <= bounds.get("min", 1)
@@ -159,6 +196,7 @@ class Autoscaling:
         load = Load(
             at=now,
             in_flight=sum(load.in_flight for load in known.values()),
+            held=held.get(key, 0),
             last_request_at=None if last == float("-inf") else last,
             loading=sum(1 for pod in pods if not pod_ready(pod)),
         )
@@ -166,6 +204,7 @@ class Autoscaling:
         with self._lock:
             self._histories[key] = history
         metrics.DEMAND.labels(*key).set(load.in_flight)
+        metrics.HELD.labels(*key).set(load.held)
         metrics.DESIRED_REPLICAS.labels(*key).set(decision.replicas)
         if decision.replicas == current:
             return

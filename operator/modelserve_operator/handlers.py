@@ -15,19 +15,18 @@ from typing import Any
 
 import kopf
 
+from modelserve_gateway.contract import GATEWAY_LABEL
+
 from . import metrics
 from .apply import Kube, api_client
 from .autoscaling import Autoscaling
 from .reconcile import Reconciler, Resync, watch_caches
 from .settings import Settings
+from .watch_cache import API_RETRY_BACKOFFS, WatchCache, Watched
 from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-# Retries of a failed API request (watches included) wait at most 2 s, so after an API server
-# outage the operator sees the cluster again within a couple of seconds (kopf's own default climbs
-# 1, 1, 2, 3, 5, 8, 13, 21 s); ~90 s of retries before a request of kopf's fails.
-API_RETRY_BACKOFFS = (0.5, 1.0, *([2.0] * 44))
 # Reconciles run side by side: most cost no request, the rest wait on the API server.
 WORKERS = 8
 LISTED_LOG_SECONDS = 30
@@ -42,7 +41,8 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     queue = WorkQueue(WORKERS)
     caches = watch_caches(kube, tuple(memo.get("namespaces", ())), queue, API_RETRY_BACKOFFS)
     by_kind = caches.by_kind
-    memo.autoscaling = Autoscaling(kube, caches.modelservers, by_kind["Pod"], by_kind["Deployment"], queue)
+    gateways = gateway_pods(kube, operator_settings.gateway_namespace)
+    memo.autoscaling = Autoscaling(kube, caches.modelservers, by_kind["Pod"], by_kind["Deployment"], queue, gateways)
     memo.reconciler = Reconciler(kube, operator_settings, caches, memo.autoscaling)
     memo.queue = queue
     memo.caches = caches
@@ -50,7 +50,8 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     metrics.QUEUE_DEPTH.set_function(lambda: len(queue))
     if operator_settings.metrics_port:
         metrics.serve(operator_settings.metrics_port)
-    for cache in caches.all():
+    memo.gateways = gateways
+    for cache in [*caches.all(), *([gateways] if gateways else [])]:
         cache.start()
     # Reconcile only once every cache has listed: a child not yet listed would look missing.
     threading.Thread(target=_start_when_listed, args=(memo,), name="modelserve-listed", daemon=True).start()
@@ -70,5 +71,13 @@ def stop(memo: kopf.Memo, **_: Any) -> None:
     memo.autoscaling.stop()
     memo.resync.stop()
     memo.queue.stop()
-    for cache in memo.caches.all():
+    for cache in [*memo.caches.all(), *([memo.gateways] if memo.gateways else [])]:
         cache.stop()
+
+
+def gateway_pods(kube: Kube, namespace: str) -> WatchCache | None:
+    """The gateway's pods (by their label, in its namespace), whose held requests are demand."""
+    if not namespace:
+        return None
+    watched = Watched("v1", "Pod", GATEWAY_LABEL)
+    return WatchCache(kube, watched, (namespace,), lambda body: None, API_RETRY_BACKOFFS)

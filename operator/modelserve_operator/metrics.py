@@ -18,6 +18,12 @@ DESIRED_REPLICAS = Gauge(
 DEMAND = Gauge(
     f"{PREFIX}_demand_in_flight", "Requests in flight across the pods, as last read.", MODELSERVER, registry=REGISTRY
 )
+HELD = Gauge(
+    f"{PREFIX}_demand_held",
+    "Requests the gateway holds for a ready replica (a ModelServer at zero), as last read.",
+    MODELSERVER,
+    registry=REGISTRY,
+)
 SCALE_DECISIONS = Counter(
     f"{PREFIX}_scale_decisions", "Replica count changes, by reason (ScaleUp, ScaleDown).", ["reason"], registry=REGISTRY
 )
@@ -30,6 +36,6 @@ def serve(port: int) -> None:
 
 
 def forget(namespace: str, name: str) -> None:
-    for gauge in (DESIRED_REPLICAS, DEMAND):
+    for gauge in (DESIRED_REPLICAS, DEMAND, HELD):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)

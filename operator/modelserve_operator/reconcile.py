@@ -129,6 +129,7 @@ class Reconciler:
             key_secret_status(manifests.generated_secret_name(ms), key_generated, previous, now),
             desired=replicas,
             scaling=self.autoscaling.scaling(ms),
+            gateway_endpoint=self.settings.gateway_url or None,
         )
         self._report(body, previous, status, now)
 

@@ -11,7 +11,7 @@ FIELD_MANAGER = "modelserve-operator"
 ENGINE_IMAGE_PREFIX = "MODELSERVE_ENGINE_IMAGE_"
 
 
-def _package_version() -> str:
+def package_version() -> str:
     try:
         return version("modelserve")
     except PackageNotFoundError:
@@ -19,7 +19,7 @@ def _package_version() -> str:
 
 
 # How the operator's own requests show in the API server's audit log.
-USER_AGENT = f"{FIELD_MANAGER}/{_package_version()}"
+USER_AGENT = f"{FIELD_MANAGER}/{package_version()}"
 
 
 @dataclass(frozen=True)
@@ -38,17 +38,24 @@ class Settings:
     # ModelServer of that engine; a ModelServer's own spec.image still wins.
     engine_images: Mapping[str, str] = field(default_factory=dict)
     metrics_port: int = 0  # MODELSERVE_METRICS_PORT: the operator's own /metrics; 0: not served
+    # MODELSERVE_GATEWAY_URL: the gateway's base URL, written to every status.gatewayEndpoint.
+    gateway_url: str = ""
+    # MODELSERVE_GATEWAY_NAMESPACE: where the gateway's pods run; the autoscaler reads the requests
+    # they hold for ModelServers at zero. Empty: no gateway.
+    gateway_namespace: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         return cls(
-            sidecar_image=env.get("MODELSERVE_SIDECAR_IMAGE", f"ghcr.io/modelserve/modelserve:{_package_version()}"),
+            sidecar_image=env.get("MODELSERVE_SIDECAR_IMAGE", f"ghcr.io/modelserve/modelserve:{package_version()}"),
             drain_seconds=int(env.get("MODELSERVE_DRAIN_SECONDS", cls.drain_seconds)),
             startup_seconds=int(env.get("MODELSERVE_STARTUP_SECONDS", cls.startup_seconds)),
             resync_seconds=float(env.get("MODELSERVE_RESYNC_SECONDS", cls.resync_seconds)),
             cluster_domain=env.get("MODELSERVE_CLUSTER_DOMAIN", cls.cluster_domain),
             hub_endpoint=env.get("MODELSERVE_HUB_ENDPOINT", cls.hub_endpoint),
             metrics_port=int(env.get("MODELSERVE_METRICS_PORT", cls.metrics_port)),
+            gateway_url=env.get("MODELSERVE_GATEWAY_URL", cls.gateway_url),
+            gateway_namespace=env.get("MODELSERVE_GATEWAY_NAMESPACE", cls.gateway_namespace),
             engine_images={
                 key.removeprefix(ENGINE_IMAGE_PREFIX).lower(): value
                 for key, value in env.items()

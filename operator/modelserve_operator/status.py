@@ -65,6 +65,11 @@ class ModelServerStatus(BaseModel):
     selector: str | None = Field(None, description="Label selector of the pods (for the /scale subresource).")
     ready_replicas: int | None = Field(None, description="Pods whose sidecar reports the model ready.")
     endpoint: str | None = Field(None, description="In-cluster base URL of the OpenAI-compatible API.")
+    gateway_endpoint: str | None = Field(
+        None,
+        description="In-cluster base URL of the gateway, one endpoint for every model (the request's model "
+        "picks); it holds requests while the model scales from zero.",
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Ready, Progressing and Degraded.",
@@ -178,6 +183,7 @@ def compute_status(
     key_secret: KeySecretStatus | None = None,
     desired: int | None = None,
     scaling: Scaling | None = None,
+    gateway_endpoint: str | None = None,
 ) -> dict[str, Any]:
     """The status to write, in wire form. `previous` keeps lastTransitionTime of unchanged conditions.
     `desired`: the autoscaler's replica count (None: min + buffer); `scaling`: its last decision."""
@@ -237,6 +243,7 @@ def compute_status(
         replicas=replicas,
         ready_replicas=ready,
         endpoint=endpoint,
+        gateway_endpoint=gateway_endpoint,
         conditions=_timed([ready_condition, progressing, degraded], previous, now),
         key_secret=key_secret,
         desired_replicas=desired,
@@ -260,6 +267,7 @@ def invalid_spec_status(generation: int, previous: dict[str, Any] | None, now: s
         replicas=previous.get("replicas", 0),
         ready_replicas=previous.get("readyReplicas", 0),
         endpoint=previous.get("endpoint"),
+        gateway_endpoint=previous.get("gatewayEndpoint"),
         conditions=_timed(conditions, previous, now),
     )
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -21,6 +21,10 @@ from .apply import Kube, error_message
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
+# Retries of a failed API request (watches included) wait at most 2 s, so after an API server
+# outage the operator sees the cluster again within a couple of seconds (kopf's own default climbs
+# 1, 1, 2, 3, 5, 8, 13, 21 s); ~90 s of retries before a request of kopf's fails.
+API_RETRY_BACKOFFS = (0.5, 1.0, *([2.0] * 44))
 OnChange = Callable[[dict[str, Any]], None]
 
 

@@ -162,7 +162,7 @@ def _path(raw: str) -> Path:
     return Path(_non_empty(raw))
 
 
-def _setting(
+def env_setting(
     env: str,
     parse: Callable[[str], Any],
     render: Callable[[Any], str] = str,
@@ -193,56 +193,62 @@ def _render_sampling(values: Mapping[str, float | int]) -> str:
     return json.dumps(dict(values), sort_keys=True, separators=(",", ":"))
 
 
+def read_env(cls: type[T], env: Mapping[str, str]) -> T:
+    """An instance of the dataclass `cls` whose fields are `env_setting`s, read from `env`; raise
+    ConfigError naming the variable that is missing or bad."""
+    values = {}
+    for setting in dataclasses.fields(cls):  # type: ignore[arg-type]
+        name = setting.metadata["env"]
+        raw = (env.get(name) or "").strip()
+        if raw:
+            try:
+                values[setting.name] = setting.metadata["parse"](raw)
+            except ValueError as exc:
+                raise ConfigError(f"{name}={env[name]!r}: {exc}") from None
+        elif setting.default is dataclasses.MISSING and setting.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{name} is required")
+    return cls(**values)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the sidecar runs with; each field is one MODELSERVE_* variable."""
 
-    upstream_url: str = _setting("MODELSERVE_UPSTREAM_URL", _base_url)
-    served_model: str = _setting("MODELSERVE_SERVED_MODEL", _non_empty)
-    listen_host: str = _setting("MODELSERVE_LISTEN_HOST", _non_empty, default="0.0.0.0")
-    listen_port: int = _setting("MODELSERVE_LISTEN_PORT", _port, default=LISTEN_PORT)
-    engine_health_path: str = _setting("MODELSERVE_ENGINE_HEALTH_PATH", _route, default="/health")
-    engine_metrics_path: str = _setting("MODELSERVE_ENGINE_METRICS_PATH", _route, default="/metrics")
+    upstream_url: str = env_setting("MODELSERVE_UPSTREAM_URL", _base_url)
+    served_model: str = env_setting("MODELSERVE_SERVED_MODEL", _non_empty)
+    listen_host: str = env_setting("MODELSERVE_LISTEN_HOST", _non_empty, default="0.0.0.0")
+    listen_port: int = env_setting("MODELSERVE_LISTEN_PORT", _port, default=LISTEN_PORT)
+    engine_health_path: str = env_setting("MODELSERVE_ENGINE_HEALTH_PATH", _route, default="/health")
+    engine_metrics_path: str = env_setting("MODELSERVE_ENGINE_METRICS_PATH", _route, default="/metrics")
     # How long the engine may take to answer its health route and model list before it counts as
     # unreachable; the operator sets it per engine (SGLang's health route may generate a token).
-    engine_probe_timeout_seconds: float = _setting(
+    engine_probe_timeout_seconds: float = env_setting(
         "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS", _positive_float, _render_number, default=5.0
     )
-    auth_public: bool = _setting("MODELSERVE_AUTH", _is_public, _render_auth, default=False)
-    keys_dir: Path = _setting("MODELSERVE_KEYS_DIR", _path, default=Path(KEYS_DIR))  # noqa: RUF009 - immutable
-    metrics_public: bool = _setting("MODELSERVE_METRICS_PUBLIC", _bool, _render_bool, default=True)
-    vision: bool = _setting("MODELSERVE_VISION", _bool, _render_bool, default=False)
-    sampling_defaults: Mapping[str, float | int] = _setting(
+    auth_public: bool = env_setting("MODELSERVE_AUTH", _is_public, _render_auth, default=False)
+    keys_dir: Path = env_setting("MODELSERVE_KEYS_DIR", _path, default=Path(KEYS_DIR))  # noqa: RUF009 - immutable
+    metrics_public: bool = env_setting("MODELSERVE_METRICS_PUBLIC", _bool, _render_bool, default=True)
+    vision: bool = env_setting("MODELSERVE_VISION", _bool, _render_bool, default=False)
+    sampling_defaults: Mapping[str, float | int] = env_setting(
         "MODELSERVE_SAMPLING_DEFAULTS",
         _sampling,
         _render_sampling,
         default_factory=lambda: MappingProxyType({}),
     )
-    max_body_bytes: int = _setting("MODELSERVE_MAX_BODY_BYTES", _positive_int, default=10 * 1024 * 1024)
-    upstream_timeout_seconds: float = _setting(
+    max_body_bytes: int = env_setting("MODELSERVE_MAX_BODY_BYTES", _positive_int, default=10 * 1024 * 1024)
+    upstream_timeout_seconds: float = env_setting(
         "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS", _positive_float, _render_number, default=600.0
     )
     # SIGTERM's drain deadline for in-flight streams.
-    drain_seconds: float = _setting("MODELSERVE_DRAIN_SECONDS", _non_negative_float, _render_number, default=60.0)
+    drain_seconds: float = env_setting("MODELSERVE_DRAIN_SECONDS", _non_negative_float, _render_number, default=60.0)
     # Connections to the engine; sized for an engine's concurrency (vLLM queues beyond its
     # max-num-seqs itself, where its own metrics show the wait), not aiohttp's default 100.
-    upstream_max_connections: int = _setting("MODELSERVE_UPSTREAM_MAX_CONNECTIONS", _positive_int, default=1024)
+    upstream_max_connections: int = env_setting("MODELSERVE_UPSTREAM_MAX_CONNECTIONS", _positive_int, default=1024)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """Build settings from `MODELSERVE_*` variables; raise ConfigError naming the bad one."""
-        values = {}
-        for setting in dataclasses.fields(cls):
-            name = setting.metadata["env"]
-            raw = (env.get(name) or "").strip()
-            if raw:
-                try:
-                    values[setting.name] = setting.metadata["parse"](raw)
-                except ValueError as exc:
-                    raise ConfigError(f"{name}={env[name]!r}: {exc}") from None
-            elif setting.default is dataclasses.MISSING and setting.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{name} is required")
-        return cls(**values)
+        return read_env(cls, env)
 
     def to_env(self) -> dict[str, str]:
         """Every setting as its variable, so a pod's spec shows all the sidecar runs with. Two are

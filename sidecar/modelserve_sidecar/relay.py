@@ -113,7 +113,7 @@ async def relay(
     open_upstream: Callable[[], Awaitable[aiohttp.ClientResponse]],
     failed: Callable[[BaseException], errors.ErrorResponse],
     count_usage: bool = False,
-    extra_headers: tuple[tuple[bytes, bytes], ...] = (),
+    extra_headers: Callable[[], Iterable[tuple[bytes, bytes]]] | None = None,
 ) -> tuple[bytes | None, BaseException | None]:
     """Open the upstream request and stream its answer to the client.
 
@@ -131,7 +131,8 @@ async def relay(
         async with upstream:
             exchange.status = upstream.status
             headers = filter_headers(upstream.raw_headers, HOP_BY_HOP)
-            headers.extend(extra_headers)
+            if extra_headers is not None:  # known once the upstream is chosen (the gateway's replica)
+                headers.extend(extra_headers())
             await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
             started = True
             counted = count_usage and upstream.status == 200 and upstream.content_type in USAGE_TYPES

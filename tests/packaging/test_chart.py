@@ -12,6 +12,8 @@ import yaml
 from chart import CHART, REPO, Helm, by_kind, template_args
 from prometheus_client.metrics_core import Metric
 
+from modelserve_gateway.contract import GATEWAY_LABEL
+from modelserve_gateway.settings import GatewaySettings
 from modelserve_operator import main as operator_main
 from modelserve_operator import manifests
 from modelserve_operator.engines import ENGINES
@@ -26,6 +28,7 @@ EVERYTHING_ON = ("serviceMonitor.enabled=true", "dashboard.enabled=true", "opera
 PASS_THROUGH = {
     "global",
     "operator.extraEnv[].valueFrom",
+    "gateway.extraEnv[].valueFrom",
     "affinity.nodeAffinity",
     "affinity.podAffinity",
     "affinity.podAntiAffinity",
@@ -143,15 +146,28 @@ def test_chart_crd_is_the_generated_one() -> None:
     assert [path.name for path in (CHART / "crds").iterdir()] == ["modelserver.yaml"]
 
 
+def _deployment(rendered: str, component: str) -> dict[str, Any]:
+    (deployment,) = [
+        d
+        for d in by_kind(rendered, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]
+    return deployment
+
+
 def _operator_container(rendered: str) -> dict[str, Any]:
-    (deployment,) = by_kind(rendered, "Deployment")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (container,) = _deployment(rendered, "operator")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _gateway_container(rendered: str) -> dict[str, Any]:
+    (container,) = _deployment(rendered, "gateway")["spec"]["template"]["spec"]["containers"]
     return container
 
 
 def test_operator_deployment_is_hardened(helm: Helm) -> None:
     rendered = helm(*template_args("ms", "modelserve-system")).stdout
-    (deployment,) = by_kind(rendered, "Deployment")
+    deployment = _deployment(rendered, "operator")
     spec = deployment["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
@@ -200,8 +216,69 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
         cluster_domain="example.internal",
         engine_images={"vllm": "mirror.example/vllm-openai:v9", "llamacpp": "mirror.example/llama:b1"},
         metrics_port=9100,
+        gateway_url="http://ms-modelserve-gateway.modelserve-system.svc.example.internal/v1",
+        gateway_namespace="modelserve-system",
     )
     assert all(name.startswith("MODELSERVE_") for name in env)
+
+
+def test_gateway_is_hardened_and_reads_what_the_chart_sets(helm: Helm) -> None:
+    rendered = helm(
+        *template_args(
+            "ms",
+            "modelserve-system",
+            "operator.watchNamespaces={b,a}",
+            "gateway.routing=prefix-affinity",
+            "gateway.holdSeconds=900",
+            "gateway.maxHeldPerModel=32",
+            "gateway.drainSeconds=30",
+        )
+    ).stdout
+    deployment = _deployment(rendered, "gateway")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["serviceAccountName"] == "ms-modelserve-gateway"
+    container = _gateway_container(rendered)
+    assert container["command"] == ["modelserve-gateway"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    # The label the operator finds the gateway's pods by, to read what they hold.
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels[GATEWAY_LABEL] == "ms-modelserve-gateway"
+    env = {var["name"]: var["value"] for var in container["env"]}
+    assert GatewaySettings.from_env(env) == GatewaySettings(
+        namespaces=("a", "b"), routing="prefix-affinity", hold_seconds=900.0, max_held=32, drain_seconds=30.0
+    )
+    (service,) = [s for s in by_kind(rendered, "Service") if s["metadata"]["name"] == "ms-modelserve-gateway"]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    operator_env = {var["name"]: var["value"] for var in _operator_container(rendered)["env"]}
+    assert (
+        operator_env["MODELSERVE_GATEWAY_URL"] == "http://ms-modelserve-gateway.modelserve-system.svc.cluster.local/v1"
+    )
+
+
+def test_gateway_reads_and_never_writes_nor_sees_secrets(helm: Helm) -> None:
+    for scope in ((), ("operator.watchNamespaces={a,b}",)):
+        rendered = helm(*template_args("ms", "modelserve-system", *scope)).stdout
+        roles = [
+            role
+            for role in [*by_kind(rendered, "Role"), *by_kind(rendered, "ClusterRole")]
+            if role["metadata"]["name"] == "ms-modelserve-gateway"
+        ]
+        assert len(roles) == (2 if scope else 1)
+        for role in roles:
+            assert role["rules"] == [
+                {"apiGroups": ["serving.modelserve.dev"], "resources": ["modelservers"], "verbs": ["list", "watch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+            ]
+
+
+def test_gateway_can_be_turned_off(helm: Helm) -> None:
+    rendered = helm(*template_args("ms", "modelserve-system", "gateway.enabled=false")).stdout
+    assert [d["metadata"]["name"] for d in by_kind(rendered, "Deployment")] == ["ms-modelserve"]
+    assert not [s for s in by_kind(rendered, "Service") if "gateway" in s["metadata"]["name"]]
+    operator_env = {var["name"] for var in _operator_container(rendered)["env"]}
+    assert "MODELSERVE_GATEWAY_URL" not in operator_env and "MODELSERVE_GATEWAY_NAMESPACE" not in operator_env
 
 
 def test_operator_accepts_the_chart_arguments(helm: Helm, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -47,6 +47,10 @@ class Install:
     def user(self) -> str:
         return f"system:serviceaccount:{self.namespace}:{self.release}"
 
+    @property
+    def gateway_user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.release}-gateway"
+
 
 def _install(cluster: Cluster, watched: tuple[str, ...]) -> Install:
     install = Install(f"modelserve-{uuid.uuid4().hex[:6]}", f"op-{uuid.uuid4().hex[:6]}", watched)
@@ -60,9 +64,10 @@ def _install(cluster: Cluster, watched: tuple[str, ...]) -> Install:
     return install
 
 
-def service_account_kubeconfig(cluster: Cluster, install: Install, path: Path) -> Path:
-    """A kubeconfig holding only a TokenRequest token of the chart's ServiceAccount."""
-    token = cluster.kubectl("create", "token", install.release, "-n", install.namespace, "--duration=1h").stdout.strip()
+def service_account_kubeconfig(cluster: Cluster, install: Install, path: Path, account: str | None = None) -> Path:
+    """A kubeconfig holding only a TokenRequest token of one of the chart's ServiceAccounts."""
+    account = account or install.release
+    token = cluster.kubectl("create", "token", account, "-n", install.namespace, "--duration=1h").stdout.strip()
     admin = json.loads(cluster.kubeconfig.read_text())
     path.write_text(
         json.dumps(
@@ -93,7 +98,11 @@ def run_operator_to_ready(cluster: Cluster, install: Install, app_namespace: str
     kubeconfig = service_account_kubeconfig(cluster, install, workdir / "operator.kubeconfig")
     # The same arguments the chart gives the operator in its Deployment.
     rendered = cluster.helm("get", "manifest", install.release, "-n", install.namespace).stdout
-    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    deployment = next(
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == "Deployment" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+    )
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     # Its liveness endpoint on a free loopback port instead of the pod's 0.0.0.0:8080.
     liveness = f"http://127.0.0.1:{free_ports(1)[0]}/healthz"
@@ -121,11 +130,63 @@ def run_operator_to_ready(cluster: Cluster, install: Install, app_namespace: str
     return found["ms"]
 
 
-def can_i(cluster: Cluster, install: Install, verb: str, resource: str, namespace: str | None) -> bool:
+def run_gateway_and_route(cluster: Cluster, install: Install, app: str, ms: dict[str, Any], workdir: Path) -> None:
+    """`modelserve-gateway` with only its ServiceAccount's token and the chart's environment: it
+    lists and watches (ready), knows the ModelServer (its KWOK pods run nothing, so it holds the
+    request, then 503 model_starting, not 404),
+    and refuses a model nobody serves; its log shows no refusal."""
+    import httpx
+
+    kubeconfig = service_account_kubeconfig(
+        cluster, install, workdir / "gateway.kubeconfig", f"{install.release}-gateway"
+    )
+    rendered = cluster.helm("get", "manifest", install.release, "-n", install.namespace).stdout
+    deployment = next(
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == "Deployment" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"
+    )
+    env = {var["name"]: var["value"] for var in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    (port,) = free_ports(1)
+    env |= {"MODELSERVE_GATEWAY_LISTEN_HOST": "127.0.0.1", "MODELSERVE_GATEWAY_LISTEN_PORT": str(port)}
+    env |= {"MODELSERVE_GATEWAY_HOLD_SECONDS": "1"}
+    gateway = start_process(
+        "gateway",
+        [str(OPERATOR.with_name("modelserve-gateway"))],
+        workdir,
+        env={**cluster.env, **env, "KUBECONFIG": str(kubeconfig)},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(ready, 60, "the gateway ready", interval=0.5, on_timeout=lambda: tail(workdir / "gateway.log", 40))
+        request = {"model": ms["metadata"]["name"], "messages": [{"role": "user", "content": "hi"}]}
+        known = httpx.post(f"{base}/v1/chat/completions", json=request, timeout=30)
+        assert known.status_code == 503 and known.json()["error"]["code"] == "model_starting", known.text
+        unknown = httpx.post(f"{base}/v1/chat/completions", json={**request, "model": "nobody"}, timeout=30)
+        assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
+    finally:
+        stop_process(gateway, grace_seconds=10)
+    text = (workdir / "gateway.log").read_text()
+    assert not [line for line in text.splitlines() if any(d in line for d in DENIALS)], tail(
+        workdir / "gateway.log", 60
+    )
+
+
+def can_i(
+    cluster: Cluster, install: Install, verb: str, resource: str, namespace: str | None, user: str | None = None
+) -> bool:
     scope = ["-n", namespace] if namespace else ["--all-namespaces"]
     resource, _, subresource = resource.partition("/")
     sub = [f"--subresource={subresource}"] if subresource else []
-    result = cluster.kubectl("auth", "can-i", verb, resource, *sub, *scope, f"--as={install.user}", check=False)
+    as_user = user or install.user
+    result = cluster.kubectl("auth", "can-i", verb, resource, *sub, *scope, f"--as={as_user}", check=False)
     assert result.stdout.strip() in ("yes", "no"), result.stderr
     return result.stdout.strip() == "yes"
 
@@ -193,16 +254,47 @@ NEVER_CLUSTER = [
 ]
 
 
+# The gateway reads ModelServers and their pods where it routes, and nothing else: keys stay with
+# the sidecars, so it cannot read (or even list) a Secret anywhere.
+GATEWAY_NEEDED = [
+    ("list", "modelservers.serving.modelserve.dev"),
+    ("watch", "modelservers.serving.modelserve.dev"),
+    ("list", "pods"),
+    ("watch", "pods"),
+]
+GATEWAY_NEVER = [
+    ("get", "secrets"),
+    ("list", "secrets"),
+    ("watch", "secrets"),
+    ("patch", "modelservers.serving.modelserve.dev"),
+    ("patch", "modelservers.serving.modelserve.dev/status"),
+    ("create", "pods"),
+    ("patch", "pods"),
+    ("delete", "pods"),
+    ("create", "pods/exec"),
+    ("create", "pods/portforward"),
+    ("patch", "deployments.apps"),
+    ("create", "services"),
+    ("get", "configmaps"),
+    ("create", "events"),
+    ("create", "serviceaccounts/token"),
+]
+
+
 def _assert_matrix(
-    cluster: Cluster, install: Install, namespaces: list[str | None], expected: dict[tuple[str, str], bool]
+    cluster: Cluster,
+    install: Install,
+    namespaces: list[str | None],
+    expected: dict[tuple[str, str], bool],
+    user: str | None = None,
 ) -> None:
     wrong = [
         f"{'can' if not want else 'cannot'} {verb} {resource} in {ns or 'all namespaces'}"
         for ns in namespaces
         for (verb, resource), want in expected.items()
-        if can_i(cluster, install, verb, resource, ns) != want
+        if can_i(cluster, install, verb, resource, ns, user) != want
     ]
-    assert not wrong, f"{install.user}: " + "; ".join(wrong)
+    assert not wrong, f"{user or install.user}: " + "; ".join(wrong)
 
 
 def _contained(rendered: Any, live: Any, path: str = "") -> list[str]:
@@ -255,6 +347,11 @@ def test_all_namespaces_install(rbac_cluster: Cluster, tmp_path: Path) -> None:
     # Even serving every namespace, no Secret is fetched by name (its own are watched as metadata only).
     assert not can_i(cluster, install, "get", "secrets", "kube-system")
 
+    gateway = {**dict.fromkeys(GATEWAY_NEEDED, True), **dict.fromkeys(GATEWAY_NEVER, False)}
+    _assert_matrix(cluster, install, [app, None], gateway, install.gateway_user)
+    _assert_matrix(cluster, install, [None], dict.fromkeys(NEVER_CLUSTER, False), install.gateway_user)
+    run_gateway_and_route(cluster, install, app, ms, tmp_path)
+
 
 def test_watched_namespaces_install(rbac_cluster: Cluster, tmp_path: Path) -> None:
     cluster = rbac_cluster
@@ -266,10 +363,20 @@ def test_watched_namespaces_install(rbac_cluster: Cluster, tmp_path: Path) -> No
     _assert_matrix(cluster, install, [app], {**dict.fromkeys(NEEDED, True), **dict.fromkeys(NEVER, False)})
     # Outside the served namespace, even what it needs inside is refused: no Secret of another
     # namespace can be read, not even its own namespace's or kube-system's.
-    elsewhere = [install.namespace, "kube-system", "default", None]
+    elsewhere = ["kube-system", "default", None]
     _assert_matrix(cluster, install, elsewhere, dict.fromkeys(NEEDED + NEVER, False))
+    # Its own namespace: only the gateway's pods, listed and watched to read the requests they hold.
+    own = dict.fromkeys(NEEDED + NEVER, False) | {("list", "pods"): True, ("watch", "pods"): True}
+    _assert_matrix(cluster, install, [install.namespace], own)
     _assert_matrix(cluster, install, [None], dict.fromkeys(NEVER_CLUSTER, False))
     # Cluster-scoped reads kopf uses: CRDs and namespace names, nothing else.
     assert can_i(cluster, install, "watch", "customresourcedefinitions.apiextensions.k8s.io", None)
     assert can_i(cluster, install, "list", "namespaces", None)
     assert not can_i(cluster, install, "get", "customresourcedefinitions.apiextensions.k8s.io", None)
+
+    gateway = {**dict.fromkeys(GATEWAY_NEEDED, True), **dict.fromkeys(GATEWAY_NEVER, False)}
+    _assert_matrix(cluster, install, [app], gateway, install.gateway_user)
+    _assert_matrix(
+        cluster, install, [*elsewhere, install.namespace], dict.fromkeys(GATEWAY_NEEDED, False), install.gateway_user
+    )
+    run_gateway_and_route(cluster, install, app, ms, tmp_path)

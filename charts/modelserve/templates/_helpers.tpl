@@ -98,3 +98,37 @@ collector removes children through their owner references).
   resources: ["events"]
   verbs: ["create"]
 {{- end -}}
+
+{{- define "modelserve.gatewayName" -}}
+{{- printf "%s-gateway" (include "modelserve.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "modelserve.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end -}}
+
+{{- define "modelserve.gatewayLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "modelserve.gatewaySelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* The gateway's base URL, written to every ModelServer's status.gatewayEndpoint. */}}
+{{- define "modelserve.gatewayURL" -}}
+{{- $port := "" -}}
+{{- if ne (int .Values.gateway.service.port) 80 }}{{ $port = printf ":%d" (int .Values.gateway.service.port) }}{{ end -}}
+{{- printf "http://%s.%s.svc.%s%s/v1" (include "modelserve.gatewayName" .) .Release.Namespace .Values.operator.clusterDomain $port -}}
+{{- end -}}
+
+{{/* What the gateway reads, in a namespace it serves: ModelServers and their pods; nothing else. */}}
+{{- define "modelserve.gatewayRules" -}}
+- apiGroups: ["serving.modelserve.dev"]
+  resources: ["modelservers"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+{{- end -}}

@@ -1,0 +1,1 @@
+"""modelserve-gateway: one OpenAI-compatible endpoint for every ModelServer it watches."""

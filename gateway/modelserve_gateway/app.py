@@ -1,0 +1,149 @@
+"""The gateway's ASGI application: its own routes (health, readiness, metrics, held requests, the
+model list) in FastAPI, every other path straight to the raw proxy."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import aiohttp
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+
+from modelserve_sidecar.auth import authorization_header
+from modelserve_sidecar.metrics import CONTENT_TYPE
+
+from . import gateway_errors
+from .catalog import Catalog, model_object
+from .contract import HEALTH_ROUTE, HELD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, held_to_json
+from .directory import Ambiguous, Directory
+from .holding import Holding
+from .metrics import GatewayMetrics
+from .proxy import GatewayProxy
+from .settings import GatewaySettings
+
+MODELS_ROUTE = "/v1/models"
+
+
+class Discovery(Protocol):
+    """What feeds the directory: the Kubernetes watches (discovery.py), or a fixed table (benchmarks)."""
+
+    def start(self, changed: Callable[[Any], None]) -> None: ...
+    def stop(self) -> None: ...
+    def synced(self) -> bool: ...
+
+
+class Dispatcher:
+    def __init__(self, api: FastAPI, proxy: GatewayProxy) -> None:
+        self.api = api
+        self.proxy = proxy
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in OWN_ROUTES and not _model_list(scope):
+            await self.proxy(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
+
+
+def _model_list(scope: dict[str, Any]) -> bool:
+    path = scope["path"]
+    return scope["method"] == "GET" and (path == MODELS_ROUTE or path.startswith(MODELS_ROUTE + "/"))
+
+
+def open_session(settings: GatewaySettings) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=settings.upstream_max_connections, limit_per_host=0, keepalive_timeout=3.0
+        ),
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=settings.upstream_timeout_seconds, sock_read=settings.upstream_timeout_seconds
+        ),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
+    )
+
+
+def build_app(settings: GatewaySettings, discovery: Discovery, directory: Directory | None = None) -> Dispatcher:
+    directory = directory or Directory()
+    metrics = GatewayMetrics()
+    holding = Holding(settings.max_held, lambda key, count: metrics.held.labels(*key).set(count))
+    proxy = GatewayProxy(settings, directory, holding, metrics)
+
+    def session() -> aiohttp.ClientSession:
+        assert proxy.session is not None
+        return proxy.session
+
+    catalog = Catalog(directory, settings.models_cache_seconds, session)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        proxy.session = open_session(settings)
+        discovery.start(lambda update: loop.call_soon_threadsafe(apply_update, update))
+        try:
+            yield
+        finally:
+            discovery.stop()
+            await proxy.session.close()
+
+    def apply_update(update: Any) -> None:
+        """A ModelServer changed (a Model), or went (its Key)."""
+        if isinstance(update, tuple):
+            directory.remove(update)
+            metrics.forget(update)
+            holding.wake(update)  # held requests find it gone: 404
+            return
+        directory.put(update)
+        metrics.replicas.labels(*update.key).set(len(update.replicas))
+        if update.replicas:
+            holding.wake(update.key)
+
+    api = FastAPI(title="modelserve-gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @api.get(HEALTH_ROUTE)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @api.get(READY_ROUTE)
+    async def readyz() -> JSONResponse:
+        # Ready once the watches listed: no one model's state (at zero, failing) makes it unready.
+        synced = discovery.synced()
+        return JSONResponse({"ready": synced}, status_code=200 if synced else 503)
+
+    @api.get(HELD_ROUTE)
+    async def held() -> dict[str, Any]:
+        return held_to_json(holding.held())
+
+    @api.get(METRICS_ROUTE)
+    async def scrape() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @api.get(MODELS_ROUTE)
+    async def models(request: Request) -> dict[str, Any]:
+        visible = await catalog.visible(_authorization(request))
+        return {"object": "list", "data": [model_object(directory, model) for model in visible]}
+
+    @api.get(MODELS_ROUTE + "/{name:path}")
+    async def one_model(name: str, request: Request) -> Any:
+        try:
+            model = directory.resolve(name)
+        except Ambiguous as ambiguous:
+            return _error(gateway_errors.ambiguous_model(ambiguous.name, ambiguous.namespaces))
+        if model is None or not await catalog.allows(_authorization(request), model):
+            return _error(gateway_errors.unknown_model(name))
+        return model_object(directory, model)
+
+    return Dispatcher(api, proxy)
+
+
+def _authorization(request: Request) -> str | None:
+    value = authorization_header(request.scope["headers"])
+    return value.decode("latin-1") if value else None
+
+
+def _error(error: Any) -> Response:
+    body = error.body()
+    return Response(body, error.status, headers={k.decode(): v.decode() for k, v in error.headers(body)})

@@ -1,0 +1,77 @@
+"""OpenAI-shaped errors the gateway answers itself (a replica's own pass through untouched)."""
+
+from __future__ import annotations
+
+import math
+
+from modelserve_sidecar.errors import INVALID_REQUEST_ERROR, SERVER_ERROR, ErrorResponse, bad_request
+
+# After a hold timed out the model is still starting: come back soon, not at once.
+HOLD_RETRY_AFTER_SECONDS = 30
+FULL_RETRY_AFTER_SECONDS = 5
+REPLICA_RETRY_AFTER_SECONDS = 1
+
+
+def _retry_after(seconds: float) -> tuple[tuple[bytes, bytes], ...]:
+    return ((b"retry-after", str(math.ceil(seconds)).encode()),)
+
+
+def missing_model() -> ErrorResponse:
+    return bad_request("The request body has no 'model': the gateway routes by it.", "missing_model", "model")
+
+
+def unknown_model(name: str) -> ErrorResponse:
+    return ErrorResponse(
+        404,
+        f"The model '{name}' does not exist or is not served through this gateway.",
+        INVALID_REQUEST_ERROR,
+        "model_not_found",
+        "model",
+    )
+
+
+def ambiguous_model(name: str, namespaces: list[str]) -> ErrorResponse:
+    choices = ", ".join(f"'{ns}/{name}'" for ns in namespaces)
+    return bad_request(
+        f"The model '{name}' is served in several namespaces; name one of {choices}.", "ambiguous_model", "model"
+    )
+
+
+def no_model_in(method: str, path: str) -> ErrorResponse:
+    return ErrorResponse(
+        404,
+        f"{method} {path} is not routed by the gateway: it routes POST requests by their JSON 'model' "
+        "(and answers GET /v1/models itself).",
+        INVALID_REQUEST_ERROR,
+        "unknown_route",
+    )
+
+
+def hold_timeout(name: str, seconds: float) -> ErrorResponse:
+    return ErrorResponse(
+        503,
+        f"No replica of '{name}' became ready within {seconds:g} s; it is still starting. Retry later.",
+        SERVER_ERROR,
+        "model_starting",
+        extra_headers=_retry_after(HOLD_RETRY_AFTER_SECONDS),
+    )
+
+
+def hold_queue_full(name: str, limit: int) -> ErrorResponse:
+    return ErrorResponse(
+        429,
+        f"'{name}' has no ready replica and {limit} requests are already waiting for one. Retry later.",
+        "rate_limit_error",
+        "hold_queue_full",
+        extra_headers=_retry_after(FULL_RETRY_AFTER_SECONDS),
+    )
+
+
+def replica_unavailable() -> ErrorResponse:
+    return ErrorResponse(
+        503,
+        "No replica of the model could be reached (two tried); retry later.",
+        SERVER_ERROR,
+        "replica_unavailable",
+        extra_headers=_retry_after(REPLICA_RETRY_AFTER_SECONDS),
+    )

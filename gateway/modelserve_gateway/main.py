@@ -1,0 +1,67 @@
+"""`modelserve-gateway`: read the settings, watch the cluster, serve until SIGTERM, drain, exit."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import uvicorn
+
+from modelserve_sidecar.contract import ConfigError
+
+from .app import build_app
+from .discovery import KubeDiscovery
+from .settings import GatewaySettings
+
+log = logging.getLogger("modelserve_gateway")
+
+
+def _parser() -> argparse.ArgumentParser:
+    import dataclasses
+
+    variables = "\n".join(f"  {field.metadata['env']}" for field in dataclasses.fields(GatewaySettings))
+    return argparse.ArgumentParser(
+        prog="modelserve-gateway",
+        description="One OpenAI-compatible endpoint for the ModelServers of the watched namespaces: routes by the "
+        "request's model, holds requests while a model scales from zero.\n"
+        "Settings come from the environment (the chart sets them); Kubernetes access from the pod's "
+        "service account or $KUBECONFIG:\n" + variables,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = GatewaySettings.from_env(os.environ)
+    except ConfigError as exc:
+        print(f"modelserve-gateway: invalid configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    log.info(
+        "routing (%s) the ModelServers of %s on %s:%d; holding up to %d requests per model for %g s",
+        settings.routing,
+        ", ".join(settings.namespaces) or "every namespace",
+        settings.listen_host,
+        settings.listen_port,
+        settings.max_held,
+        settings.hold_seconds,
+    )
+    uvicorn.run(
+        build_app(settings, KubeDiscovery(settings.namespaces)),
+        host=settings.listen_host,
+        port=settings.listen_port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=settings.drain_seconds,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The gateway's Prometheus series, per ModelServer (namespace, model)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+
+from modelserve_sidecar.metrics import DURATION_BUCKETS, TTFT_BUCKETS
+
+from .contract import Key
+
+PREFIX = "modelserve_gateway"
+# From an instant to a GPU cold start of many minutes.
+HOLD_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0)
+MODEL = ["namespace", "model"]
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        ProcessCollector(namespace=PREFIX, registry=self.registry)
+        r = self.registry
+        self.requests = Counter(
+            f"{PREFIX}_requests",
+            "Requests by ModelServer and status class (client_closed: the client went away first). Requests "
+            'for no known model count under namespace and model "".',
+            [*MODEL, "status_class"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            f"{PREFIX}_request_duration_seconds",
+            "Time from request to last byte, holding included.",
+            MODEL,
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.ttfb = Histogram(
+            f"{PREFIX}_time_to_first_byte_seconds",
+            "Time from request to the first body byte sent back, holding included.",
+            MODEL,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(f"{PREFIX}_in_flight_requests", "Requests sent to replicas now.", MODEL, registry=r)
+        self.held = Gauge(
+            f"{PREFIX}_held_requests", "Requests waiting for a ready replica now (demand at zero).", MODEL, registry=r
+        )
+        self.hold = Histogram(
+            f"{PREFIX}_hold_seconds",
+            "How long requests waited for a ready replica, by outcome (ready, timeout, full, client_gone).",
+            [*MODEL, "outcome"],
+            buckets=HOLD_BUCKETS,
+            registry=r,
+        )
+        self.routing = Counter(
+            f"{PREFIX}_routing_decisions",
+            "Replica choices by policy outcome: least_in_flight; affinity (the conversation's own replica); "
+            "affinity_spill (the next one on the ring, its own being over the load bound); retry (another "
+            "replica after a connection failure).",
+            [*MODEL, "decision"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            f"{PREFIX}_upstream_errors",
+            "Failures talking to a replica's sidecar by kind (connect, disconnected, timeout).",
+            [*MODEL, "kind"],
+            registry=r,
+        )
+        self.replicas = Gauge(f"{PREFIX}_ready_replicas", "Replicas the gateway routes to.", MODEL, registry=r)
+
+    def forget(self, key: Key) -> None:
+        """Drop a deleted ModelServer's series (the labelled children of every metric)."""
+        for metric in (
+            self.requests,
+            self.duration,
+            self.ttfb,
+            self.in_flight,
+            self.held,
+            self.hold,
+            self.routing,
+            self.upstream_errors,
+            self.replicas,
+        ):
+            for labels in list(metric._metrics):
+                if labels[:2] == key:
+                    metric.remove(*labels)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

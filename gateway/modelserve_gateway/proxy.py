@@ -1,0 +1,274 @@
+"""The gateway's per-request path: find the ModelServer the body's `model` names, hold the request
+while it has no ready replica, pick a replica, and relay (the sidecar's own hot path, relay.py).
+
+Keys are the sidecars' business: `Authorization` goes through as the client sent it and every
+replica's sidecar checks it; the gateway never sees a Secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from time import perf_counter
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from modelserve_sidecar import errors
+from modelserve_sidecar.metrics import status_class
+from modelserve_sidecar.proxy import CLIENT_CLOSED
+from modelserve_sidecar.relay import (
+    HOP_BY_HOP,
+    ClientGone,
+    Exchange,
+    content_length,
+    filter_headers,
+    read_body,
+    relay,
+    respond,
+    upstream_error_kind,
+)
+
+from . import gateway_errors
+from .contract import Key
+from .directory import Ambiguous, Directory, Model
+from .holding import Holding, Outcome
+from .metrics import GatewayMetrics
+from .routing import conversation_prefix, least_in_flight
+from .settings import PREFIX_AFFINITY, GatewaySettings
+
+log = logging.getLogger(__name__)
+
+# Authorization stays: the replica's sidecar checks the key.
+DROP_TO_REPLICA = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+REPLICA_HEADER = b"x-modelserve-replica"  # which pod answered: for debugging and the tests
+# A failure to reach the first replica is retried once, on another, when it happened before any
+# byte reached the client: the connection was refused or dropped before the response headers.
+RETRIABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError)
+NO_MODEL: Key = ("", "")
+
+
+class _NoReplica(aiohttp.ClientConnectionError):
+    """Every ready replica was tried (or none is left)."""
+
+
+class GatewayProxy:
+    def __init__(
+        self, settings: GatewaySettings, directory: Directory, holding: Holding, metrics: GatewayMetrics
+    ) -> None:
+        self.settings = settings
+        self.directory = directory
+        self.holding = holding
+        self.metrics = metrics
+        self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
+        self.in_flight: dict[str, int] = {}  # replica address -> requests this gateway has on it
+        self.rng = random.Random()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        exchange = Exchange(perf_counter())
+        key = NO_MODEL
+        try:
+            key = await self._handle(scope, receive, send, exchange)
+        finally:
+            label = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
+            self.metrics.requests.labels(*key, label).inc()
+            self.metrics.duration.labels(*key).observe(perf_counter() - exchange.start)
+            if exchange.ttfb is not None:
+                self.metrics.ttfb.labels(*key).observe(exchange.ttfb)
+
+    async def _handle(self, scope: dict[str, Any], receive: Any, send: Any, exchange: Exchange) -> Key:
+        if scope["method"] != "POST":
+            exchange.status = await respond(send, gateway_errors.no_model_in(scope["method"], scope["path"]))
+            return NO_MODEL
+        limit = self.settings.max_body_bytes
+        declared = content_length(scope["headers"])
+        if declared is not None and declared > limit:
+            exchange.status = await respond(send, errors.body_too_large(limit), close=True)
+            return NO_MODEL
+        try:
+            body = await read_body(receive, limit)
+        except ClientGone:
+            exchange.client_gone = True
+            return NO_MODEL
+        if body is None:
+            exchange.status = await respond(send, errors.body_too_large(limit), close=True)
+            return NO_MODEL
+
+        request, refusal = parse_request(body)
+        if refusal is not None:
+            exchange.status = await respond(send, refusal)
+            return NO_MODEL
+        requested = request["model"]
+        try:
+            model = self.directory.resolve(requested)
+        except Ambiguous as ambiguous:
+            exchange.status = await respond(send, gateway_errors.ambiguous_model(ambiguous.name, ambiguous.namespaces))
+            return NO_MODEL
+        if model is None:
+            exchange.status = await respond(send, gateway_errors.unknown_model(requested))
+            return NO_MODEL
+        if requested != model.name:  # `namespace/name`: the replica serves it as `name`
+            body = json.dumps({**request, "model": model.name}).encode()
+
+        disconnected: asyncio.Future[Any] | None = None
+        try:
+            if not model.replicas:
+                disconnected = asyncio.ensure_future(_disconnect(receive))
+                receive = _replayed_disconnect(disconnected)
+                held = await self._hold(model, send, exchange, disconnected)
+                if held is None:
+                    return model.key
+                model = held
+            prefix = conversation_prefix(request) if self.settings.routing == PREFIX_AFFINITY else None
+            await self._forward(scope, receive, send, body, model, prefix, exchange)
+            return model.key
+        finally:
+            if disconnected is not None:
+                disconnected.cancel()
+
+    async def _hold(
+        self, model: Model, send: Any, exchange: Exchange, disconnected: asyncio.Future[Any]
+    ) -> Model | None:
+        """Wait for a ready replica of `model`; None when the request was answered (or gone) here."""
+        key = model.key
+        deadline = exchange.start + self.settings.hold_seconds
+        outcome = Outcome.TIMEOUT
+        current: Model | None = model
+        while current is not None and not current.replicas:
+            remaining = deadline - perf_counter()
+            if remaining <= 0:
+                outcome = Outcome.TIMEOUT
+                break
+            outcome = await self.holding.wait(key, remaining, disconnected)
+            current = self.directory.models.get(key)
+            if outcome is not Outcome.READY:
+                break
+        waited = perf_counter() - exchange.start
+        if current is not None and current.replicas:
+            self.metrics.hold.labels(*key, Outcome.READY.value).observe(waited)
+            return current
+        self.metrics.hold.labels(*key, outcome.value).observe(waited)
+        if current is None:
+            exchange.status = await respond(send, gateway_errors.unknown_model(model.name))
+        elif outcome is Outcome.GONE:
+            exchange.client_gone = True
+        elif outcome is Outcome.FULL:
+            exchange.status = await respond(send, gateway_errors.hold_queue_full(model.name, self.settings.max_held))
+        else:
+            exchange.status = await respond(send, gateway_errors.hold_timeout(model.name, self.settings.hold_seconds))
+        return None
+
+    async def _forward(
+        self,
+        scope: dict[str, Any],
+        receive: Any,
+        send: Any,
+        body: bytes,
+        model: Model,
+        prefix: bytes | None,
+        exchange: Exchange,
+    ) -> None:
+        headers = [
+            (n.decode("latin-1"), v.decode("latin-1")) for n, v in filter_headers(scope["headers"], DROP_TO_REPLICA)
+        ]
+        query = scope["query_string"]
+        path = scope["raw_path"].decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+        key = model.key
+        tried: list[str] = []
+        chosen: list[str] = []  # the replica holding this request's in-flight count
+
+        async def open_upstream() -> aiohttp.ClientResponse:
+            assert self.session is not None, "the upstream session opens in the app's lifespan"
+            last: BaseException = _NoReplica(f"no ready replica of {model.name}")
+            for attempt in range(2):
+                current = self.directory.models.get(key) or model
+                replica, decision = self._choose(current, prefix, tried)
+                if replica is None:
+                    break
+                tried.append(replica)
+                self.metrics.routing.labels(*key, "retry" if attempt else decision).inc()
+                self._enter(replica, key)
+                chosen[:] = [replica]
+                url = URL(f"http://{replica}{path}", encoded=True)
+                try:
+                    return await self.session.request("POST", url, headers=headers, data=body, allow_redirects=False)
+                except RETRIABLE as exc:
+                    self._leave(replica, key)
+                    chosen.clear()
+                    self.metrics.upstream_errors.labels(*key, upstream_error_kind(exc)).inc()
+                    log.info("%s/%s: replica %s failed before answering (%s)", *key, replica, type(exc).__name__)
+                    last = exc
+            raise last
+
+        def replica_header() -> list[tuple[bytes, bytes]]:
+            pod = model.pods.get(chosen[0], "") if chosen else ""
+            current = self.directory.models.get(key)
+            if current is not None:
+                pod = current.pods.get(chosen[0], pod) if chosen else pod
+            return [(REPLICA_HEADER, pod.encode())] if pod else []
+
+        try:
+            _, error = await relay(receive, send, exchange, open_upstream, self._failure, extra_headers=replica_header)
+            if error is not None and not isinstance(error, (*RETRIABLE, _NoReplica)):
+                self.metrics.upstream_errors.labels(*key, upstream_error_kind(error)).inc()
+        finally:
+            if chosen:
+                self._leave(chosen[0], key)
+
+    def _choose(self, model: Model, prefix: bytes | None, tried: list[str]) -> tuple[str | None, str]:
+        if prefix is not None and model.ring is not None:
+            replica, own = model.ring.pick(prefix, self.in_flight, self.settings.affinity_load_factor, tried)
+            if replica is not None:
+                return replica, "affinity" if own else "affinity_spill"
+        return least_in_flight(model.replicas, self.in_flight, self.rng, tried), "least_in_flight"
+
+    def _enter(self, replica: str, key: Key) -> None:
+        self.in_flight[replica] = self.in_flight.get(replica, 0) + 1
+        self.metrics.in_flight.labels(*key).inc()
+
+    def _leave(self, replica: str, key: Key) -> None:
+        left = self.in_flight.get(replica, 1) - 1
+        if left:
+            self.in_flight[replica] = left
+        else:
+            self.in_flight.pop(replica, None)  # replicas come and go: keep no zero entries
+        self.metrics.in_flight.labels(*key).dec()
+
+    def _failure(self, exc: BaseException) -> errors.ErrorResponse:
+        if isinstance(exc, asyncio.TimeoutError):
+            return errors.upstream_timeout(self.settings.upstream_timeout_seconds)
+        return gateway_errors.replica_unavailable()
+
+
+def parse_request(body: bytes) -> tuple[dict[str, Any], errors.ErrorResponse | None]:
+    """The JSON request and its `model`, or the 400 to answer with (pure)."""
+    try:
+        request = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return {}, errors.bad_request(f"Request body is not valid JSON: {exc}", "invalid_json")
+    if not isinstance(request, dict):
+        return {}, errors.bad_request("Request body must be a JSON object.", "invalid_json")
+    model = request.get("model")
+    if not isinstance(model, str) or not model:
+        return {}, gateway_errors.missing_model()
+    return request, None
+
+
+async def _disconnect(receive: Any) -> None:
+    """Completes when the client hangs up (the body has been read: nothing else arrives)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _replayed_disconnect(disconnected: asyncio.Future[Any]) -> Any:
+    """A `receive` for the relay once the hold has its own watcher on the real one (ASGI allows one
+    reader): it reports the same disconnect."""
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.shield(disconnected)
+        return {"type": "http.disconnect"}
+
+    return receive
