@@ -647,7 +647,7 @@ class StreamTranslator:
 
 
 def _ns(seconds: float) -> int:
-    return max(0, int(seconds * 1e9))
+    return max(0, round(seconds * 1e9))
 
 
 def _count(value: Any) -> int:
