@@ -14,6 +14,8 @@ from fastapi.responses import JSONResponse
 from .contract import HEALTH_ROUTE, LOAD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Settings
 from .keys import KeyStore
 from .metrics import CONTENT_TYPE, SidecarMetrics
+from .ollama import ROUTES as OLLAMA_ROUTES
+from .ollama_asgi import OllamaAdapter
 from .proxy import Proxy
 from .readiness import Readiness
 from .upstream import METRICS_TIMEOUT, open_session
@@ -21,14 +23,18 @@ from .upstream import METRICS_TIMEOUT, open_session
 
 class Dispatcher:
     """Sends proxied paths straight to the raw ASGI proxy, so FastAPI's routing (which doubled the
-    per-request cost in measurements) only ever sees the sidecar's own routes and the lifespan."""
+    per-request cost in measurements) only ever sees the sidecar's own routes and the lifespan.
+    Ollama's routes go to their adapter, which wraps the same proxy."""
 
-    def __init__(self, api: FastAPI, proxy: Proxy) -> None:
+    def __init__(self, api: FastAPI, proxy: Proxy, ollama: OllamaAdapter) -> None:
         self.api = api
         self.proxy = proxy
+        self.ollama = ollama
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] not in OWN_ROUTES:
+        if scope["type"] == "http" and scope["path"] in OLLAMA_ROUTES:
+            await self.ollama(scope, receive, send)
+        elif scope["type"] == "http" and scope["path"] not in OWN_ROUTES:
             await self.proxy(scope, receive, send)
         else:
             await self.api(scope, receive, send)
@@ -95,4 +101,4 @@ def build_app(settings: Settings) -> Dispatcher:
         metrics.upstream_errors.labels("metrics").inc()
         return None
 
-    return Dispatcher(api, proxy)
+    return Dispatcher(api, proxy, OllamaAdapter(proxy, settings))

@@ -80,8 +80,17 @@ KNOWN_ROUTES = frozenset(
         "/health",
         "/version",
         "/generate",
+        # Ollama's API, translated by the sidecar (ollama.py)
+        "/api/chat",
+        "/api/generate",
+        "/api/tags",
+        "/api/show",
+        "/api/version",
     }
 )
+# Set in the ASGI scope by an adapter that rewrote the request's path (ollama_asgi): the route the
+# client called, which the metrics label instead of the engine path.
+ROUTE_SCOPE_KEY = "modelserve.route"
 
 
 def route_label(path: str) -> str:

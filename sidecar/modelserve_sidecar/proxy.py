@@ -17,7 +17,7 @@ from .auth import refusal_reason
 from .contract import Settings
 from .demand import Demand
 from .keys import KeyStore
-from .metrics import SidecarMetrics, route_label, status_class
+from .metrics import ROUTE_SCOPE_KEY, SidecarMetrics, route_label, status_class
 from .relay import (
     HOP_BY_HOP,
     ClientGone,
@@ -66,7 +66,7 @@ class Proxy:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         start = perf_counter()
-        route = route_label(scope["path"])
+        route = route_label(scope.get(ROUTE_SCOPE_KEY) or scope["path"])
         exchange = Exchange(start)
         self.metrics.in_flight.inc()
         self.demand.in_flight += 1
