@@ -141,7 +141,7 @@ def kill_cgroup_processes(cgroups: list[Path], timeout: float = 15.0) -> None:
     """SIGKILL every process in these cgroup trees (containers whose shims are gone keep running)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = {int(pid) for root in cgroups for procs in root.rglob("cgroup.procs") for pid in _read_lines(procs)}
+        pids = {int(pid) for root in cgroups for procs in _procs_files(root) for pid in _read_lines(procs)}
         pids.discard(os.getpid())
         if not pids:
             return
@@ -149,6 +149,11 @@ def kill_cgroup_processes(cgroups: list[Path], timeout: float = 15.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
+
+
+def _procs_files(root: Path) -> list[Path]:
+    """Every cgroup.procs below `root`; os.walk skips a cgroup removed while it walks (rglob raised)."""
+    return [Path(directory) / "cgroup.procs" for directory, _, files in os.walk(root) if "cgroup.procs" in files]
 
 
 def remove_cgroup_tree(root: Path) -> None:

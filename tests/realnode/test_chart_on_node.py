@@ -33,8 +33,11 @@ def test_chart_operator_runs_as_a_pod_and_serves_a_model(node_cluster: Cluster, 
     )
     try:
         pods = json.loads(node_cluster.kubectl("get", "pods", "-n", system, "-o", "json").stdout)["items"]
-        assert len(pods) == 1 and pods[0]["spec"]["nodeName"] == realnode.NODE_NAME
-        assert pods[0]["spec"]["serviceAccountName"] == release
+        by_component = {pod["metadata"]["labels"]["app.kubernetes.io/component"]: pod for pod in pods}
+        assert sorted(by_component) == ["gateway", "operator"]
+        assert all(pod["spec"]["nodeName"] == realnode.NODE_NAME for pod in pods)
+        assert by_component["operator"]["spec"]["serviceAccountName"] == release
+        assert by_component["gateway"]["spec"]["serviceAccountName"] == f"{release}-gateway"
         view = NodeView(node_cluster, apps, tmp_path / "no-host-operator.log")
         view.apply(cpu_server("from-chart", public=True))
         ready = view.wait_phase("from-chart", "Ready")

@@ -1,0 +1,227 @@
+"""The gateway as users get it: the chart installs the operator and the gateway as real pods on the
+real node (images from our Dockerfile), and the real `openai` SDK reaches two ModelServers — real
+sidecars in front of the real llama.cpp engine — through the gateway's one Service.
+
+In order: a model at `min: 0` wakes on its first requests (one stream, one not, both held while
+the operator scales it up from the gateway's held count); `GET /v1/models` shows each key what it
+opens; a slow request on one replica sends the next ones to the other; a replica deleted under
+load loses no request.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
+
+from modelserve_sandbox.cluster import Cluster
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "modelserve"
+RELEASE = "modelserve"
+GATEWAY = f"{RELEASE}-gateway"
+HELLO = [{"role": "user", "content": "Say hello"}]
+WAKE_SECONDS_AT_MOST = 240
+LOAD_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class Installed:
+    system: str  # the chart's namespace
+    view: NodeView  # the ModelServers' namespace
+    base: str  # the gateway's base URL, through its Service (kube-proxy)
+
+
+@pytest.fixture(scope="module")
+def installed(node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    system, apps = f"ms-system-{uuid.uuid4().hex[:6]}", f"apps-{uuid.uuid4().hex[:6]}"
+    node_cluster.create_namespace(apps)
+    node_cluster.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        system,
+        "--create-namespace",
+        "--set",
+        f"hub.endpoint={node_cluster.hub_endpoint}",
+        "--wait",
+        "--timeout",
+        "180s",
+    )
+    view = NodeView(node_cluster, apps, tmp_path_factory.mktemp("gateway") / "no-host-operator.log")
+    try:
+        view.apply(cpu_server("alpha", public=True, replicas={"min": 2, "max": 2}))
+        beta = {"min": 0, "max": 1, "buffer": 0, "scaleDownDelaySeconds": 600, "idleWindowSeconds": 600}
+        view.apply(cpu_server("beta", replicas=beta))
+        service = json.loads(node_cluster.kubectl("get", "service", GATEWAY, "-n", system, "-o", "json").stdout)
+        yield Installed(system, view, f"http://{service['spec']['clusterIP']}")
+    finally:
+        node_cluster.kubectl("delete", "namespace", apps, "--wait=false", check=False)
+        node_cluster.kubectl("delete", "pods", "--all", "-n", apps, "--grace-period=1", "--wait=false", check=False)
+        node_cluster.helm("uninstall", RELEASE, "--namespace", system, "--wait", "--timeout", "120s")
+        node_cluster.kubectl("delete", "namespace", system, "--wait=false", check=False)
+
+
+def _client(base: str, key: str = "none", timeout: float = 120) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, timeout=timeout, max_retries=0)
+
+
+def test_a_model_at_zero_wakes_on_its_first_requests(installed: Installed) -> None:
+    view = installed.view
+    beta = view.wait_phase("beta", "Idle")
+    assert beta["status"]["replicas"] == 0 and not view.pods("beta")
+    # Every ModelServer names the one endpoint.
+    assert beta["status"]["gatewayEndpoint"] == f"http://{GATEWAY}.{installed.system}.svc.cluster.local/v1"
+    key = view.secret_value("beta-api-keys", "api-key")
+    client = _client(installed.base, key, timeout=WAKE_SECONDS_AT_MOST)
+    timeline = Timeline()
+    answers: dict[str, str] = {}
+    held_seen: list[int] = []
+
+    def ask(streaming: bool) -> None:
+        try:
+            if streaming:
+                stream = client.chat.completions.create(model="beta", messages=HELLO, max_tokens=16, stream=True)
+                answers["stream"] = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+            else:
+                reply = client.chat.completions.create(model="beta", messages=HELLO, max_tokens=16)
+                answers["plain"] = reply.choices[0].message.content or ""
+            timeline.add(f"{'stream' if streaming else 'plain'} answered")
+        except openai.APIError as error:
+            answers["error"] = repr(error)
+
+    start = time.monotonic()
+    requests = [threading.Thread(target=ask, args=(streaming,)) for streaming in (True, False)]
+    for thread in requests:
+        thread.start()
+    # The gateway publishes what it holds; the operator's autoscaler reads it as demand.
+    deadline = time.monotonic() + WAKE_SECONDS_AT_MOST
+    while any(t.is_alive() for t in requests) and time.monotonic() < deadline:
+        for pod in _gateway_pods(view, installed.system):
+            held = httpx.get(f"http://{pod}:8080/held", timeout=5).json()["held"]
+            held_seen += [entry["requests"] for entry in held if entry["name"] == "beta"]
+        timeline.add(f"beta pods: {len(view.pods('beta'))}, ready: {len(view.ready_pods('beta'))}")
+        time.sleep(0.5)
+    for thread in requests:
+        thread.join(timeout=10)
+    woke_in = time.monotonic() - start
+    print(f"\nscale from zero through the gateway: first answers after {woke_in:.1f} s\n{timeline}")
+    assert "error" not in answers, f"{answers['error']}\n{timeline}"
+    assert answers.get("stream") and answers.get("plain"), f"{answers}\n{timeline}"
+    assert max(held_seen, default=0) == 2, f"the gateway's /held showed {held_seen}"
+    scaled = view.get("modelserver", "beta") or {}
+    assert scaled["status"]["readyReplicas"] == 1
+    assert "held" in scaled["status"]["scaling"]["message"], scaled["status"]["scaling"]
+
+
+def test_models_are_listed_per_key(installed: Installed) -> None:
+    view = installed.view
+    view.wait_phase("alpha", "Ready")
+    view.wait_phase("beta", "Ready")
+    key = view.secret_value("beta-api-keys", "api-key")
+    listed = {m.id for m in _client(installed.base, key).models.list()}
+    assert listed == {"alpha", "beta"}
+    # Without a key, or with a wrong one, only the public model: nothing else is learned.
+    anonymous = httpx.get(f"{installed.base}/v1/models", timeout=30).json()
+    assert [m["id"] for m in anonymous["data"]] == ["alpha"]
+    assert {m.id for m in _client(installed.base, "sk-wrong").models.list()} == {"alpha"}
+    # One base URL, both models; the key is checked by beta's own sidecar.
+    reply = _client(installed.base, key).chat.completions.create(model="alpha", messages=HELLO, max_tokens=8)
+    assert reply.choices[0].message.content
+    with pytest.raises(openai.AuthenticationError):
+        _client(installed.base, "sk-wrong").chat.completions.create(model="beta", messages=HELLO, max_tokens=8)
+    with pytest.raises(openai.NotFoundError) as unknown:
+        _client(installed.base, key).chat.completions.create(model="gamma", messages=HELLO, max_tokens=8)
+    assert unknown.value.body["param"] == "model"  # type: ignore[index]
+
+
+def test_a_slow_request_sends_the_next_ones_to_the_other_replica(installed: Installed) -> None:
+    view = installed.view
+    view.wait_phase("alpha", "Ready")
+    assert len(view.ready_pods("alpha")) == 2
+    slow_replica: dict[str, str] = {}
+    first_chunk = threading.Event()
+    release = threading.Event()
+    request = {"model": "alpha", "messages": PROMPT, "max_tokens": 400, "stream": True, "logit_bias": NO_END}
+
+    def slow() -> None:
+        with httpx.stream("POST", f"{installed.base}/v1/chat/completions", json=request, timeout=180) as answer:
+            slow_replica["pod"] = answer.headers["x-modelserve-replica"]
+            for _ in answer.iter_raw():
+                first_chunk.set()
+                if release.is_set():
+                    break
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    try:
+        assert first_chunk.wait(120), "the slow stream never started"
+        quick = []
+        for _ in range(4):
+            answer = httpx.post(
+                f"{installed.base}/v1/chat/completions",
+                json={"model": "alpha", "messages": HELLO, "max_tokens": 4},
+                timeout=120,
+            )
+            assert answer.status_code == 200, answer.text
+            quick.append(answer.headers["x-modelserve-replica"])
+        assert slow_replica["pod"] not in quick, f"slow on {slow_replica['pod']}, quick ones on {quick}"
+        assert len(set(quick)) == 1
+    finally:
+        release.set()
+        thread.join(timeout=60)
+
+
+def test_a_replica_deleted_under_load_loses_no_request(installed: Installed) -> None:
+    view = installed.view
+    view.wait_phase("alpha", "Ready")
+    outcomes: list[tuple[int, str]] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client() -> None:
+        deadline = time.monotonic() + LOAD_SECONDS + 60
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                answer = httpx.post(
+                    f"{installed.base}/v1/chat/completions",
+                    json={"model": "alpha", "messages": HELLO, "max_tokens": 4},
+                    timeout=120,
+                )
+                outcome = (answer.status_code, answer.headers.get("x-modelserve-replica") or answer.text[:200])
+            except httpx.HTTPError as error:
+                outcome = (0, repr(error))
+            with lock:
+                outcomes.append(outcome)
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        time.sleep(LOAD_SECONDS / 3)
+        victim = view.ready_pods("alpha")[0]["metadata"]["name"]
+        view.kubectl("delete", "pod", victim, "--wait=false")
+        time.sleep(LOAD_SECONDS * 2 / 3)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(timeout=150)
+    failures = [outcome for outcome in outcomes if outcome[0] != 200]
+    after = [pod for _, pod in outcomes[len(outcomes) // 2 :]]
+    print(f"\n{len(outcomes)} requests under load, {victim} deleted; answered by {sorted(set(after))}")
+    assert len(outcomes) >= 20, outcomes
+    assert not failures, failures
+
+
+def _gateway_pods(view: NodeView, system: str) -> list[str]:
+    out = view.cluster.kubectl("get", "pods", "-n", system, "-l", "app.kubernetes.io/component=gateway", "-o", "json")
+    return [pod["status"]["podIP"] for pod in json.loads(out.stdout)["items"] if pod.get("status", {}).get("podIP")]
