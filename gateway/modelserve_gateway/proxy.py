@@ -178,20 +178,20 @@ class GatewayProxy:
         path = scope["raw_path"].decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
         key = model.key
         tried: list[str] = []
-        chosen: list[str] = []  # the replica holding this request's in-flight count
+        chosen: list[tuple[str, str]] = []  # (address, pod): the replica holding this request's count
 
         async def open_upstream() -> aiohttp.ClientResponse:
             assert self.session is not None, "the upstream session opens in the app's lifespan"
             last: BaseException = _NoReplica(f"no ready replica of {model.name}")
             for attempt in range(2):
-                current = self.directory.models.get(key) or model
+                current = self.directory.models.get(key) or model  # replicas may have changed while held
                 replica, decision = self._choose(current, prefix, tried)
                 if replica is None:
                     break
                 tried.append(replica)
                 self.metrics.routing.labels(*key, "retry" if attempt else decision).inc()
                 self._enter(replica, key)
-                chosen[:] = [replica]
+                chosen[:] = [(replica, current.pods.get(replica, ""))]
                 url = URL(f"http://{replica}{path}", encoded=True)
                 try:
                     return await self.session.request("POST", url, headers=headers, data=body, allow_redirects=False)
@@ -204,11 +204,7 @@ class GatewayProxy:
             raise last
 
         def replica_header() -> list[tuple[bytes, bytes]]:
-            pod = model.pods.get(chosen[0], "") if chosen else ""
-            current = self.directory.models.get(key)
-            if current is not None:
-                pod = current.pods.get(chosen[0], pod) if chosen else pod
-            return [(REPLICA_HEADER, pod.encode())] if pod else []
+            return [(REPLICA_HEADER, chosen[0][1].encode())] if chosen and chosen[0][1] else []
 
         try:
             _, error = await relay(receive, send, exchange, open_upstream, self._failure, extra_headers=replica_header)
@@ -216,7 +212,7 @@ class GatewayProxy:
                 self.metrics.upstream_errors.labels(*key, upstream_error_kind(error)).inc()
         finally:
             if chosen:
-                self._leave(chosen[0], key)
+                self._leave(chosen[0][0], key)
 
     def _choose(self, model: Model, prefix: bytes | None, tried: list[str]) -> tuple[str | None, str]:
         if prefix is not None and model.ring is not None:

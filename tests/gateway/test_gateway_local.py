@@ -1,0 +1,214 @@
+"""The gateway's behaviour at its edges, fast: the gateway (in this process, on uvicorn) in front of
+real sidecar processes, each before the replay upstream (vLLM's recorded bytes). The directory is a
+fixed table (FixedDiscovery) the tests change as the Kubernetes watches would; the watches, the
+real engine and the operator's side are proven in tests/realnode/test_gateway_on_node.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sidecar"))
+
+from sidecar_harness import (
+    API_KEY,
+    ReplayEngine,
+    SecretDir,
+    Sidecar,
+    free_ports,
+    launch_sidecar,
+    metric_value,
+    start_replay,
+    stop_process,
+    wait_ready,
+)
+
+from modelserve_gateway.app import build_app
+from modelserve_gateway.directory import Model
+from modelserve_gateway.discovery import FixedDiscovery
+from modelserve_gateway.routing import Ring
+from modelserve_gateway.settings import GatewaySettings
+from modelserve_sandbox.processes import wait_until
+
+DEAD = "127.0.0.1:9"  # nothing listens on the discard port: connections are refused
+HELLO = [{"role": "user", "content": "hi"}]
+MAX_HELD = 2
+
+
+@dataclass
+class Setup:
+    base: str
+    discovery: FixedDiscovery
+    public: list[str]  # addresses of the public sidecars
+    private: str  # address of the private one
+
+
+def _model(namespace: str, replicas: list[str], public: bool = True) -> Model:
+    pods = {address: f"{namespace}-pod-{i}" for i, address in enumerate(replicas)}
+    ring = Ring(replicas) if replicas else None
+    return Model(namespace, "tiny", public, replicas=tuple(replicas), pods=pods, ring=ring)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    base = tmp_path_factory.mktemp("gateway")
+    replay: ReplayEngine = start_replay()
+    SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
+    sidecars: list[Sidecar] = []
+    server: uvicorn.Server | None = None
+    thread: threading.Thread | None = None
+    try:
+        for env in ({"MODELSERVE_AUTH": "public"},) * 2 + ({"MODELSERVE_KEYS_DIR": str(base / "keys")},):
+            sidecars.append(launch_sidecar(base / "logs", replay.url, "tiny", env))
+        for sidecar in sidecars:
+            wait_ready(sidecar)
+        public = [s.url.removeprefix("http://") for s in sidecars[:2]]
+        private = sidecars[2].url.removeprefix("http://")
+        discovery = FixedDiscovery(
+            [_model("a", [DEAD, *public]), _model("b", [private], public=False), _model("c", [])]
+        )
+        (port,) = free_ports(1)
+        settings = GatewaySettings.from_env(
+            {
+                "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
+                "MODELSERVE_GATEWAY_HOLD_SECONDS": "3",
+                "MODELSERVE_GATEWAY_MAX_HELD": str(MAX_HELD),
+                "MODELSERVE_GATEWAY_MAX_BODY_BYTES": "4096",
+            }
+        )
+        app = build_app(settings, discovery)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _up(url), 15, "the gateway to listen")
+        yield Setup(url, discovery, public, private)
+    finally:
+        if server is not None and thread is not None:
+            server.should_exit = True
+            thread.join(10)
+        for sidecar in sidecars:
+            stop_process(sidecar.process)
+        replay.stop()
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _chat(setup: Setup, model: str, **extra: object) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    return httpx.post(
+        f"{setup.base}/v1/chat/completions",
+        json={"model": model, "messages": HELLO, **extra},
+        headers=headers,
+        timeout=30,
+    )
+
+
+def _metric(setup: Setup, sample: str) -> float:
+    return metric_value(httpx.get(setup.base + "/metrics", timeout=10).text, sample)
+
+
+def test_a_refused_connection_is_retried_on_another_replica(setup: Setup) -> None:
+    answers = [_chat(setup, "a/tiny") for _ in range(12)]
+    assert [a.status_code for a in answers] == [200] * 12
+    assert {a.headers["x-modelserve-replica"] for a in answers} <= {"a-pod-1", "a-pod-2"}
+    assert _metric(setup, 'modelserve_gateway_upstream_errors_total{kind="connect",model="tiny",namespace="a"}') > 0
+    assert _metric(setup, 'modelserve_gateway_routing_decisions_total{decision="retry",model="tiny",namespace="a"}') > 0
+
+
+def test_streams_pass_through_whole(setup: Setup) -> None:
+    with httpx.stream(
+        "POST", f"{setup.base}/v1/chat/completions", json={"model": "a/tiny", "messages": HELLO, "stream": True}
+    ) as answer:
+        body = b"".join(answer.iter_raw())
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+    assert body.rstrip().endswith(b"data: [DONE]")
+
+
+def test_refusals_are_openai_shaped(setup: Setup) -> None:
+    ambiguous = _chat(setup, "tiny")
+    assert ambiguous.status_code == 400 and ambiguous.json()["error"]["code"] == "ambiguous_model"
+    assert "'a/tiny'" in ambiguous.json()["error"]["message"]
+    unknown = _chat(setup, "nope")
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
+    too_big = httpx.post(f"{setup.base}/v1/chat/completions", content=b"x" * 5000, timeout=10)
+    assert too_big.status_code == 413
+    route = httpx.get(f"{setup.base}/v1/whatever", timeout=10)
+    assert route.status_code == 404 and route.json()["error"]["code"] == "unknown_route"
+    # The key is the replica sidecar's business: a wrong one is its 401, passed through.
+    wrong = httpx.post(
+        f"{setup.base}/v1/chat/completions",
+        json={"model": "b/tiny", "messages": HELLO},
+        headers={"Authorization": "Bearer sk-wrong"},
+        timeout=10,
+    )
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_models_are_listed_per_key(setup: Setup) -> None:
+    def ids(headers: dict[str, str]) -> list[str]:
+        return [m["id"] for m in httpx.get(f"{setup.base}/v1/models", headers=headers, timeout=10).json()["data"]]
+
+    assert ids({}) == ["a/tiny", "c/tiny"]  # public only
+    assert ids({"Authorization": "Bearer sk-wrong"}) == ["a/tiny", "c/tiny"]
+    assert ids({"Authorization": f"Key {API_KEY}"}) == ["a/tiny", "b/tiny", "c/tiny"]
+    one = httpx.get(f"{setup.base}/v1/models/b/tiny", headers={"Authorization": "Bearer sk-wrong"}, timeout=10)
+    assert one.status_code == 404
+
+
+def test_held_requests_wait_then_go_when_a_replica_is_ready(setup: Setup) -> None:
+    results: dict[str, httpx.Response] = {}
+
+    def ask(name: str, **extra: object) -> None:
+        results[name] = _chat(setup, "c/tiny", **extra)
+
+    threads = [
+        threading.Thread(target=ask, args=("plain",)),
+        threading.Thread(target=ask, args=("stream",), kwargs={"stream": True}),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: _held(setup) == MAX_HELD, 5, "both requests held")
+        full = _chat(setup, "c/tiny")
+        assert full.status_code == 429 and full.headers["retry-after"]
+        assert full.json()["error"]["code"] == "hold_queue_full"
+        setup.discovery.update(_model("c", [setup.public[0]]))  # a replica turned Ready
+    finally:
+        for thread in threads:
+            thread.join(15)
+    assert results["plain"].status_code == 200 and results["plain"].headers["x-modelserve-replica"] == "c-pod-0"
+    assert results["stream"].status_code == 200 and results["stream"].text.rstrip().endswith("data: [DONE]")
+    assert _held(setup) == 0
+    setup.discovery.update(_model("c", []))  # back to zero
+
+
+def test_a_held_request_times_out_with_retry_after_and_a_gone_client_leaves(setup: Setup) -> None:
+    start = time.monotonic()
+    answer = _chat(setup, "c/tiny")
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "model_starting"
+    assert answer.headers["retry-after"] and time.monotonic() - start >= 3
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{setup.base}/v1/chat/completions", json={"model": "c/tiny", "messages": HELLO}, timeout=0.5)
+    wait_until(lambda: _held(setup) == 0, 5, "the gone client's request to leave the queue")
+    sample = 'modelserve_gateway_hold_seconds_count{model="tiny",namespace="c",outcome="client_gone"}'
+    assert _metric(setup, sample) >= 1
+
+
+def _held(setup: Setup) -> int:
+    held = httpx.get(f"{setup.base}/held", timeout=5).json()["held"]
+    return sum(entry["requests"] for entry in held if entry["namespace"] == "c")

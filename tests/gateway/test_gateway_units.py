@@ -1,0 +1,225 @@
+"""The gateway's pure parts: replica choice, conversation prefixes, the directory, request parsing,
+holding, settings, and the operator's sum of what gateways hold."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from modelserve_gateway.contract import held_from_json, held_to_json
+from modelserve_gateway.directory import Ambiguous, Directory, Model, model_of
+from modelserve_gateway.holding import Holding, Outcome
+from modelserve_gateway.proxy import parse_request
+from modelserve_gateway.routing import Ring, conversation_prefix, least_in_flight
+from modelserve_gateway.settings import GatewaySettings
+from modelserve_operator.autoscaling import total_held
+from modelserve_sidecar.contract import ConfigError
+
+A, B, C = "10.88.0.2:8080", "10.88.0.3:8080", "10.88.0.4:8080"
+
+
+# --- least in flight ---------------------------------------------------------------------------
+
+
+def test_least_in_flight_takes_the_least_busy_replica() -> None:
+    rng = random.Random(1)
+    assert least_in_flight([A, B, C], {A: 3, B: 1, C: 2}, rng) == B
+    assert least_in_flight([A, B, C], {A: 3, B: 1, C: 2}, rng, exclude=[B]) == C
+    assert least_in_flight([A], {}, rng, exclude=[A]) is None
+    assert least_in_flight([], {}, rng) is None
+
+
+def test_least_in_flight_shares_ties_at_random() -> None:
+    rng = random.Random(7)
+    picks = Counter(least_in_flight([A, B, C], {A: 1}, rng) for _ in range(600))
+    assert set(picks) == {B, C} and min(picks.values()) > 200
+
+
+# --- prefix affinity ---------------------------------------------------------------------------
+
+
+def _chat(system: str, *turns: str) -> dict[str, Any]:
+    messages = [{"role": "system", "content": system}]
+    for i, text in enumerate(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return {"model": "m", "messages": messages}
+
+
+def test_a_conversation_keeps_its_prefix_as_it_grows() -> None:
+    first = conversation_prefix(_chat("You are terse.", "hello"))
+    third = conversation_prefix(_chat("You are terse.", "hello", "hi!", "and now?"))
+    assert first == third
+    assert conversation_prefix(_chat("You are verbose.", "hello")) != first
+    assert conversation_prefix({"prompt": "Once upon a time"}) == b"Once upon a time"
+    assert conversation_prefix({"model": "m"}) is None
+
+
+def test_ring_keeps_a_prefix_on_its_replica_while_loads_are_even() -> None:
+    ring = Ring([A, B, C])
+    prefix = b"conversation-17"
+    own, is_own = ring.pick(prefix, {}, 1.25)
+    assert is_own
+    assert all(ring.pick(prefix, {A: 1, B: 1, C: 1}, 1.25) == (own, True) for _ in range(5))
+
+
+def test_ring_spills_past_a_replica_over_the_load_bound() -> None:
+    ring = Ring([A, B, C])
+    prefix = b"conversation-17"
+    own, _ = ring.pick(prefix, {}, 1.25)
+    # 6 in flight, 3 replicas: with this request at most ceil(1.25 * 7 / 3) = 3 each.
+    loads = dict.fromkeys([A, B, C], 0) | {own: 3}
+    loads[next(r for r in (A, B, C) if r != own)] = 3
+    spilled, is_own = ring.pick(prefix, loads, 1.25)
+    assert spilled != own and not is_own and loads[spilled] == 0
+
+
+def test_ring_spreads_prefixes_and_moves_few_when_a_replica_goes() -> None:
+    three, two = Ring([A, B, C]), Ring([A, B])
+    prefixes = [f"conversation-{i}".encode() for i in range(1500)]
+    owners = [three.pick(p, {}, 1.25)[0] for p in prefixes]
+    shares = Counter(owners)
+    assert min(shares.values()) > 300, shares  # an even share is 500
+    moved = [p for p, owner in zip(prefixes, owners, strict=True) if owner != C and two.pick(p, {}, 1.25)[0] != owner]
+    assert not moved  # only C's conversations find a new replica
+
+
+# --- the directory -------------------------------------------------------------------------------
+
+
+def _pod(name: str, ip: str, ready: bool = True, terminating: bool = False, container_id: str = "cri://1") -> dict:
+    metadata: dict[str, Any] = {"name": name, "namespace": "ns"}
+    if terminating:
+        metadata["deletionTimestamp"] = "2026-11-23T00:00:00Z"
+    return {
+        "metadata": metadata,
+        "status": {
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": "sidecar", "containerID": container_id, "state": {"running": {}}}],
+        },
+    }
+
+
+def _modelserver(name: str, namespace: str = "ns", public: bool = False) -> dict:
+    spec = {"auth": {"mode": "public"}} if public else {}
+    return {
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": "2026-11-23T00:00:00Z"},
+        "spec": spec,
+    }
+
+
+def test_only_ready_running_pods_take_requests() -> None:
+    pods = [
+        _pod("b", "10.88.0.3"),
+        _pod("a", "10.88.0.2"),
+        _pod("loading", "10.88.0.5", ready=False),
+        _pod("draining", "10.88.0.6", terminating=True),
+        _pod("kwok", "10.0.0.9", container_id=""),  # simulated: nothing listens at its address
+    ]
+    model = model_of(_modelserver("m", public=True), pods)
+    assert model.replicas == (A, B)
+    assert model.pods == {A: "a", B: "b"}
+    assert model.public and model.created == 1795392000
+    assert model_of(_modelserver("m"), []).ring is None
+
+
+def test_names_resolve_bare_or_by_namespace() -> None:
+    directory = Directory()
+    for namespace, name in (("team-a", "chat"), ("team-b", "chat"), ("team-a", "embed")):
+        directory.put(Model(namespace, name, public=False))
+    assert directory.resolve("embed").key == ("team-a", "embed")  # type: ignore[union-attr]
+    assert directory.resolve("team-b/chat").key == ("team-b", "chat")  # type: ignore[union-attr]
+    assert directory.resolve("nothing") is None
+    with pytest.raises(Ambiguous) as ambiguous:
+        directory.resolve("chat")
+    assert ambiguous.value.namespaces == ["team-a", "team-b"]
+    assert directory.listed_name(directory.models[("team-a", "chat")]) == "team-a/chat"
+    directory.remove(("team-b", "chat"))
+    assert directory.resolve("chat").key == ("team-a", "chat")  # type: ignore[union-attr]
+    assert directory.listed_name(directory.models[("team-a", "chat")]) == "chat"
+
+
+# --- requests ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"{", "invalid_json"),
+        (b"[1]", "invalid_json"),
+        (b'{"messages": []}', "missing_model"),
+        (b'{"model": 3}', "missing_model"),
+    ],
+)
+def test_requests_without_a_model_are_refused_naming_it(body: bytes, code: str) -> None:
+    _, refusal = parse_request(body)
+    assert refusal is not None and refusal.status == 400 and refusal.code == code
+    if code == "missing_model":
+        assert refusal.param == "model"
+
+
+def test_a_request_with_a_model_passes() -> None:
+    assert parse_request(b'{"model": "m", "stream": true}') == ({"model": "m", "stream": True}, None)
+
+
+# --- holding -------------------------------------------------------------------------------------
+
+
+def test_holding_wakes_times_out_fills_and_lets_go() -> None:
+    async def scenario() -> None:
+        counts: list[int] = []
+        holding = Holding(max_held=2, on_count=lambda key, count: counts.append(count))
+        key = ("ns", "m")
+        never = asyncio.get_running_loop().create_future()
+        first = asyncio.ensure_future(holding.wait(key, 10, never))
+        second = asyncio.ensure_future(holding.wait(key, 10, never))
+        await asyncio.sleep(0.01)
+        assert holding.held() == {key: 2}
+        assert await holding.wait(key, 10, never) is Outcome.FULL
+        holding.wake(key)
+        assert await first is Outcome.READY and await second is Outcome.READY
+        assert holding.held() == {}
+        assert await holding.wait(key, 0.05, never) is Outcome.TIMEOUT
+        gone = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(holding.wait(key, 10, gone))
+        await asyncio.sleep(0.01)
+        gone.set_result(None)
+        assert await waiting is Outcome.GONE
+        assert holding.held() == {} and counts[-1] == 0
+        never.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_held_counts_round_trip_and_add_up_across_gateway_pods() -> None:
+    held = {("ns", "m"): 3, ("other", "x"): 1}
+    assert held_from_json(held_to_json(held)) == held
+    gateway = {
+        "metadata": {"name": "g"},
+        "status": {
+            "podIP": "10.88.0.9",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "gateway", "containerID": "cri://2", "state": {"running": {}}}],
+        },
+    }
+    unready = {**gateway, "status": {**gateway["status"], "conditions": []}}
+    answers = {"10.88.0.9": held, "10.88.0.10": {("ns", "m"): 2}}
+    second = {**gateway, "status": {**gateway["status"], "podIP": "10.88.0.10"}}
+    assert total_held([gateway, second, unready], answers.__getitem__) == {("ns", "m"): 5, ("other", "x"): 1}
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+
+def test_settings_name_the_bad_variable() -> None:
+    assert GatewaySettings.from_env({"MODELSERVE_GATEWAY_NAMESPACES": "b, a,,a"}).namespaces == ("a", "b")
+    with pytest.raises(ConfigError, match="MODELSERVE_GATEWAY_ROUTING"):
+        GatewaySettings.from_env({"MODELSERVE_GATEWAY_ROUTING": "round-robin"})
+    with pytest.raises(ConfigError, match="MODELSERVE_GATEWAY_AFFINITY_LOAD_FACTOR"):
+        GatewaySettings.from_env({"MODELSERVE_GATEWAY_AFFINITY_LOAD_FACTOR": "0.5"})
+    with pytest.raises(ConfigError, match="MODELSERVE_GATEWAY_HOLD_SECONDS"):
+        GatewaySettings.from_env({"MODELSERVE_GATEWAY_HOLD_SECONDS": "0"})
