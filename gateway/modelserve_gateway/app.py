@@ -12,11 +12,13 @@ import aiohttp
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from modelserve_sidecar import ollama
 from modelserve_sidecar.auth import authorization_header
+from modelserve_sidecar.contract import package_version
 from modelserve_sidecar.metrics import CONTENT_TYPE
 
 from . import gateway_errors
-from .catalog import Catalog, model_object
+from .catalog import Catalog, model_object, ollama_entry
 from .contract import HEALTH_ROUTE, HELD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, held_to_json
 from .directory import Ambiguous, Directory
 from .holding import Holding
@@ -25,6 +27,8 @@ from .proxy import GatewayProxy
 from .settings import GatewaySettings
 
 MODELS_ROUTE = "/v1/models"
+# Ollama's listing and version, answered here like /v1/models (its other routes carry a model).
+OLLAMA_GETS = frozenset({ollama.TAGS_ROUTE, ollama.VERSION_ROUTE})
 
 
 class Discovery(Protocol):
@@ -49,7 +53,9 @@ class Dispatcher:
 
 def _model_list(scope: dict[str, Any]) -> bool:
     path = scope["path"]
-    return scope["method"] == "GET" and (path == MODELS_ROUTE or path.startswith(MODELS_ROUTE + "/"))
+    return scope["method"] == "GET" and (
+        path == MODELS_ROUTE or path.startswith(MODELS_ROUTE + "/") or path in OLLAMA_GETS
+    )
 
 
 def open_session(settings: GatewaySettings) -> aiohttp.ClientSession:
@@ -135,6 +141,15 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
         if model is None or not await catalog.allows(_authorization(request), model):
             return _error(gateway_errors.unknown_model(name))
         return model_object(directory, model)
+
+    @api.get(ollama.TAGS_ROUTE)
+    async def ollama_tags(request: Request) -> dict[str, Any]:
+        visible = await catalog.visible(_authorization(request))
+        return {"models": [ollama_entry(directory, model) for model in visible]}
+
+    @api.get(ollama.VERSION_ROUTE)
+    async def ollama_version() -> dict[str, str]:
+        return {"version": ollama.version_string(package_version())}
 
     return Dispatcher(api, proxy)
 

@@ -14,9 +14,12 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+
+from modelserve_sidecar import ollama
 
 from .contract import Key
 from .directory import Directory, Model
@@ -97,3 +100,10 @@ def model_object(directory: Directory, model: Model) -> dict[str, Any]:
         "created": model.created,
         "owned_by": model.namespace,
     }
+
+
+def ollama_entry(directory: Directory, model: Model) -> dict[str, Any]:
+    """A model in Ollama's /api/tags list (what the gateway knows without asking: no size or digest)."""
+    name = ollama.listed_name(directory.listed_name(model))
+    modified = datetime.fromtimestamp(model.created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"name": name, "model": name, "modified_at": modified, "size": 0, "digest": "", "details": {}}

@@ -62,6 +62,9 @@ def _epoch(timestamp: str | None) -> int:
         return 0
 
 
+OLLAMA_DEFAULT_TAG = ":latest"  # Ollama clients name models with a tag; a served name has none
+
+
 class Ambiguous(Exception):
     """A served name that more than one watched namespace serves."""
 
@@ -89,8 +92,9 @@ class Directory:
 
     def resolve(self, requested: str) -> Model | None:
         """The ModelServer a request's `model` names: its served name, or `namespace/name` where
-        two namespaces serve the same name. Raises Ambiguous for such a bare name."""
-        namespace, _, name = requested.rpartition("/")
+        two namespaces serve the same name, either with Ollama's default tag `:latest`. Raises
+        Ambiguous for such a bare name."""
+        namespace, _, name = requested.removesuffix(OLLAMA_DEFAULT_TAG).rpartition("/")
         if namespace:
             return self.models.get((namespace, name))
         namespaces = self._namespaces.get(name)

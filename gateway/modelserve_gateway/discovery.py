@@ -10,8 +10,8 @@ from typing import Any
 from modelserve_operator.apply import Kube, api_client
 from modelserve_operator.manifests import SELECTOR_LABEL
 from modelserve_operator.reconcile import MODELSERVERS
-from modelserve_operator.settings import package_version
 from modelserve_operator.watch_cache import API_RETRY_BACKOFFS, WatchCache, Watched
+from modelserve_sidecar.contract import package_version
 
 from .contract import Key
 from .directory import Model, model_of

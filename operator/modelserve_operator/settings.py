@@ -5,17 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
+
+from modelserve_sidecar.contract import package_version
 
 FIELD_MANAGER = "modelserve-operator"
 ENGINE_IMAGE_PREFIX = "MODELSERVE_ENGINE_IMAGE_"
-
-
-def package_version() -> str:
-    try:
-        return version("modelserve")
-    except PackageNotFoundError:
-        return "0.1.0"
 
 
 # How the operator's own requests show in the API server's audit log.

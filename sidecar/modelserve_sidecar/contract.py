@@ -12,12 +12,22 @@ import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 T = TypeVar("T")
+
+
+def package_version() -> str:
+    """This release of modelserve (the operator's default image tag, the gateway's user agent)."""
+    try:
+        return version("modelserve")
+    except PackageNotFoundError:
+        return "0.1.0"
+
 
 LISTEN_PORT = 8080
 KEYS_DIR = "/etc/modelserve/keys"

@@ -5,13 +5,12 @@ sent. Keys, body limit, request checks, sampling defaults, demand and metrics ar
 from __future__ import annotations
 
 import json
-from importlib.metadata import PackageNotFoundError, version
 from time import perf_counter
 from typing import Any
 
 from . import ollama
 from .auth import refusal_reason
-from .contract import Settings
+from .contract import Settings, package_version
 from .metrics import ROUTE_SCOPE_KEY, route_label, status_class
 from .proxy import CLIENT_CLOSED, Proxy
 from .relay import ClientGone, content_length, read_body
@@ -23,18 +22,11 @@ _KEPT_ON_ERRORS = frozenset({b"www-authenticate", b"retry-after", b"connection"}
 _REWRITTEN = frozenset({b"content-length", b"content-type", b"accept-encoding", b"transfer-encoding"})
 
 
-def _modelserve_version() -> str:
-    try:
-        return version("modelserve")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 class OllamaAdapter:
     def __init__(self, proxy: Proxy, settings: Settings) -> None:
         self.proxy = proxy
         self.settings = settings
-        self.version = ollama.version_string(_modelserve_version())
+        self.version = ollama.version_string(package_version())
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         start = perf_counter()

@@ -212,3 +212,18 @@ def test_a_held_request_times_out_with_retry_after_and_a_gone_client_leaves(setu
 def _held(setup: Setup) -> int:
     held = httpx.get(f"{setup.base}/held", timeout=5).json()["held"]
     return sum(entry["requests"] for entry in held if entry["namespace"] == "c")
+
+
+def test_ollama_clients_reach_models_through_the_gateway(setup: Setup) -> None:
+    import ollama
+
+    client = ollama.Client(host=setup.base, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert [m.model for m in client.list().models] == ["a/tiny:latest", "b/tiny:latest", "c/tiny:latest"]
+    assert client.chat(model="a/tiny:latest", messages=HELLO, stream=False).message.content
+    streamed = "".join(part.message.content or "" for part in client.chat(model="b/tiny", messages=HELLO, stream=True))
+    assert streamed
+    anonymous = ollama.Client(host=setup.base)
+    assert [m.model for m in anonymous.list().models] == ["a/tiny:latest", "c/tiny:latest"]
+    with pytest.raises(ollama.ResponseError) as refused:
+        anonymous.chat(model="b/tiny", messages=HELLO, stream=False)
+    assert refused.value.status_code == 401
