@@ -82,21 +82,26 @@ def read_pod_load(address: str) -> PodLoad | None:
 
 
 def read_held(address: str) -> dict[Key, int]:
-    """What one gateway pod holds, per ModelServer (nothing when it cannot be read)."""
-    body = read_json(f"http://{address}:{gateway.LISTEN_PORT}{gateway.HELD_ROUTE}")
+    """What one gateway (host:port) holds, per ModelServer (nothing when it cannot be read)."""
+    body = read_json(f"http://{address}{gateway.HELD_ROUTE}")
     try:
         return {} if body is None else gateway.held_from_json(body)
     except (KeyError, TypeError, ValueError):
         return {}
 
 
-def total_held(gateway_pods: list[dict[str, Any]], read: Callable[[str], dict[Key, int]]) -> dict[Key, int]:
-    """Requests held across the ready gateway pods, per ModelServer."""
+def gateway_addresses(gateway_pods: list[dict[str, Any]], others: tuple[str, ...] = ()) -> list[str]:
+    """host:port of every gateway to read: the ready gateway pods, and those given by address."""
+    pods = [pod for pod in gateway_pods if pod_ready(pod) and readable(pod, gateway.GATEWAY_CONTAINER)]
+    return [f"{pod['status']['podIP']}:{gateway.LISTEN_PORT}" for pod in pods] + list(others)
+
+
+def total_held(addresses: list[str], read: Callable[[str], dict[Key, int]]) -> dict[Key, int]:
+    """Requests held across the gateways, per ModelServer."""
     totals: dict[Key, int] = {}
-    for pod in gateway_pods:
-        if pod_ready(pod) and readable(pod, gateway.GATEWAY_CONTAINER):
-            for key, count in read(pod["status"]["podIP"]).items():
-                totals[key] = totals.get(key, 0) + count
+    for address in addresses:
+        for key, count in read(address).items():
+            totals[key] = totals.get(key, 0) + count
     return totals
 
 
@@ -109,9 +114,11 @@ class Autoscaling:
         deployments: WatchCache,
         queue: WorkQueue,
         gateways: WatchCache | None = None,
+        other_gateways: tuple[str, ...] = (),
     ):
         self.kube = kube
         self.gateways = gateways  # the gateway's pods, whose held requests are demand
+        self.other_gateways = other_gateways  # host:port of gateways that are not pods
         self.modelservers = modelservers
         self.pods = pods
         self.deployments = deployments
@@ -152,7 +159,8 @@ class Autoscaling:
 
     def _run(self) -> None:
         while not self._stop.wait(PERIOD_SECONDS):
-            held = total_held(self.gateways.items(), read_held) if self.gateways is not None else {}
+            pods = self.gateways.items() if self.gateways is not None else []
+            held = total_held(gateway_addresses(pods, self.other_gateways), read_held)
             for body in self.modelservers.items():
                 try:
                     self._step(body, held)

@@ -37,6 +37,9 @@ class Settings:
     # MODELSERVE_GATEWAY_NAMESPACE: where the gateway's pods run; the autoscaler reads the requests
     # they hold for ModelServers at zero. Empty: no gateway.
     gateway_namespace: str = ""
+    # MODELSERVE_GATEWAY_ADDRESSES: host:port of gateways that are not pods (the sandbox runs one on
+    # the host), comma-separated; their held requests count as well.
+    gateway_addresses: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -50,6 +53,9 @@ class Settings:
             metrics_port=int(env.get("MODELSERVE_METRICS_PORT", cls.metrics_port)),
             gateway_url=env.get("MODELSERVE_GATEWAY_URL", cls.gateway_url),
             gateway_namespace=env.get("MODELSERVE_GATEWAY_NAMESPACE", cls.gateway_namespace),
+            gateway_addresses=tuple(
+                a.strip() for a in env.get("MODELSERVE_GATEWAY_ADDRESSES", "").split(",") if a.strip()
+            ),
             engine_images={
                 key.removeprefix(ENGINE_IMAGE_PREFIX).lower(): value
                 for key, value in env.items()

@@ -1,9 +1,9 @@
 """`modelserve-sandbox`: the local sandbox, end to end, in one command.
 
 Starts the real control plane (KWOK plays the GPU nodes, a real node runs CPU pods), installs
-the ModelServer CRD, runs the operator, applies the examples, prints `kubectl get ms` once the
-examples have settled, and keeps everything running until interrupted; then stops every
-process it started and puts the host back as it was.
+the ModelServer CRD, runs the operator and the gateway (host processes), applies the examples,
+prints `kubectl get ms` once the examples have settled, and keeps everything running until
+interrupted; then stops every process it started and puts the host back as it was.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from .cluster import Cluster
-from .processes import start_process, stop_process, tail, wait_until
+from .processes import free_ports, start_process, stop_process, tail, wait_until
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,6 +60,15 @@ def _settled(cluster: Cluster) -> bool:
     return bool(items) and all(decided(i) for i in items)
 
 
+def _gateway_models(base: str) -> str:
+    """GET /v1/models through the gateway, anonymously: the public models, or why not."""
+    try:
+        with urllib.request.urlopen(f"{base}/models", timeout=10) as answer:
+            return ", ".join(model["id"] for model in json.loads(answer.read())["data"]) or "none"
+    except (OSError, ValueError, KeyError) as error:
+        return f"unreachable ({error})"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="modelserve-sandbox-"))
@@ -79,11 +89,30 @@ def main(argv: list[str] | None = None) -> int:
         print(cluster.kubectl("get", "nodes", "-L", "type", "-o", "wide").stdout, flush=True)
         cluster.kubectl("apply", "--server-side", "-f", str(args.crds))
         cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        (gateway_port,) = free_ports(1)
+        gateway_address = f"127.0.0.1:{gateway_port}"
+        gateway_url = f"http://{gateway_address}/v1"
+        # The gateway on the host reaches the real node's pods over its bridge; the operator reads
+        # the requests it holds from its address (a pod gateway, the chart's, is found by label).
+        gateway = start_process(
+            "modelserve-gateway",
+            [str(Path(sys.executable).with_name("modelserve-gateway"))],
+            cluster.log_dir,
+            env={
+                **cluster.env,
+                "MODELSERVE_GATEWAY_LISTEN_HOST": "127.0.0.1",
+                "MODELSERVE_GATEWAY_LISTEN_PORT": str(gateway_port),
+            },
+        )
         operator = start_process(
             "modelserve-operator",
             [str(Path(sys.executable).with_name("modelserve-operator"))],
             cluster.log_dir,
-            env=cluster.operator_env,
+            env={
+                **cluster.operator_env,
+                "MODELSERVE_GATEWAY_URL": gateway_url,
+                "MODELSERVE_GATEWAY_ADDRESSES": gateway_address,
+            },
         )
         try:
             cluster.kubectl("apply", "-f", str(args.examples))
@@ -116,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                 ).stdout,
                 flush=True,
             )
+            print(f"gateway: {gateway_url} (one base URL for every model)", flush=True)
+            print(f"models the gateway lists without a key: {_gateway_models(gateway_url)}", flush=True)
             if args.exit_when_settled:
                 return 0
             print(
@@ -124,12 +155,14 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             while not stop.wait(1.0):
-                if operator.poll() is not None:
-                    print("the operator exited; see its log", flush=True)
-                    return 1
+                for name, process in (("operator", operator), ("gateway", gateway)):
+                    if process.poll() is not None:
+                        print(f"the {name} exited; see its log", flush=True)
+                        return 1
             return 0
         finally:
             stop_process(operator)
+            stop_process(gateway)
             if args.workdir is None:
                 shutil.rmtree(workdir / "etcd", ignore_errors=True)
 

@@ -31,6 +31,9 @@ def test_sandbox_brings_the_examples_up_and_explains_the_one_that_cannot_fit(tmp
         else:
             assert " True " in row and "Ready" in row
     assert "no node has 16 free nvidia.com/gpu" in result.stdout
+    # The gateway runs beside the operator and knows the public example.
+    assert "gateway: http://127.0.0.1:" in result.stdout
+    assert "models the gateway lists without a key: gemma3-270m-cpu\n" in result.stdout
     # The cpu example ran for real on the real node; the GPU ones on KWOK's nodes.
     nodes = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith(("real-", "gpu-"))}
     assert "containerd://" in nodes["real-0"] and nodes["real-0"].split()[-1] == "real"

@@ -16,7 +16,7 @@ from modelserve_gateway.holding import Holding, Outcome
 from modelserve_gateway.proxy import parse_request
 from modelserve_gateway.routing import Ring, conversation_prefix, least_in_flight
 from modelserve_gateway.settings import GatewaySettings
-from modelserve_operator.autoscaling import total_held
+from modelserve_operator.autoscaling import gateway_addresses, total_held
 from modelserve_sidecar.contract import ConfigError
 
 A, B, C = "10.88.0.2:8080", "10.88.0.3:8080", "10.88.0.4:8080"
@@ -207,9 +207,11 @@ def test_held_counts_round_trip_and_add_up_across_gateway_pods() -> None:
         },
     }
     unready = {**gateway, "status": {**gateway["status"], "conditions": []}}
-    answers = {"10.88.0.9": held, "10.88.0.10": {("ns", "m"): 2}}
+    answers = {"10.88.0.9:8080": held, "10.88.0.10:8080": {("ns", "m"): 2}, "127.0.0.1:9000": {("ns", "m"): 1}}
     second = {**gateway, "status": {**gateway["status"], "podIP": "10.88.0.10"}}
-    assert total_held([gateway, second, unready], answers.__getitem__) == {("ns", "m"): 5, ("other", "x"): 1}
+    addresses = gateway_addresses([gateway, second, unready], ("127.0.0.1:9000",))
+    assert addresses == ["10.88.0.9:8080", "10.88.0.10:8080", "127.0.0.1:9000"]
+    assert total_held(addresses, answers.__getitem__) == {("ns", "m"): 6, ("other", "x"): 1}
 
 
 # --- settings ------------------------------------------------------------------------------------
