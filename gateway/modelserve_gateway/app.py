@@ -19,8 +19,8 @@ from modelserve_sidecar.metrics import CONTENT_TYPE
 
 from . import gateway_errors
 from .catalog import Catalog, model_object, ollama_entry
-from .contract import HEALTH_ROUTE, HELD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, held_to_json
-from .directory import Ambiguous, Directory
+from .contract import HEALTH_ROUTE, HELD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Key, held_to_json
+from .directory import Ambiguous, Directory, Model
 from .holding import Holding
 from .metrics import GatewayMetrics
 from .proxy import GatewayProxy
@@ -34,7 +34,8 @@ OLLAMA_GETS = frozenset({ollama.TAGS_ROUTE, ollama.VERSION_ROUTE})
 class Discovery(Protocol):
     """What feeds the directory: the Kubernetes watches (discovery.py), or a fixed table (benchmarks)."""
 
-    def start(self, changed: Callable[[Any], None]) -> None: ...
+    def start(self, changed: Callable[[Key], None]) -> None: ...
+    def lookup(self, key: Key) -> Model | None: ...
     def stop(self) -> None: ...
     def synced(self) -> bool: ...
 
@@ -88,24 +89,25 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         proxy.session = open_session(settings)
-        discovery.start(lambda update: loop.call_soon_threadsafe(apply_update, update))
+        discovery.start(lambda key: loop.call_soon_threadsafe(refresh, key))
         try:
             yield
         finally:
             discovery.stop()
             await proxy.session.close()
 
-    def apply_update(update: Any) -> None:
-        """A ModelServer changed (a Model), or went (its Key)."""
-        if isinstance(update, tuple):
-            directory.remove(update)
-            metrics.forget(update)
-            holding.wake(update)  # held requests find it gone: 404
+    def refresh(key: Key) -> None:
+        """A ModelServer or one of its pods changed: take its entry as it is now."""
+        model = discovery.lookup(key)
+        if model is None:
+            directory.remove(key)
+            metrics.forget(key)
+            holding.wake(key)  # held requests find it gone: 404
             return
-        directory.put(update)
-        metrics.replicas.labels(*update.key).set(len(update.replicas))
-        if update.replicas:
-            holding.wake(update.key)
+        directory.put(model)
+        metrics.replicas.labels(*key).set(len(model.replicas))
+        if model.replicas:
+            holding.wake(key)
 
     api = FastAPI(title="modelserve-gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 

@@ -1,6 +1,8 @@
 """The gateway's view of the cluster: the operator's watch-fed caches (list, then watch) of
 ModelServers and of their pods (by the operator's selector label), in the watched namespaces.
-Each change rebuilds that one ModelServer's entry and hands it to the event loop."""
+A change names the ModelServer it touched; the event loop then reads that ModelServer's entry
+from the caches as they are at that moment, so entries never arrive out of order from the
+watch threads."""
 
 from __future__ import annotations
 
@@ -27,13 +29,13 @@ class KubeDiscovery:
         api.user_agent = USER_AGENT
         self.kube = Kube(api, field_manager="modelserve-gateway")  # it never writes
         self.scopes: tuple[str | None, ...] = namespaces or (None,)
-        self._changed: Callable[[Any], None] = lambda update: None
+        self._changed: Callable[[Key], None] = lambda key: None
         self.modelservers = WatchCache(
             self.kube, MODELSERVERS, self.scopes, self._modelserver_changed, API_RETRY_BACKOFFS
         )
         self.pods = WatchCache(self.kube, PODS, self.scopes, self._pod_changed, API_RETRY_BACKOFFS)
 
-    def start(self, changed: Callable[[Any], None]) -> None:
+    def start(self, changed: Callable[[Key], None]) -> None:
         self._changed = changed
         self.modelservers.start()
         self.pods.start()
@@ -45,37 +47,43 @@ class KubeDiscovery:
     def synced(self) -> bool:
         return self.modelservers.wait_listed(LISTED_WAIT_SECONDS) and self.pods.wait_listed(LISTED_WAIT_SECONDS)
 
+    def lookup(self, key: Key) -> Model | None:
+        """The ModelServer's entry now, or None when it is gone."""
+        body = self.modelservers.get(*key)
+        return None if body is None else model_of(body, self.pods.owned_by(*key))
+
     def _modelserver_changed(self, body: dict[str, Any]) -> None:
-        self._refresh((body["metadata"]["namespace"], body["metadata"]["name"]))
+        self._changed((body["metadata"]["namespace"], body["metadata"]["name"]))
 
     def _pod_changed(self, body: dict[str, Any]) -> None:
         owner = (body["metadata"].get("labels") or {}).get(SELECTOR_LABEL)
         if owner:
-            self._refresh((body["metadata"]["namespace"], owner))
-
-    def _refresh(self, key: Key) -> None:
-        body = self.modelservers.get(*key)
-        if body is None:
-            self._changed(key)
-        else:
-            self._changed(model_of(body, self.pods.owned_by(*key)))
+            self._changed((body["metadata"]["namespace"], owner))
 
 
 class FixedDiscovery:
     """A fixed table of models, for benchmarks and for running the gateway without a cluster."""
 
     def __init__(self, models: list[Model]) -> None:
-        self.models = models
-        self._changed: Callable[[Any], None] = lambda update: None
+        self.models = {model.key: model for model in models}
+        self._changed: Callable[[Key], None] = lambda key: None
 
-    def start(self, changed: Callable[[Any], None]) -> None:
+    def start(self, changed: Callable[[Key], None]) -> None:
         self._changed = changed
-        for model in self.models:
-            changed(model)
+        for key in self.models:
+            changed(key)
+
+    def lookup(self, key: Key) -> Model | None:
+        return self.models.get(key)
 
     def update(self, model: Model | Key) -> None:
         """Replace a model's entry (a Model) or remove it (its Key), as a watch event would."""
-        self._changed(model)
+        if isinstance(model, Model):
+            self.models[model.key] = model
+            self._changed(model.key)
+        else:
+            self.models.pop(model, None)
+            self._changed(model)
 
     def stop(self) -> None:
         pass
