@@ -7,9 +7,8 @@ import logging
 import os
 import sys
 
-import uvicorn
-
 from modelserve_sidecar.contract import ConfigError
+from modelserve_sidecar.serve import serve
 
 from .app import build_app
 from .discovery import KubeDiscovery
@@ -49,18 +48,8 @@ def main(argv: list[str] | None = None) -> None:
         settings.max_held,
         settings.hold_seconds,
     )
-    uvicorn.run(
-        build_app(settings, KubeDiscovery(settings.namespaces)),
-        host=settings.listen_host,
-        port=settings.listen_port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        access_log=False,
-        server_header=False,
-        date_header=False,
-        timeout_graceful_shutdown=settings.drain_seconds,
-    )
+    app = build_app(settings, KubeDiscovery(settings.namespaces))
+    serve(app, settings.listen_host, settings.listen_port, settings.drain_seconds)
 
 
 if __name__ == "__main__":

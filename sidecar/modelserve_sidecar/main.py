@@ -7,10 +7,9 @@ import logging
 import os
 import sys
 
-import uvicorn
-
 from .app import build_app
 from .contract import ConfigError, Settings
+from .serve import serve
 
 log = logging.getLogger("modelserve_sidecar")
 
@@ -44,22 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         dict(settings.sampling_defaults),
         settings.max_body_bytes,
     )
-    uvicorn.run(
-        build_app(settings),
-        host=settings.listen_host,
-        port=settings.listen_port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        # Per-request logging would cost more than the proxying; the metrics count every request.
-        access_log=False,
-        # The engine's own Server and Date headers pass through; uvicorn must not add a second pair.
-        server_header=False,
-        date_header=False,
-        # On SIGTERM uvicorn stops accepting, lets in-flight requests (streams) finish up to this
-        # deadline, then cancels them and runs the lifespan shutdown.
-        timeout_graceful_shutdown=settings.drain_seconds,
-    )
+    serve(build_app(settings), settings.listen_host, settings.listen_port, settings.drain_seconds)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
 from operator_cluster import OperatorView
 
+CHART = Path(__file__).resolve().parents[2] / "charts" / "modelserve"
 REAL_WAIT_SECONDS = 180  # image unpack, the model's download from the sandbox hub, its load
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 NO_END = {"1": -100, "106": -100}  # Gemma 3's end tokens banned: generations run to max_tokens
@@ -64,6 +65,23 @@ class Timeline:
 
     def __str__(self) -> str:
         return "\n".join(f"{t:7.2f}s {w}" for t, w in self.entries)
+
+
+def install_chart(cluster: Any, release: str, namespace: str) -> None:
+    """`helm install` of the chart into `namespace` (created), its engines pointed at the sandbox's hub."""
+    cluster.helm(
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--set",
+        f"hub.endpoint={cluster.hub_endpoint}",
+        "--wait",
+        "--timeout",
+        "180s",
+    )
 
 
 def cpu_server(name: str, public: bool = False, **spec: object) -> dict:

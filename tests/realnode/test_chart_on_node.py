@@ -7,30 +7,16 @@ import json
 import uuid
 from pathlib import Path
 
-from node_view import NodeView, cpu_server
+from node_view import NodeView, cpu_server, install_chart
 
 from modelserve_sandbox import realnode
 from modelserve_sandbox.cluster import Cluster
-
-CHART = Path(__file__).resolve().parents[2] / "charts" / "modelserve"
 
 
 def test_chart_operator_runs_as_a_pod_and_serves_a_model(node_cluster: Cluster, tmp_path: Path) -> None:
     release, system, apps = "modelserve", f"ms-system-{uuid.uuid4().hex[:6]}", f"apps-{uuid.uuid4().hex[:6]}"
     node_cluster.create_namespace(apps)
-    node_cluster.helm(
-        "install",
-        release,
-        str(CHART),
-        "--namespace",
-        system,
-        "--create-namespace",
-        "--set",
-        f"hub.endpoint={node_cluster.hub_endpoint}",
-        "--wait",
-        "--timeout",
-        "180s",
-    )
+    install_chart(node_cluster, release, system)
     try:
         pods = json.loads(node_cluster.kubectl("get", "pods", "-n", system, "-o", "json").stdout)["items"]
         by_component = {pod["metadata"]["labels"]["app.kubernetes.io/component"]: pod for pod in pods}

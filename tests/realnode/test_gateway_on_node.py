@@ -16,16 +16,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
+from node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server, install_chart
 
 from modelserve_sandbox.cluster import Cluster
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "modelserve"
 RELEASE = "modelserve"
 GATEWAY = f"{RELEASE}-gateway"
 HELLO = [{"role": "user", "content": "Say hello"}]
@@ -44,19 +42,7 @@ class Installed:
 def installed(node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     system, apps = f"ms-system-{uuid.uuid4().hex[:6]}", f"apps-{uuid.uuid4().hex[:6]}"
     node_cluster.create_namespace(apps)
-    node_cluster.helm(
-        "install",
-        RELEASE,
-        str(CHART),
-        "--namespace",
-        system,
-        "--create-namespace",
-        "--set",
-        f"hub.endpoint={node_cluster.hub_endpoint}",
-        "--wait",
-        "--timeout",
-        "180s",
-    )
+    install_chart(node_cluster, RELEASE, system)
     view = NodeView(node_cluster, apps, tmp_path_factory.mktemp("gateway") / "no-host-operator.log")
     try:
         view.apply(cpu_server("alpha", public=True, replicas={"min": 2, "max": 2}))

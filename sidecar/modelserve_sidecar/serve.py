@@ -1,0 +1,26 @@
+"""Serving an ASGI app as the sidecar and the gateway both do: uvloop and httptools, no access log
+(the metrics count every request; a log line each would cost more than the proxying), no Server or
+Date header of uvicorn's own (the upstream's pass through), and a drain on SIGTERM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import uvicorn
+
+
+def serve(app: Any, host: str, port: int, drain_seconds: float) -> None:
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        server_header=False,
+        date_header=False,
+        # On SIGTERM uvicorn stops accepting, lets in-flight requests (streams) finish up to this
+        # deadline, then cancels them and runs the lifespan shutdown.
+        timeout_graceful_shutdown=drain_seconds,
+    )
