@@ -108,6 +108,7 @@ def sidecar_settings(ms: ModelServer, engine: Engine, settings: Settings) -> con
         auth_public=spec.auth.mode == AuthMode.PUBLIC,
         vision=spec.vision,
         sampling_defaults=MappingProxyType(sampling),
+        sampling_aliases=MappingProxyType(dict(engine.sampling_aliases)),
         drain_seconds=settings.drain_seconds,
     )
 

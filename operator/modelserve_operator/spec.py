@@ -207,7 +207,11 @@ class SamplingDefaults(WireModel):
         None, ge=0, le=1, description="Minimum token probability relative to the most likely one."
     )
     repetition_penalty: float | None = Field(
-        None, gt=0, le=2, description="Values above 1 discourage repetition (repetition_penalty)."
+        None,
+        gt=0,
+        le=2,
+        description="Values above 1 discourage repetition (repetition_penalty; the sidecar also sends it to "
+        "llama.cpp as repeat_penalty, the only name that engine reads).",
     )
     max_tokens: int | None = Field(None, ge=1, le=1_000_000, description="Tokens generated at most (max_tokens).")
 

@@ -168,6 +168,19 @@ def _sampling(raw: str) -> Mapping[str, float | int]:
     return MappingProxyType({k: SAMPLING_FIELDS[k](v) for k, v in data.items()})
 
 
+def _aliases(raw: str) -> Mapping[str, str]:
+    try:
+        data: Any = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, str) and v for v in data.values()):
+        raise ValueError('must be a JSON object of field names, e.g. {"repetition_penalty": "repeat_penalty"}')
+    unknown = sorted(set(data) - set(SAMPLING_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(SAMPLING_FIELDS)}")
+    return MappingProxyType(dict(data))
+
+
 def _path(raw: str) -> Path:
     return Path(_non_empty(raw))
 
@@ -199,7 +212,7 @@ def _render_auth(public: bool) -> str:
     return "public" if public else "private"
 
 
-def _render_sampling(values: Mapping[str, float | int]) -> str:
+def _render_sampling(values: Mapping[str, Any]) -> str:
     return json.dumps(dict(values), sort_keys=True, separators=(",", ":"))
 
 
@@ -218,6 +231,9 @@ def read_env(cls: type[T], env: Mapping[str, str]) -> T:
         elif setting.default is dataclasses.MISSING and setting.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{name} is required")
     return cls(**values)
+
+
+OMITTED_WHEN_EMPTY = frozenset({"sampling_defaults", "sampling_aliases"})
 
 
 @dataclass(frozen=True)
@@ -245,6 +261,14 @@ class Settings:
         _render_sampling,
         default_factory=lambda: MappingProxyType({}),
     )
+    # The engine's own name of a sampling field it reads under no other (llama.cpp's server reads
+    # repeat_penalty, never repetition_penalty): the sidecar copies the value there too.
+    sampling_aliases: Mapping[str, str] = env_setting(
+        "MODELSERVE_SAMPLING_ALIASES",
+        _aliases,
+        _render_sampling,
+        default_factory=lambda: MappingProxyType({}),
+    )
     max_body_bytes: int = env_setting("MODELSERVE_MAX_BODY_BYTES", _positive_int, default=10 * 1024 * 1024)
     upstream_timeout_seconds: float = env_setting(
         "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS", _positive_float, _render_number, default=600.0
@@ -262,11 +286,12 @@ class Settings:
 
     def to_env(self) -> dict[str, str]:
         """Every setting as its variable, so a pod's spec shows all the sidecar runs with. Two are
-        left out where they mean nothing: the keys directory with public auth, empty sampling."""
+        left out where they mean nothing: the keys directory with public auth, empty sampling
+        defaults and aliases."""
         env = {}
         for setting in dataclasses.fields(self):
             value = getattr(self, setting.name)
-            if (setting.name == "keys_dir" and self.auth_public) or (setting.name == "sampling_defaults" and not value):
+            if (setting.name == "keys_dir" and self.auth_public) or (setting.name in OMITTED_WHEN_EMPTY and not value):
                 continue
             env[setting.metadata["env"]] = setting.metadata["render"](value)
         return env

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from .errors import ErrorResponse, bad_request
@@ -16,10 +17,15 @@ IMAGE_PART_TYPES = frozenset({"image_url"})
 
 
 def check_body(
-    path: str, body: bytes, served_model: str, vision: bool, sampling_defaults: Mapping[str, Any]
+    path: str,
+    body: bytes,
+    served_model: str,
+    vision: bool,
+    sampling_defaults: Mapping[str, Any],
+    sampling_aliases: Mapping[str, str] = MappingProxyType({}),
 ) -> bytes | ErrorResponse:
     """The body to send to the engine (the same bytes when nothing changes), or the error to
-    answer with."""
+    answer with. `sampling_aliases`: OpenAI name -> the engine's own name of a sampling field."""
     if path not in JSON_ROUTES:
         return body
     try:
@@ -33,8 +39,10 @@ def check_body(
         return bad_request(f"{served_model} is not a multimodal model", "not_multimodal", "messages")
     if path in SAMPLING_ROUTES:
         missing = missing_sampling(request, sampling_defaults)
-        if missing:
-            return json.dumps({**request, **missing}).encode()
+        filled = {**request, **missing}
+        aliased = engine_names(filled, sampling_aliases)
+        if missing or aliased:
+            return json.dumps({**filled, **aliased}).encode()
     return body
 
 
@@ -45,6 +53,16 @@ def missing_sampling(request: Mapping[str, Any], defaults: Mapping[str, Any]) ->
     if request.get("max_completion_tokens") is not None:
         missing.pop("max_tokens", None)
     return missing
+
+
+def engine_names(request: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
+    """The values to copy under the engine's own names: each aliased field the request sets, where
+    the request does not already set the engine's name itself (its own choice wins)."""
+    return {
+        engine: request[name]
+        for name, engine in aliases.items()
+        if request.get(name) is not None and request.get(engine) is None
+    }
 
 
 def _has_image_part(request: Mapping[str, Any]) -> bool:

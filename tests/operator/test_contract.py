@@ -55,6 +55,7 @@ def test_the_sidecar_reads_back_what_the_spec_said(name: str, manifest: dict) ->
     assert dict(read.sampling_defaults) == expected_sampling
     assert all(type(value) is contract.SAMPLING_FIELDS[key] for key, value in read.sampling_defaults.items())
     assert read.drain_seconds == SETTINGS.drain_seconds
+    assert dict(read.sampling_aliases) == dict(engine.sampling_aliases)
     pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
     sidecar = next(c for c in pod["containers"] if c["name"] == manifests.SIDECAR_NAME)
     assert sidecar["ports"][0]["containerPort"] == read.listen_port
@@ -79,6 +80,7 @@ def test_rendering_round_trips_every_setting() -> None:
         metrics_public=False,
         vision=True,
         sampling_defaults={"top_k": 5, "temperature": 0.7},
+        sampling_aliases={"repetition_penalty": "repeat_penalty"},
         max_body_bytes=7,
         upstream_timeout_seconds=1.5,
         drain_seconds=0.5,
@@ -95,3 +97,11 @@ def test_the_spec_sampling_fields_are_the_contracts() -> None:
     assert list(fields) == list(contract.SAMPLING_FIELDS)
     for name, kind in contract.SAMPLING_FIELDS.items():
         assert kind in typing.get_args(fields[name].annotation), name
+
+
+def test_only_llama_cpp_reads_repetition_penalty_under_its_own_name() -> None:
+    # llama.cpp's server (b9093) ignores repetition_penalty and reads repeat_penalty.
+    cpu = ModelServer.from_manifest(examples()["gemma3-270m-cpu"])
+    assert _sidecar_env(cpu)["MODELSERVE_SAMPLING_ALIASES"] == '{"repetition_penalty":"repeat_penalty"}'
+    gpu = ModelServer.from_manifest(examples()["lfm2-1.2b"])
+    assert "MODELSERVE_SAMPLING_ALIASES" not in _sidecar_env(gpu)

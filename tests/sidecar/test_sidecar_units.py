@@ -86,6 +86,8 @@ def test_settings_parse_every_variable() -> None:
         ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": "hot"}'}, "temperature must be a number"),
         ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"top_k": 1.5}'}, "top_k must be an integer"),
         ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"max_tokens": 0}'}, "max_tokens must be positive"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_ALIASES": '{"repetition_penalty": 1}'}, "must be a JSON object of field"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_ALIASES": '{"seed": "s"}'}, "unknown field(s) seed"),
     ],
 )
 def test_settings_errors_name_the_variable(env: dict[str, str], message: str) -> None:
@@ -210,6 +212,29 @@ def test_sampling_defaults_fill_only_what_is_left_out() -> None:
     # Embeddings do not sample.
     embed = b'{"model": "tiny", "input": "hi"}'
     assert check_body("/v1/embeddings", embed, "tiny", False, defaults) is embed
+
+
+LLAMA_CPP_ALIASES = {"repetition_penalty": "repeat_penalty"}
+
+
+def test_aliases_copy_a_clients_value_to_the_engines_own_name() -> None:
+    body = json.dumps({"model": "tiny", "messages": [], "repetition_penalty": 1.3}).encode()
+    sent = json.loads(check_body(CHAT, body, "tiny", False, {}, LLAMA_CPP_ALIASES))
+    assert (sent["repetition_penalty"], sent["repeat_penalty"]) == (1.3, 1.3)
+    # Without aliases (vLLM, SGLang) the body is left byte for byte.
+    assert check_body(CHAT, body, "tiny", False, {}) is body
+
+
+def test_aliases_copy_a_default_and_never_overwrite_the_engines_name() -> None:
+    defaults = {"repetition_penalty": 1.05}
+    filled = json.loads(check_body(CHAT, b'{"messages": []}', "tiny", False, defaults, LLAMA_CPP_ALIASES))
+    assert (filled["repetition_penalty"], filled["repeat_penalty"]) == (1.05, 1.05)
+    own = b'{"messages": [], "repeat_penalty": 1.2}'
+    kept = json.loads(check_body(CHAT, own, "tiny", False, defaults, LLAMA_CPP_ALIASES))
+    assert (kept["repetition_penalty"], kept["repeat_penalty"]) == (1.05, 1.2)
+    # Nothing to copy: the body passes unchanged.
+    plain = b'{"messages": []}'
+    assert check_body(CHAT, plain, "tiny", False, {}, LLAMA_CPP_ALIASES) is plain
 
 
 # --- usage, headers, models, metrics ---------------------------------------------------------------

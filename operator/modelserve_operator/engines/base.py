@@ -42,6 +42,9 @@ class Engine:
     # Every spelling of the flags the operator sets for the pod's wiring (address, port, key, served
     # name): engineArgs may not set them, or the engine would answer where the sidecar does not look.
     owned_flags: tuple[str, ...] = ("--host", "--port", "--api-key", "--served-model-name")
+    # (OpenAI name, the engine's name) of sampling fields it reads only under its own name: the
+    # sidecar copies a request's (or the samplingDefaults') value across.
+    sampling_aliases: tuple[tuple[str, str], ...] = ()
 
     def args(self, ms: ModelServer) -> list[str]:
         """The engine's arguments for a ModelServer (before the spec's own engineArgs)."""

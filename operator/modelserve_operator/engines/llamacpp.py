@@ -41,4 +41,6 @@ ENGINE = LlamaCpp(
     # No --tool-call-parser: llama.cpp parses tool calls from the model's chat template (--jinja).
     # llama-server names the served model with -a/--alias and takes its key from a file too.
     owned_flags=("--host", "--port", "--api-key", "--api-key-file", "--alias", "-a"),
+    # b9093's OpenAI-compatible routes read `repeat_penalty` and ignore `repetition_penalty`.
+    sampling_aliases=(("repetition_penalty", "repeat_penalty"),),
 )
