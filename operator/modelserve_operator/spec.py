@@ -199,6 +199,10 @@ class Replicas(WireModel):
     )
 
 
+STOP_MAX_ITEMS = 4
+STOP_MAX_LENGTH = 256
+
+
 class SamplingDefaults(WireModel):
     temperature: float | None = Field(None, ge=0, le=2, description="Randomness; 0 is deterministic.")
     top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling cut-off (top_p).")
@@ -214,6 +218,18 @@ class SamplingDefaults(WireModel):
         "llama.cpp as repeat_penalty, the only name that engine reads).",
     )
     max_tokens: int | None = Field(None, ge=1, le=1_000_000, description="Tokens generated at most (max_tokens).")
+    # At most 4, as OpenAI's API takes (clients validate against it); vLLM, SGLang and llama.cpp take more.
+    stop: (
+        Annotated[
+            list[Annotated[str, StringConstraints(min_length=1, max_length=STOP_MAX_LENGTH)]],
+            Field(min_length=1, max_length=STOP_MAX_ITEMS),
+        ]
+        | None
+    ) = Field(
+        None,
+        description=f"Strings that end generation (stop), e.g. a chat template's end-of-turn marker: 1 to "
+        f"{STOP_MAX_ITEMS} strings of at most {STOP_MAX_LENGTH} characters; a request's own stop replaces the list.",
+    )
 
 
 class Auth(WireModel):

@@ -69,6 +69,7 @@ SAMPLING_FIELDS: dict[str, type] = {
     "min_p": float,
     "repetition_penalty": float,
     "max_tokens": int,
+    "stop": list,  # of strings
 }
 
 
@@ -147,7 +148,7 @@ def _non_negative_float(raw: str) -> float:
     return value
 
 
-def _sampling(raw: str) -> Mapping[str, float | int]:
+def _sampling(raw: str) -> Mapping[str, Any]:
     try:
         data: Any = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -158,6 +159,10 @@ def _sampling(raw: str) -> Mapping[str, float | int]:
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(SAMPLING_FIELDS)}")
     for name, value in data.items():
+        if SAMPLING_FIELDS[name] is list:
+            if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+                raise ValueError(f"{name} must be a list of non-empty strings")
+            continue
         # bool is an int subclass; a `true` temperature is a mistake, not 1.0.
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{name} must be a number")
@@ -255,7 +260,7 @@ class Settings:
     keys_dir: Path = env_setting("MODELSERVE_KEYS_DIR", _path, default=Path(KEYS_DIR))  # noqa: RUF009 - immutable
     metrics_public: bool = env_setting("MODELSERVE_METRICS_PUBLIC", _bool, _render_bool, default=True)
     vision: bool = env_setting("MODELSERVE_VISION", _bool, _render_bool, default=False)
-    sampling_defaults: Mapping[str, float | int] = env_setting(
+    sampling_defaults: Mapping[str, Any] = env_setting(
         "MODELSERVE_SAMPLING_DEFAULTS",
         _sampling,
         _render_sampling,

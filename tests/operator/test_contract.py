@@ -20,7 +20,15 @@ SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0", drain_s
 VARIANTS = {
     "public": {"auth": {"mode": "public"}},
     "private-named": {"auth": {"mode": "private", "secretName": "team-keys"}},
-    "sampling": {"samplingDefaults": {"temperature": 0.1, "topK": 50, "maxTokens": 512, "repetitionPenalty": 1.05}},
+    "sampling": {
+        "samplingDefaults": {
+            "temperature": 0.1,
+            "topK": 50,
+            "maxTokens": 512,
+            "repetitionPenalty": 1.05,
+            "stop": ["<|im_end|>", "<|endoftext|>"],
+        }
+    },
     "vision": {"vision": True},
 }
 
@@ -79,7 +87,7 @@ def test_rendering_round_trips_every_setting() -> None:
         keys_dir=Path("/keys"),
         metrics_public=False,
         vision=True,
-        sampling_defaults={"top_k": 5, "temperature": 0.7},
+        sampling_defaults={"top_k": 5, "temperature": 0.7, "stop": ["<|im_end|>"]},
         sampling_aliases={"repetition_penalty": "repeat_penalty"},
         max_body_bytes=7,
         upstream_timeout_seconds=1.5,
@@ -96,7 +104,14 @@ def test_the_spec_sampling_fields_are_the_contracts() -> None:
     fields = SamplingDefaults.model_fields
     assert list(fields) == list(contract.SAMPLING_FIELDS)
     for name, kind in contract.SAMPLING_FIELDS.items():
-        assert kind in typing.get_args(fields[name].annotation), name
+        assert kind in {_python_type(arg) for arg in typing.get_args(fields[name].annotation)}, name
+
+
+def _python_type(annotation: object) -> object:
+    """`Annotated[list[str], ...]` -> list; `float` -> float."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return typing.get_origin(annotation) or annotation
 
 
 def test_only_llama_cpp_reads_repetition_penalty_under_its_own_name() -> None:

@@ -86,6 +86,8 @@ def test_settings_parse_every_variable() -> None:
         ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": "hot"}'}, "temperature must be a number"),
         ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"top_k": 1.5}'}, "top_k must be an integer"),
         ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"max_tokens": 0}'}, "max_tokens must be positive"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"stop": "x"}'}, "stop must be a list of non-empty strings"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"stop": [""]}'}, "stop must be a list of non-empty strings"),
         ({**REQUIRED, "MODELSERVE_SAMPLING_ALIASES": '{"repetition_penalty": 1}'}, "must be a JSON object of field"),
         ({**REQUIRED, "MODELSERVE_SAMPLING_ALIASES": '{"seed": "s"}'}, "unknown field(s) seed"),
     ],
@@ -212,6 +214,17 @@ def test_sampling_defaults_fill_only_what_is_left_out() -> None:
     # Embeddings do not sample.
     embed = b'{"model": "tiny", "input": "hi"}'
     assert check_body("/v1/embeddings", embed, "tiny", False, defaults) is embed
+
+
+def test_a_stop_default_fills_only_a_request_without_stop() -> None:
+    defaults = {"stop": ["<|im_end|>", "<|endoftext|>"]}
+    filled = json.loads(check_body(CHAT, b'{"messages": []}', "tiny", False, defaults))
+    assert filled["stop"] == ["<|im_end|>", "<|endoftext|>"]
+    own = b'{"messages": [], "stop": "END"}'
+    assert check_body(CHAT, own, "tiny", False, defaults) is own  # the client's stop replaces the list
+    assert Settings.from_env({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"stop": ["a"]}'}).sampling_defaults == {
+        "stop": ["a"]
+    }
 
 
 LLAMA_CPP_ALIASES = {"repetition_penalty": "repeat_penalty"}
