@@ -5,6 +5,7 @@ The same spec always gives byte-identical manifests, so reconcile can compare in
 
 from __future__ import annotations
 
+import hashlib
 from types import MappingProxyType
 from typing import Any
 
@@ -12,7 +13,14 @@ from modelserve_sidecar import contract
 
 from .api_keys import GENERATED_KEY_FIELD
 from .engines import engine_for
-from .engines.base import CACHE_VOLUME, GPU_RESOURCE, SHM_VOLUME, Engine
+from .engines.base import (
+    CACHE_VOLUME,
+    CHAT_TEMPLATE_KEY,
+    CHAT_TEMPLATE_VOLUME,
+    GPU_RESOURCE,
+    SHM_VOLUME,
+    Engine,
+)
 from .replicas import desired_replicas
 from .settings import FIELD_MANAGER, Settings
 from .spec import API_VERSION, GROUP, KIND, AuthMode, ModelServer, Profile
@@ -28,6 +36,8 @@ ENGINE_SHUTDOWN_SECONDS = 30
 # The sidecar keeps accepting new connections this long after the pod is deleted, while the
 # endpoint removal reaches every kube-proxy; only then does SIGTERM start its drain.
 ENDPOINT_PROPAGATION_SECONDS = 5
+# On the pod template: a new chat template rolls the pods (engines read it once, at start).
+CHAT_TEMPLATE_HASH_ANNOTATION = f"{GROUP}/chat-template-sha256"
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 NONROOT_UID = 65532
 
@@ -50,6 +60,10 @@ def cache_claim_name(ms: ModelServer) -> str | None:
     if cache is None:
         return None
     return cache.claim_name or f"{ms.name}-hub-cache"
+
+
+def chat_template_name(ms: ModelServer) -> str:
+    return f"{ms.name}-chat-template"
 
 
 def endpoint(ms: ModelServer, cluster_domain: str) -> str:
@@ -149,10 +163,21 @@ def _volumes(ms: ModelServer, engine: Engine) -> list[dict[str, Any]]:
     claim = cache_claim_name(ms)
     cache = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
     volumes = [{"name": SHM_VOLUME, "emptyDir": shm}, {"name": CACHE_VOLUME, **cache}]
+    if ms.spec.chat_template is not None:
+        config_map = {"name": chat_template_name(ms), "items": [{"key": CHAT_TEMPLATE_KEY, "path": CHAT_TEMPLATE_KEY}]}
+        volumes.append({"name": CHAT_TEMPLATE_VOLUME, "configMap": config_map})
     secret = keys_secret_name(ms)
     if secret:
         volumes.append({"name": KEYS_VOLUME, "secret": {"secretName": secret}})
     return volumes
+
+
+def _pod_annotations(ms: ModelServer, default_container: str) -> dict[str, str]:
+    annotations = {"kubectl.kubernetes.io/default-container": default_container}
+    if ms.spec.chat_template is not None:
+        digest = hashlib.sha256(ms.spec.chat_template.encode()).hexdigest()
+        annotations[CHAT_TEMPLATE_HASH_ANNOTATION] = digest
+    return annotations
 
 
 def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None) -> dict[str, Any]:
@@ -193,7 +218,7 @@ def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None)
             "template": {
                 "metadata": {
                     "labels": labels(ms),
-                    "annotations": {"kubectl.kubernetes.io/default-container": "engine"},
+                    "annotations": _pod_annotations(ms, "engine"),
                 },
                 "spec": pod,
             },
@@ -233,6 +258,18 @@ def cache_claim(ms: ModelServer) -> dict[str, Any] | None:
     }
 
 
+def chat_template_config_map(ms: ModelServer) -> dict[str, Any] | None:
+    """The ConfigMap holding spec.chatTemplate, mounted into the engine, or None."""
+    if ms.spec.chat_template is None:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(ms, chat_template_name(ms)),
+        "data": {CHAT_TEMPLATE_KEY: ms.spec.chat_template},
+    }
+
+
 def key_secret(metadata: dict[str, Any], key: str) -> dict[str, Any]:
     """A Secret holding one API key (for the generated one and for `modelserve key new`)."""
     return {
@@ -252,12 +289,10 @@ def generated_key_secret(ms: ModelServer, key: str) -> dict[str, Any] | None:
 
 
 def server_side_applied(ms: ModelServer, settings: Settings, replicas: int | None = None) -> list[dict[str, Any]]:
-    """The children kept in place by server-side apply, in apply order (the key Secret is not one)."""
-    objects = [deployment(ms, settings, replicas), service(ms)]
-    claim = cache_claim(ms)
-    if claim:
-        objects.insert(0, claim)
-    return objects
+    """The children kept in place by server-side apply, in apply order (the key Secret is not one):
+    what the pods mount comes before the Deployment."""
+    mounted = [cache_claim(ms), chat_template_config_map(ms)]
+    return [obj for obj in mounted if obj] + [deployment(ms, settings, replicas), service(ms)]
 
 
 def owned_objects(ms: ModelServer, settings: Settings, api_key: str) -> list[dict[str, Any]]:

@@ -347,6 +347,10 @@ class Toleration(WireModel):
     )
 
 
+# In characters (what the API server counts): up to 4 bytes each in UTF-8, so at most 512 KiB,
+# well inside a ConfigMap's 1 MiB; real templates are a few KiB.
+CHAT_TEMPLATE_MAX_LENGTH = 128 * 1024
+
 QuantityMap = Annotated[dict[str, Quantity], Field(max_length=16)]
 
 
@@ -395,6 +399,12 @@ class ModelServerSpec(WireModel):
             description="Tool-call parser of the model family, as the profile's engine spells it (vLLM: e.g. lfm2, "
             "hermes, llama3_json; SGLang: e.g. lfm2, hermes, llama3); enables tool_choice auto.",
         )
+    )
+    chat_template: Annotated[str, StringConstraints(min_length=1, max_length=CHAT_TEMPLATE_MAX_LENGTH)] | None = Field(
+        None,
+        description="Jinja chat template the engine uses instead of the model's own (vLLM and SGLang "
+        "--chat-template, llama.cpp --chat-template-file); kept in the ConfigMap `<name>-chat-template`. "
+        "The engine parses it when it starts.",
     )
     gpus: int | None = Field(
         None,

@@ -205,3 +205,38 @@ def test_engine_image_comes_from_spec_then_operator_settings_then_the_pinned_tag
     assert engine_image(_example("lfm2-1.2b")) == "mirror.example/vllm-openai:v9"
     assert engine_image(_example("lfm2-1.2b", image="own/vllm:1")) == "own/vllm:1"
     assert engine_image(_example("lfm2-8b-a1b")).startswith("lmsysorg/sglang:v0.5.")
+
+
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def test_a_chat_template_is_an_owned_config_map_mounted_read_only_into_the_engine() -> None:
+    ms = _example("lfm2-1.2b", chatTemplate=TEMPLATE)
+    objects = manifests.owned_objects(ms, SETTINGS, "k")
+    assert [obj["kind"] for obj in objects][:2] == ["ConfigMap", "Deployment"]  # there before the pods
+    config_map = objects[0]
+    assert config_map["metadata"]["name"] == "lfm2-1-2b-chat-template"
+    assert config_map["metadata"]["labels"][manifests.SELECTOR_LABEL] == "lfm2-1-2b"  # the watch sees it
+    assert config_map["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert config_map["data"] == {"chat_template.jinja": TEMPLATE}
+    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    assert {
+        "name": "chat-template",
+        "configMap": {
+            "name": "lfm2-1-2b-chat-template",
+            "items": [{"key": "chat_template.jinja", "path": "chat_template.jinja"}],
+        },
+    } in pod["volumes"]
+    assert all(mount["name"] != "chat-template" for mount in _containers(ms)["sidecar"].get("volumeMounts", []))
+
+
+def test_a_new_chat_template_rolls_the_pods() -> None:
+    def annotations(ms: ModelServer) -> dict[str, str]:
+        return manifests.deployment(ms, SETTINGS)["spec"]["template"]["metadata"]["annotations"]
+
+    first = annotations(_example("lfm2-1.2b", chatTemplate=TEMPLATE))
+    second = annotations(_example("lfm2-1.2b", chatTemplate=TEMPLATE + "{{ '' }}"))
+    key = manifests.CHAT_TEMPLATE_HASH_ANNOTATION
+    assert first[key] != second[key] and len(first[key]) == 64
+    assert key not in annotations(_example("lfm2-1.2b"))
+    assert all(obj["kind"] != "ConfigMap" for obj in manifests.owned_objects(_example("lfm2-1.2b"), SETTINGS, "k"))

@@ -121,3 +121,12 @@ def test_names_must_be_dns_labels() -> None:
     with pytest.raises(ValueError, match=r"metadata\.name"):
         ModelServer.from_manifest(_manifest({"model": "a/b"}, name="a" * 64))
     assert ModelServer.from_manifest(_manifest({"model": "a/b"}, name="a" * 63)).name == "a" * 63
+
+
+def test_a_chat_template_is_bounded_well_inside_a_config_map() -> None:
+    # 4 bytes per character at worst in UTF-8: the ConfigMap stays under its 1 MiB.
+    assert spec_module.CHAT_TEMPLATE_MAX_LENGTH * 4 < 1024 * 1024
+    limit = spec_module.CHAT_TEMPLATE_MAX_LENGTH
+    assert ModelServerSpec.model_validate({"model": "a/b", "chatTemplate": "x" * limit}).chat_template
+    with pytest.raises(ValidationError, match="chatTemplate"):
+        ModelServerSpec.model_validate({"model": "a/b", "chatTemplate": "x" * (limit + 1)})

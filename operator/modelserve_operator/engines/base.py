@@ -15,6 +15,11 @@ HUB_CACHE_PATH = "/root/.cache/huggingface"
 SHM_VOLUME = "dshm"
 CACHE_VOLUME = "hub-cache"
 GPU_RESOURCE = "nvidia.com/gpu"
+CHAT_TEMPLATE_VOLUME = "chat-template"
+CHAT_TEMPLATE_DIR = "/etc/modelserve/chat-template"
+# SGLang reads a --chat-template file as Jinja only by this suffix (else as its JSON format).
+CHAT_TEMPLATE_KEY = "chat_template.jinja"
+CHAT_TEMPLATE_PATH = f"{CHAT_TEMPLATE_DIR}/{CHAT_TEMPLATE_KEY}"
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,10 @@ class Engine:
             {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
             {"name": CACHE_VOLUME, "mountPath": HUB_CACHE_PATH},
         ]
+        if spec.chat_template is not None:
+            container["volumeMounts"].append(
+                {"name": CHAT_TEMPLATE_VOLUME, "mountPath": CHAT_TEMPLATE_DIR, "readOnly": True}
+            )
         container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain_seconds}}}
         return container
 
