@@ -238,7 +238,7 @@ def read_env(cls: type[T], env: Mapping[str, str]) -> T:
     return cls(**values)
 
 
-OMITTED_WHEN_EMPTY = frozenset({"sampling_defaults", "sampling_aliases"})
+OMITTED_WHEN_EMPTY = frozenset({"sampling_defaults", "sampling_aliases", "upstream_model"})
 
 
 @dataclass(frozen=True)
@@ -251,6 +251,12 @@ class Settings:
     listen_port: int = env_setting("MODELSERVE_LISTEN_PORT", _port, default=LISTEN_PORT)
     engine_health_path: str = env_setting("MODELSERVE_ENGINE_HEALTH_PATH", _route, default="/health")
     engine_metrics_path: str = env_setting("MODELSERVE_ENGINE_METRICS_PATH", _route, default="/metrics")
+    # Whether the upstream serves Prometheus metrics at all (an external Ollama or MLX server has none).
+    engine_metrics: bool = env_setting("MODELSERVE_ENGINE_METRICS", _bool, _render_bool, default=True)
+    # The model id the upstream serves when it is not the served name (an external server's own
+    # name, e.g. llama3.2:1b): requests are sent with it, and readiness looks for it. Empty: the
+    # engine serves under the served name.
+    upstream_model: str = env_setting("MODELSERVE_UPSTREAM_MODEL", _non_empty, default="")
     # How long the engine may take to answer its health route and model list before it counts as
     # unreachable; the operator sets it per engine (SGLang's health route may generate a token).
     engine_probe_timeout_seconds: float = env_setting(
@@ -284,6 +290,11 @@ class Settings:
     # max-num-seqs itself, where its own metrics show the wait), not aiohttp's default 100.
     upstream_max_connections: int = env_setting("MODELSERVE_UPSTREAM_MAX_CONNECTIONS", _positive_int, default=1024)
 
+    @property
+    def engine_model(self) -> str:
+        """The model id the upstream lists and is asked for."""
+        return self.upstream_model or self.served_model
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """Build settings from `MODELSERVE_*` variables; raise ConfigError naming the bad one."""
@@ -292,7 +303,7 @@ class Settings:
     def to_env(self) -> dict[str, str]:
         """Every setting as its variable, so a pod's spec shows all the sidecar runs with. Two are
         left out where they mean nothing: the keys directory with public auth, empty sampling
-        defaults and aliases."""
+        defaults and aliases, no upstream model name."""
         env = {}
         for setting in dataclasses.fields(self):
             value = getattr(self, setting.name)

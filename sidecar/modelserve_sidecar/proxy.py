@@ -110,6 +110,7 @@ class Proxy:
                 settings.vision,
                 settings.sampling_defaults,
                 settings.sampling_aliases,
+                settings.upstream_model,
             )
             if isinstance(checked, errors.ErrorResponse):
                 exchange.status = await respond(send, checked)

@@ -23,9 +23,11 @@ def check_body(
     vision: bool,
     sampling_defaults: Mapping[str, Any],
     sampling_aliases: Mapping[str, str] = MappingProxyType({}),
+    upstream_model: str = "",
 ) -> bytes | ErrorResponse:
     """The body to send to the engine (the same bytes when nothing changes), or the error to
-    answer with. `sampling_aliases`: OpenAI name -> the engine's own name of a sampling field."""
+    answer with. `sampling_aliases`: OpenAI name -> the engine's own name of a sampling field;
+    `upstream_model`: the upstream's own model id, sent instead of the client's (the served name)."""
     if path not in JSON_ROUTES:
         return body
     try:
@@ -37,13 +39,14 @@ def check_body(
     if not vision and _has_image_part(request):
         # vLLM's own words, so a client sees the same error with or without the sidecar.
         return bad_request(f"{served_model} is not a multimodal model", "not_multimodal", "messages")
+    changes: dict[str, Any] = {}
+    if upstream_model and request.get("model") != upstream_model:
+        # An external server knows its model by its own id; this ModelServer serves only that one.
+        changes["model"] = upstream_model
     if path in SAMPLING_ROUTES:
-        missing = missing_sampling(request, sampling_defaults)
-        filled = {**request, **missing}
-        aliased = engine_names(filled, sampling_aliases)
-        if missing or aliased:
-            return json.dumps({**filled, **aliased}).encode()
-    return body
+        changes.update(missing_sampling(request, sampling_defaults))
+        changes.update(engine_names({**request, **changes}, sampling_aliases))
+    return json.dumps({**request, **changes}).encode() if changes else body
 
 
 def missing_sampling(request: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:

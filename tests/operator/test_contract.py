@@ -49,21 +49,28 @@ def _sidecar_env(ms: ModelServer) -> dict[str, str]:
 @pytest.mark.parametrize(("name", "manifest"), _cases(), ids=[name for name, _ in _cases()])
 def test_the_sidecar_reads_back_what_the_spec_said(name: str, manifest: dict) -> None:
     ms = ModelServer.from_manifest({**manifest, "metadata": {**manifest["metadata"], "namespace": "ns", "uid": "u"}})
-    engine = engine_for(ms.spec.profile)
     read = contract.Settings.from_env(_sidecar_env(ms))
 
-    assert read == manifests.sidecar_settings(ms, engine, SETTINGS)
+    assert read == manifests.sidecar_settings(ms, SETTINGS)
     assert read.served_model == ms.name
-    assert read.upstream_url == f"http://127.0.0.1:{engine.port}"
-    assert (read.engine_health_path, read.engine_metrics_path) == (engine.health_path, engine.metrics_path)
-    assert read.engine_probe_timeout_seconds == engine.probe_timeout_seconds
+    if ms.spec.external:
+        assert read.upstream_url == ms.spec.external.url
+        assert (read.engine_health_path, read.engine_metrics) == ("/v1/models", False)
+        assert read.upstream_model == read.engine_model == ms.spec.model
+        assert dict(read.sampling_aliases) == {}
+    else:
+        engine = engine_for(ms.spec.profile)
+        assert read.upstream_url == f"http://127.0.0.1:{engine.port}"
+        assert (read.engine_health_path, read.engine_metrics_path) == (engine.health_path, engine.metrics_path)
+        assert read.engine_probe_timeout_seconds == engine.probe_timeout_seconds
+        assert read.engine_metrics and read.upstream_model == "" and read.engine_model == ms.name
+        assert dict(read.sampling_aliases) == dict(engine.sampling_aliases)
     assert read.auth_public == (ms.spec.auth.mode == AuthMode.PUBLIC)
     assert read.vision == ms.spec.vision
     expected_sampling = ms.spec.sampling_defaults.model_dump(exclude_none=True) if ms.spec.sampling_defaults else {}
     assert dict(read.sampling_defaults) == expected_sampling
     assert all(type(value) is contract.SAMPLING_FIELDS[key] for key, value in read.sampling_defaults.items())
     assert read.drain_seconds == SETTINGS.drain_seconds
-    assert dict(read.sampling_aliases) == dict(engine.sampling_aliases)
     pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
     sidecar = next(c for c in pod["containers"] if c["name"] == manifests.SIDECAR_NAME)
     assert sidecar["ports"][0]["containerPort"] == read.listen_port
@@ -82,6 +89,8 @@ def test_rendering_round_trips_every_setting() -> None:
         listen_port=9000,
         engine_health_path="/h",
         engine_metrics_path="/m",
+        engine_metrics=False,
+        upstream_model="llama3.2:1b",
         engine_probe_timeout_seconds=2.5,
         auth_public=False,
         keys_dir=Path("/keys"),

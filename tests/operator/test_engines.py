@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from operator_testdata import examples
 
-from modelserve_operator.engines import engine_for
+from modelserve_operator.engines import ENGINES, engine_for
 from modelserve_operator.engines.base import CHAT_TEMPLATE_PATH, command_line
 from modelserve_operator.spec import ModelServer, Profile
 from modelserve_sandbox.llama_server import llama_server_binary
@@ -46,7 +46,8 @@ def test_example_command_lines(name: str) -> None:
 
 
 def test_every_example_has_its_expected_command_line() -> None:
-    assert set(EXPECTED) == set(examples())
+    engine_examples = {name for name, m in examples().items() if m["spec"].get("profile") != Profile.EXTERNAL}
+    assert set(EXPECTED) == engine_examples
 
 
 def test_vllm_tool_parser_enables_auto_tool_choice() -> None:
@@ -95,9 +96,13 @@ def test_llamacpp_takes_a_path_with_m() -> None:
     assert args[:2] == ["-m", "/root/.cache/huggingface/gemma.gguf"]
 
 
-@pytest.mark.parametrize("profile", list(Profile))
+@pytest.mark.parametrize("profile", sorted(ENGINES))
 def test_engine_ports_never_collide_with_the_sidecar(profile: Profile) -> None:
     assert engine_for(profile).port != LISTEN_PORT
+
+
+def test_every_profile_but_external_has_an_engine() -> None:
+    assert set(ENGINES) == set(Profile) - {Profile.EXTERNAL}
 
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"

@@ -24,6 +24,9 @@ UID = "00000000-0000-4000-8000-000000000000"
 API_KEY = "<generated once by the operator>"
 
 
+ENGINE_EXAMPLES = sorted(name for name, m in examples().items() if m["spec"].get("profile") != "external")
+
+
 def _ms(manifest: dict[str, Any], **spec_changes: Any) -> ModelServer:
     manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": "default", "uid": UID}}
     manifest["spec"] = {**manifest["spec"], **spec_changes}
@@ -60,7 +63,7 @@ def test_golden_manifest_set(name: str) -> None:
 
 
 def test_engine_listens_on_loopback_only_and_sidecar_owns_the_named_port() -> None:
-    for name in examples():
+    for name in ENGINE_EXAMPLES:
         containers = _containers(_example(name))
         engine, sidecar = containers["engine"], containers["sidecar"]
         host = engine["args"][engine["args"].index("--host") + 1]
@@ -240,3 +243,29 @@ def test_a_new_chat_template_rolls_the_pods() -> None:
     assert first[key] != second[key] and len(first[key]) == 64
     assert key not in annotations(_example("lfm2-1.2b"))
     assert all(obj["kind"] != "ConfigMap" for obj in manifests.owned_objects(_example("lfm2-1.2b"), SETTINGS, "k"))
+
+
+def test_an_external_server_gets_the_sidecar_alone_pointed_at_its_url() -> None:
+    ms = _example("external-mlx")
+    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    (sidecar,) = pod["containers"]
+    assert sidecar["name"] == "sidecar"
+    env = _env(sidecar)
+    assert env["MODELSERVE_UPSTREAM_URL"] == "http://mac-studio.lan:8080"
+    assert env["MODELSERVE_UPSTREAM_MODEL"] == "mlx-community/Qwen3-4B-4bit"
+    assert (env["MODELSERVE_ENGINE_HEALTH_PATH"], env["MODELSERVE_ENGINE_METRICS"]) == ("/v1/models", "false")
+    # No GPU, no model download: no toleration, no shared memory, no hub cache, no engine image.
+    assert "tolerations" not in pod and "nvidia.com/gpu" not in str(pod)
+    assert [volume["name"] for volume in pod["volumes"]] == ["api-keys"]
+    assert "HF_" not in str(pod) and "huggingface" not in str(pod)
+    assert pod["terminationGracePeriodSeconds"] > sidecar["lifecycle"]["preStop"]["sleep"]["seconds"]
+    template = manifests.deployment(ms, SETTINGS)["spec"]["template"]["metadata"]
+    assert template["annotations"]["kubectl.kubernetes.io/default-container"] == "sidecar"
+    assert template["labels"]["app.kubernetes.io/component"] == "external"
+    kinds = [obj["kind"] for obj in manifests.owned_objects(ms, SETTINGS, "k")]
+    assert kinds == ["Deployment", "Service", "Secret"]
+
+
+def test_an_external_url_keeps_no_trailing_slash() -> None:
+    ms = _example("external-mlx", external={"url": "https://mlx.example.com/"})
+    assert _env(_containers(ms)["sidecar"])["MODELSERVE_UPSTREAM_URL"] == "https://mlx.example.com"

@@ -227,6 +227,25 @@ def test_a_stop_default_fills_only_a_request_without_stop() -> None:
     }
 
 
+def test_an_upstream_model_replaces_the_clients_model_on_every_json_route() -> None:
+    # Profile external: the server knows the model by its own id, clients by the ModelServer's name.
+    chat_body = b'{"model": "qwen3-mlx", "messages": []}'
+    sent = json.loads(check_body(CHAT, chat_body, "qwen3-mlx", False, {}, {}, "llama3.2:1b"))
+    assert sent == {"model": "llama3.2:1b", "messages": []}
+    embed = json.loads(check_body("/v1/embeddings", b'{"input": "hi"}', "qwen3-mlx", False, {}, {}, "nomic"))
+    assert embed["model"] == "nomic"
+    same = b'{"model": "llama3.2:1b", "messages": []}'
+    assert check_body(CHAT, same, "qwen3-mlx", False, {}, {}, "llama3.2:1b") is same
+    assert check_body(CHAT, chat_body, "qwen3-mlx", False, {}) is chat_body  # an engine: as sent
+
+
+def test_the_engine_model_is_the_upstream_model_or_the_served_name() -> None:
+    assert Settings.from_env(REQUIRED).engine_model == "tiny"
+    external = Settings.from_env({**REQUIRED, "MODELSERVE_UPSTREAM_MODEL": "llama3.2:1b"})
+    assert external.engine_model == "llama3.2:1b" and external.served_model == "tiny"
+    assert Settings.from_env({**REQUIRED, "MODELSERVE_ENGINE_METRICS": "false"}).engine_metrics is False
+
+
 LLAMA_CPP_ALIASES = {"repetition_penalty": "repeat_penalty"}
 
 
