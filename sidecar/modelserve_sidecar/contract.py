@@ -221,6 +221,12 @@ def _render_sampling(values: Mapping[str, Any]) -> str:
     return json.dumps(dict(values), sort_keys=True, separators=(",", ":"))
 
 
+def _default(setting: dataclasses.Field) -> Any:
+    if setting.default_factory is not dataclasses.MISSING:
+        return setting.default_factory()
+    return setting.default
+
+
 def read_env(cls: type[T], env: Mapping[str, str]) -> T:
     """An instance of the dataclass `cls` whose fields are `env_setting`s, read from `env`; raise
     ConfigError naming the variable that is missing or bad."""
@@ -238,7 +244,10 @@ def read_env(cls: type[T], env: Mapping[str, str]) -> T:
     return cls(**values)
 
 
-OMITTED_WHEN_EMPTY = frozenset({"sampling_defaults", "sampling_aliases", "upstream_model"})
+# Left out of a pod's environment at their defaults: settings added after release 0.1 (a new
+# variable in every pod template would roll every pod, GPU cold starts included, on an upgrade)
+# and the empty ones.
+OMITTED_AT_DEFAULT = frozenset({"sampling_defaults", "sampling_aliases", "upstream_model", "engine_metrics"})
 
 
 @dataclass(frozen=True)
@@ -301,13 +310,14 @@ class Settings:
         return read_env(cls, env)
 
     def to_env(self) -> dict[str, str]:
-        """Every setting as its variable, so a pod's spec shows all the sidecar runs with. Two are
-        left out where they mean nothing: the keys directory with public auth, empty sampling
-        defaults and aliases, no upstream model name."""
+        """Every setting as its variable, so a pod's spec shows all the sidecar runs with, but the
+        keys directory with public auth (it means nothing) and OMITTED_AT_DEFAULT at their defaults."""
         env = {}
         for setting in dataclasses.fields(self):
             value = getattr(self, setting.name)
-            if (setting.name == "keys_dir" and self.auth_public) or (setting.name in OMITTED_WHEN_EMPTY and not value):
+            if (setting.name == "keys_dir" and self.auth_public) or (
+                setting.name in OMITTED_AT_DEFAULT and value == _default(setting)
+            ):
                 continue
             env[setting.metadata["env"]] = setting.metadata["render"](value)
         return env
