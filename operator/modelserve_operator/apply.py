@@ -22,6 +22,7 @@ PLURALS = {
     ("apps/v1", "Deployment"): "deployments",
     ("v1", "Service"): "services",
     ("v1", "Secret"): "secrets",
+    ("v1", "ConfigMap"): "configmaps",
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",

@@ -15,6 +15,7 @@ class Profile(StrEnum):
     HIGH_THROUGHPUT = "high-throughput"
     LOW_LATENCY = "low-latency"
     CPU = "cpu"
+    EXTERNAL = "external"  # no engine in the pod: the sidecar fronts a server outside the cluster
 
 
 class Dtype(StrEnum):

@@ -5,17 +5,26 @@ The same spec always gives byte-identical manifests, so reconcile can compare in
 
 from __future__ import annotations
 
+import hashlib
 from types import MappingProxyType
 from typing import Any
 
 from modelserve_sidecar import contract
 
+from . import external
 from .api_keys import GENERATED_KEY_FIELD
 from .engines import engine_for
-from .engines.base import CACHE_VOLUME, GPU_RESOURCE, SHM_VOLUME, Engine
+from .engines.base import (
+    CACHE_VOLUME,
+    CHAT_TEMPLATE_KEY,
+    CHAT_TEMPLATE_VOLUME,
+    GPU_RESOURCE,
+    SHM_VOLUME,
+    Engine,
+)
 from .replicas import desired_replicas
 from .settings import FIELD_MANAGER, Settings
-from .spec import API_VERSION, GROUP, KIND, AuthMode, ModelServer, Profile
+from .spec import API_VERSION, GROUP, KIND, AuthMode, ModelServer
 from .status import Transition
 
 SELECTOR_LABEL = f"{GROUP}/modelserver"
@@ -28,6 +37,8 @@ ENGINE_SHUTDOWN_SECONDS = 30
 # The sidecar keeps accepting new connections this long after the pod is deleted, while the
 # endpoint removal reaches every kube-proxy; only then does SIGTERM start its drain.
 ENDPOINT_PROPAGATION_SECONDS = 5
+# On the pod template: a new chat template rolls the pods (engines read it once, at start).
+CHAT_TEMPLATE_HASH_ANNOTATION = f"{GROUP}/chat-template-sha256"
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 NONROOT_UID = 65532
 
@@ -52,15 +63,24 @@ def cache_claim_name(ms: ModelServer) -> str | None:
     return cache.claim_name or f"{ms.name}-hub-cache"
 
 
+def chat_template_name(ms: ModelServer) -> str:
+    return f"{ms.name}-chat-template"
+
+
 def endpoint(ms: ModelServer, cluster_domain: str) -> str:
     return f"http://{ms.name}.{ms.namespace}.svc.{cluster_domain}/v1"
+
+
+def component(ms: ModelServer) -> str:
+    """What serves the model: the engine's name, or `external`."""
+    return external.COMPONENT if ms.spec.external else engine_for(ms.spec.profile).name
 
 
 def labels(ms: ModelServer) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "modelserver",
         "app.kubernetes.io/instance": ms.name,
-        "app.kubernetes.io/component": engine_for(ms.spec.profile).name,
+        "app.kubernetes.io/component": component(ms),
         "app.kubernetes.io/managed-by": "modelserve-operator",
         SELECTOR_LABEL: ms.name,
     }
@@ -93,27 +113,42 @@ def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def sidecar_settings(ms: ModelServer, engine: Engine, settings: Settings) -> contract.Settings:
-    """What the pod's sidecar runs with, in the contract's terms."""
+def sidecar_settings(ms: ModelServer, settings: Settings) -> contract.Settings:
+    """What the pod's sidecar runs with, in the contract's terms: in front of the profile's engine
+    on 127.0.0.1, or of the external server."""
     spec = ms.spec
     sampling = spec.sampling_defaults.model_dump(mode="json", exclude_none=True) if spec.sampling_defaults else {}
+    common = {
+        "served_model": ms.name,
+        "listen_host": "0.0.0.0",  # the pod's address: the Service reaches the pod here
+        "listen_port": contract.LISTEN_PORT,
+        "auth_public": spec.auth.mode == AuthMode.PUBLIC,
+        "vision": spec.vision,
+        "sampling_defaults": MappingProxyType(sampling),
+        "drain_seconds": settings.drain_seconds,
+    }
+    if spec.external:
+        return contract.Settings(
+            upstream_url=spec.external.url.rstrip("/"),
+            engine_health_path=external.HEALTH_PATH,
+            engine_metrics=False,  # Ollama and MLX servers have no /metrics
+            engine_probe_timeout_seconds=external.PROBE_TIMEOUT_SECONDS,
+            upstream_model=spec.model,
+            **common,
+        )
+    engine = engine_for(spec.profile)
     return contract.Settings(
         upstream_url=engine.upstream_url(),
-        served_model=ms.name,
-        listen_host="0.0.0.0",  # the pod's address: the Service reaches the pod here
-        listen_port=contract.LISTEN_PORT,
         engine_health_path=engine.health_path,
         engine_metrics_path=engine.metrics_path,
         engine_probe_timeout_seconds=engine.probe_timeout_seconds,
-        auth_public=spec.auth.mode == AuthMode.PUBLIC,
-        vision=spec.vision,
-        sampling_defaults=MappingProxyType(sampling),
-        drain_seconds=settings.drain_seconds,
+        sampling_aliases=MappingProxyType(dict(engine.sampling_aliases)),
+        **common,
     )
 
 
-def sidecar_container(ms: ModelServer, engine: Engine, settings: Settings) -> dict[str, Any]:
-    sidecar = sidecar_settings(ms, engine, settings)
+def sidecar_container(ms: ModelServer, settings: Settings) -> dict[str, Any]:
+    sidecar = sidecar_settings(ms, settings)
     container: dict[str, Any] = {
         "name": SIDECAR_NAME,
         "image": settings.sidecar_image,
@@ -143,38 +178,60 @@ def sidecar_container(ms: ModelServer, engine: Engine, settings: Settings) -> di
     return container
 
 
-def _volumes(ms: ModelServer, engine: Engine) -> list[dict[str, Any]]:
-    shm = {"medium": "Memory", "sizeLimit": ms.spec.shm_size or engine.shm_size}
-    claim = cache_claim_name(ms)
-    cache = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
-    volumes = [{"name": SHM_VOLUME, "emptyDir": shm}, {"name": CACHE_VOLUME, **cache}]
+def _volumes(ms: ModelServer, engine: Engine | None) -> list[dict[str, Any]]:
+    """The pod's volumes; `engine` None: no engine container, so only the sidecar's keys."""
+    volumes: list[dict[str, Any]] = []
+    if engine is not None:
+        shm = {"medium": "Memory", "sizeLimit": ms.spec.shm_size or engine.shm_size}
+        claim = cache_claim_name(ms)
+        cache = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+        volumes += [{"name": SHM_VOLUME, "emptyDir": shm}, {"name": CACHE_VOLUME, **cache}]
+    if ms.spec.chat_template is not None:
+        config_map = {"name": chat_template_name(ms), "items": [{"key": CHAT_TEMPLATE_KEY, "path": CHAT_TEMPLATE_KEY}]}
+        volumes.append({"name": CHAT_TEMPLATE_VOLUME, "configMap": config_map})
     secret = keys_secret_name(ms)
     if secret:
         volumes.append({"name": KEYS_VOLUME, "secret": {"secretName": secret}})
     return volumes
 
 
+def _pod_annotations(ms: ModelServer, default_container: str) -> dict[str, str]:
+    annotations = {"kubectl.kubernetes.io/default-container": default_container}
+    if ms.spec.chat_template is not None:
+        digest = hashlib.sha256(ms.spec.chat_template.encode()).hexdigest()
+        annotations[CHAT_TEMPLATE_HASH_ANNOTATION] = digest
+    return annotations
+
+
+def _containers(ms: ModelServer, settings: Settings) -> tuple[list[dict[str, Any]], Engine | None, int]:
+    """The pod's containers, its engine (None with profile external: the sidecar alone) and its
+    termination grace period."""
+    # The engine outlives the sidecar's preStop and drain, so a draining stream keeps its engine.
+    sidecar_done_seconds = ENDPOINT_PROPAGATION_SECONDS + settings.drain_seconds
+    sidecar = sidecar_container(ms, settings)
+    if ms.spec.external:
+        return [sidecar], None, sidecar_done_seconds + external.SHUTDOWN_SECONDS
+    engine = engine_for(ms.spec.profile)
+    engine_image = settings.engine_image(engine.name, engine.image)
+    engine_container = engine.container(ms, engine_image, sidecar_done_seconds, settings.hub_endpoint)
+    return [engine_container, sidecar], engine, sidecar_done_seconds + ENGINE_SHUTDOWN_SECONDS
+
+
 def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None) -> dict[str, Any]:
     """`replicas`: the autoscaler's count (None: where it starts, min + buffer)."""
     spec = ms.spec
-    engine = engine_for(spec.profile)
-    engine_image = settings.engine_image(engine.name, engine.image)
-    # The engine outlives the sidecar's preStop and drain, so a draining stream keeps its engine.
-    sidecar_done_seconds = ENDPOINT_PROPAGATION_SECONDS + settings.drain_seconds
+    containers, engine, grace_seconds = _containers(ms, settings)
     pod: dict[str, Any] = {
         # Service links would inject e.g. VLLM_PORT into the engine's environment, which vLLM reads.
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": sidecar_done_seconds + ENGINE_SHUTDOWN_SECONDS,
-        "containers": [
-            engine.container(ms, engine_image, sidecar_done_seconds, settings.hub_endpoint),
-            sidecar_container(ms, engine, settings),
-        ],
+        "terminationGracePeriodSeconds": grace_seconds,
+        "containers": containers,
         "volumes": _volumes(ms, engine),
     }
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
-    tolerations = [GPU_TOLERATION] if spec.profile != Profile.CPU else []
+    tolerations = [GPU_TOLERATION] if spec.gpu_count else []
     tolerations += [toleration.to_wire() for toleration in spec.tolerations]
     if tolerations:
         pod["tolerations"] = tolerations
@@ -192,7 +249,7 @@ def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None)
             "template": {
                 "metadata": {
                     "labels": labels(ms),
-                    "annotations": {"kubectl.kubernetes.io/default-container": "engine"},
+                    "annotations": _pod_annotations(ms, containers[0]["name"]),
                 },
                 "spec": pod,
             },
@@ -232,6 +289,18 @@ def cache_claim(ms: ModelServer) -> dict[str, Any] | None:
     }
 
 
+def chat_template_config_map(ms: ModelServer) -> dict[str, Any] | None:
+    """The ConfigMap holding spec.chatTemplate, mounted into the engine, or None."""
+    if ms.spec.chat_template is None:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(ms, chat_template_name(ms)),
+        "data": {CHAT_TEMPLATE_KEY: ms.spec.chat_template},
+    }
+
+
 def key_secret(metadata: dict[str, Any], key: str) -> dict[str, Any]:
     """A Secret holding one API key (for the generated one and for `modelserve key new`)."""
     return {
@@ -251,12 +320,10 @@ def generated_key_secret(ms: ModelServer, key: str) -> dict[str, Any] | None:
 
 
 def server_side_applied(ms: ModelServer, settings: Settings, replicas: int | None = None) -> list[dict[str, Any]]:
-    """The children kept in place by server-side apply, in apply order (the key Secret is not one)."""
-    objects = [deployment(ms, settings, replicas), service(ms)]
-    claim = cache_claim(ms)
-    if claim:
-        objects.insert(0, claim)
-    return objects
+    """The children kept in place by server-side apply, in apply order (the key Secret is not one):
+    what the pods mount comes before the Deployment."""
+    mounted = [cache_claim(ms), chat_template_config_map(ms)]
+    return [obj for obj in mounted if obj] + [deployment(ms, settings, replicas), service(ms)]
 
 
 def owned_objects(ms: ModelServer, settings: Settings, api_key: str) -> list[dict[str, Any]]:

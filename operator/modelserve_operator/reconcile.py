@@ -36,6 +36,7 @@ CHILDREN = tuple(
         ("apps/v1", "Deployment"),
         ("v1", "Service"),
         ("v1", "PersistentVolumeClaim"),
+        ("v1", "ConfigMap"),
         ("v1", "Pod"),
     )
 )

@@ -84,11 +84,19 @@ Quantity = Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 ObjectName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)]
 LabelValue = Annotated[str, StringConstraints(max_length=63)]
-# A hub id `<org>/<name>` (with an optional `:<quant>` tag for GGUF repos) or an absolute path.
-MODEL_PATTERN = r"^(/\S+|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(:[A-Za-z0-9._-]+)?)$"
+# What an engine profile loads: a hub id `<org>/<name>` (with an optional `:<quant>` tag for GGUF
+# repos); no backslash, so CEL takes it as it is. Checked by a rule, since profile external takes
+# an external server's own ids too (e.g. Ollama's `llama3.2:1b`), which the schema's pattern allows.
+HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(:[A-Za-z0-9._-]+)?$"
+# Any model id: an absolute path, or letters, digits and `._:@/-`.
+MODEL_PATTERN = r"^(/\S+|[A-Za-z0-9][A-Za-z0-9._:@/-]*)$"
+# An http(s) server root: no credentials in it (the URL shows in the pod spec and the sidecar's log),
+# no query or fragment.
+EXTERNAL_URL_PATTERN = r"^https?://[^\s/?#@]+(/[^\s?#]*)?$"
 # The ModelServer name names the Service, so it must be a DNS-1035 label.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH = 63
+GPU_PROFILES = (Profile.HIGH_THROUGHPUT, Profile.LOW_LATENCY)
 
 
 def _sets_flag(arg: str, flags: tuple[str, ...]) -> bool:
@@ -199,6 +207,10 @@ class Replicas(WireModel):
     )
 
 
+STOP_MAX_ITEMS = 4
+STOP_MAX_LENGTH = 256
+
+
 class SamplingDefaults(WireModel):
     temperature: float | None = Field(None, ge=0, le=2, description="Randomness; 0 is deterministic.")
     top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling cut-off (top_p).")
@@ -207,9 +219,25 @@ class SamplingDefaults(WireModel):
         None, ge=0, le=1, description="Minimum token probability relative to the most likely one."
     )
     repetition_penalty: float | None = Field(
-        None, gt=0, le=2, description="Values above 1 discourage repetition (repetition_penalty)."
+        None,
+        gt=0,
+        le=2,
+        description="Values above 1 discourage repetition (repetition_penalty; the sidecar also sends it to "
+        "llama.cpp as repeat_penalty, the only name that engine reads).",
     )
     max_tokens: int | None = Field(None, ge=1, le=1_000_000, description="Tokens generated at most (max_tokens).")
+    # At most 4, as OpenAI's API takes (clients validate against it); vLLM, SGLang and llama.cpp take more.
+    stop: (
+        Annotated[
+            list[Annotated[str, StringConstraints(min_length=1, max_length=STOP_MAX_LENGTH)]],
+            Field(min_length=1, max_length=STOP_MAX_ITEMS),
+        ]
+        | None
+    ) = Field(
+        None,
+        description=f"Strings that end generation (stop), e.g. a chat template's end-of-turn marker: 1 to "
+        f"{STOP_MAX_ITEMS} strings of at most {STOP_MAX_LENGTH} characters; a request's own stop replaces the list.",
+    )
 
 
 class Auth(WireModel):
@@ -327,6 +355,10 @@ class Toleration(WireModel):
     )
 
 
+# In characters (what the API server counts): up to 4 bytes each in UTF-8, so at most 512 KiB,
+# well inside a ConfigMap's 1 MiB; real templates are a few KiB.
+CHAT_TEMPLATE_MAX_LENGTH = 128 * 1024
+
 QuantityMap = Annotated[dict[str, Quantity], Field(max_length=16)]
 
 
@@ -345,16 +377,76 @@ class Resources(WireModel):
     )
 
 
+class External(WireModel):
+    url: Annotated[str, StringConstraints(pattern=EXTERNAL_URL_PATTERN, max_length=2048)] = Field(
+        description="Root URL of the OpenAI-compatible server, e.g. http://10.0.0.5:11434 (Ollama) or "
+        "http://mac-studio.lan:8080 (mlx_lm.server); the sidecar appends /v1/... to it."
+    )
+
+    rules = (
+        Rule(
+            "!self.url.endsWith('/v1') && !self.url.endsWith('/v1/')",
+            "external.url is the server's root, without /v1: the sidecar appends /v1/... itself",
+            "url",
+            lambda e: not e.url.rstrip("/").endswith("/v1"),
+        ),
+    )
+
+
+# The fields that configure an engine, which profile external has none of: (wire name, attribute,
+# CEL saying it is set). The low-latency-only torchCompile and chunkedPrefillSize have their rules.
+ENGINE_FIELDS = (
+    ("gpus", "gpus", "has(self.gpus)"),
+    ("dtype", "dtype", "self.dtype != 'auto'"),
+    ("maxModelLen", "max_model_len", "has(self.maxModelLen)"),
+    ("gpuMemoryUtilization", "gpu_memory_utilization", "has(self.gpuMemoryUtilization)"),
+    ("toolCallParser", "tool_call_parser", "has(self.toolCallParser)"),
+    ("chatTemplate", "chat_template", "has(self.chatTemplate)"),
+    ("hfTokenSecretRef", "hf_token_secret_ref", "has(self.hfTokenSecretRef)"),
+    ("cache", "cache", "has(self.cache)"),
+    ("image", "image", "has(self.image)"),
+    ("engineArgs", "engine_args", "has(self.engineArgs) && self.engineArgs.size() > 0"),
+    ("env", "env", "has(self.env) && self.env.size() > 0"),
+    ("resources", "resources", "has(self.resources)"),
+    ("shmSize", "shm_size", "has(self.shmSize)"),
+)
+
+
+def _engine_field_is_set(spec: Any, attribute: str) -> bool:
+    value = getattr(spec, attribute)
+    if attribute == "dtype":
+        return value != Dtype.AUTO
+    return bool(value) if isinstance(value, list) else value is not None
+
+
+def _external_rules() -> tuple[Rule, ...]:
+    """Profile external runs no engine: every field that configures one is refused, by name."""
+    return tuple(
+        Rule(
+            f"self.profile != 'external' || !({is_set})",
+            f"{wire} does not apply to profile external: the external server runs the model",
+            wire,
+            lambda s, attribute=attribute: s.profile != Profile.EXTERNAL or not _engine_field_is_set(s, attribute),
+        )
+        for wire, attribute, is_set in ENGINE_FIELDS
+    )
+
+
 class ModelServerSpec(WireModel):
     """What to serve and how; the operator turns it into a Deployment, a Service and a key Secret."""
 
     model: Annotated[str, StringConstraints(pattern=MODEL_PATTERN, max_length=256)] = Field(
         description="Hub id `<org>/<name>` (e.g. LiquidAI/LFM2-1.2B; profile cpu also takes "
-        "`<org>/<repo>:<quant>` of a GGUF repo) or an absolute path in the cache volume."
+        "`<org>/<repo>:<quant>` of a GGUF repo) or an absolute path in the cache volume; with profile "
+        "external, the id the external server lists in /v1/models (e.g. llama3.2:1b)."
     )
     profile: Profile = Field(
         Profile.HIGH_THROUGHPUT,
-        description="high-throughput (vLLM on GPUs), low-latency (SGLang on GPUs) or cpu (llama.cpp server).",
+        description="high-throughput (vLLM on GPUs), low-latency (SGLang on GPUs), cpu (llama.cpp server) "
+        "or external (no engine: the sidecar fronts the server at external.url).",
+    )
+    external: External | None = Field(
+        None, description="profile external only: the OpenAI-compatible server outside the cluster."
     )
     dtype: Dtype = Field(
         Dtype.AUTO, description="Weights/activations type for the GPU engines; cpu takes the GGUF's own types."
@@ -375,6 +467,12 @@ class ModelServerSpec(WireModel):
             description="Tool-call parser of the model family, as the profile's engine spells it (vLLM: e.g. lfm2, "
             "hermes, llama3_json; SGLang: e.g. lfm2, hermes, llama3); enables tool_choice auto.",
         )
+    )
+    chat_template: Annotated[str, StringConstraints(min_length=1, max_length=CHAT_TEMPLATE_MAX_LENGTH)] | None = Field(
+        None,
+        description="Jinja chat template the engine uses instead of the model's own (vLLM and SGLang "
+        "--chat-template, llama.cpp --chat-template-file); kept in the ConfigMap `<name>-chat-template`. "
+        "The engine parses it when it starts.",
     )
     gpus: int | None = Field(
         None,
@@ -437,10 +535,10 @@ class ModelServerSpec(WireModel):
             lambda s: s.profile != Profile.CPU or not s.gpus,
         ),
         Rule(
-            "self.profile == 'cpu' || !has(self.gpus) || self.gpus >= 1",
+            "!(self.profile in ['high-throughput', 'low-latency']) || !has(self.gpus) || self.gpus >= 1",
             "gpus must be at least 1 for the GPU profiles high-throughput and low-latency",
             "gpus",
-            lambda s: s.profile == Profile.CPU or s.gpus is None or s.gpus >= 1,
+            lambda s: s.profile not in GPU_PROFILES or s.gpus is None or s.gpus >= 1,
         ),
         Rule(
             "!self.torchCompile || self.profile == 'low-latency'",
@@ -480,11 +578,24 @@ class ModelServerSpec(WireModel):
         ),
         *_tool_call_parser_rules(),
         Rule(
-            "self.profile == 'cpu' || self.model.startsWith('/') || !self.model.contains(':')",
+            f"self.profile == 'external' || self.model.startsWith('/') || self.model.matches('{HUB_ID_PATTERN}')",
+            "model must be a hub id <org>/<name> or an absolute path for the engine profiles",
+            "model",
+            lambda s: s.profile == Profile.EXTERNAL or s.model.startswith("/") or re.match(HUB_ID_PATTERN, s.model),
+        ),
+        Rule(
+            "self.profile in ['cpu', 'external'] || self.model.startsWith('/') || !self.model.contains(':')",
             "model takes a :<quant> tag only with profile cpu (a GGUF repo for llama.cpp)",
             "model",
-            lambda s: s.profile == Profile.CPU or s.model.startswith("/") or ":" not in s.model,
+            lambda s: s.profile in (Profile.CPU, Profile.EXTERNAL) or s.model.startswith("/") or ":" not in s.model,
         ),
+        Rule(
+            "(self.profile == 'external') == has(self.external)",
+            "external (the server's url) is required with profile external and only applies to it",
+            "external",
+            lambda s: (s.profile == Profile.EXTERNAL) == (s.external is not None),
+        ),
+        *_external_rules(),
         *_owned_flag_rules(),
     )
 
@@ -503,7 +614,7 @@ class ModelServerSpec(WireModel):
         """GPUs per replica with the profile's default applied."""
         if self.gpus is not None:
             return self.gpus
-        return 0 if self.profile == Profile.CPU else 1
+        return 1 if self.profile in GPU_PROFILES else 0
 
 
 # A rule on the whole object: the API server lets CEL see metadata.name there.

@@ -88,6 +88,8 @@ def build_app(settings: Settings) -> Dispatcher:
 
     async def engine_metrics() -> bytes | None:
         assert proxy.session is not None
+        if not settings.engine_metrics:
+            return None  # nothing to scrape upstream, and no error to count
         try:
             async with proxy.session.get(
                 settings.upstream_url + settings.engine_metrics_path,

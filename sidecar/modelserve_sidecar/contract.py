@@ -69,6 +69,7 @@ SAMPLING_FIELDS: dict[str, type] = {
     "min_p": float,
     "repetition_penalty": float,
     "max_tokens": int,
+    "stop": list,  # of strings
 }
 
 
@@ -147,7 +148,7 @@ def _non_negative_float(raw: str) -> float:
     return value
 
 
-def _sampling(raw: str) -> Mapping[str, float | int]:
+def _sampling(raw: str) -> Mapping[str, Any]:
     try:
         data: Any = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -158,6 +159,10 @@ def _sampling(raw: str) -> Mapping[str, float | int]:
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(SAMPLING_FIELDS)}")
     for name, value in data.items():
+        if SAMPLING_FIELDS[name] is list:
+            if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+                raise ValueError(f"{name} must be a list of non-empty strings")
+            continue
         # bool is an int subclass; a `true` temperature is a mistake, not 1.0.
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{name} must be a number")
@@ -166,6 +171,19 @@ def _sampling(raw: str) -> Mapping[str, float | int]:
     if data.get("max_tokens", 1) <= 0:
         raise ValueError("max_tokens must be positive")
     return MappingProxyType({k: SAMPLING_FIELDS[k](v) for k, v in data.items()})
+
+
+def _aliases(raw: str) -> Mapping[str, str]:
+    try:
+        data: Any = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, str) and v for v in data.values()):
+        raise ValueError('must be a JSON object of field names, e.g. {"repetition_penalty": "repeat_penalty"}')
+    unknown = sorted(set(data) - set(SAMPLING_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(SAMPLING_FIELDS)}")
+    return MappingProxyType(dict(data))
 
 
 def _path(raw: str) -> Path:
@@ -199,8 +217,14 @@ def _render_auth(public: bool) -> str:
     return "public" if public else "private"
 
 
-def _render_sampling(values: Mapping[str, float | int]) -> str:
+def _render_sampling(values: Mapping[str, Any]) -> str:
     return json.dumps(dict(values), sort_keys=True, separators=(",", ":"))
+
+
+def _default(setting: dataclasses.Field) -> Any:
+    if setting.default_factory is not dataclasses.MISSING:
+        return setting.default_factory()
+    return setting.default
 
 
 def read_env(cls: type[T], env: Mapping[str, str]) -> T:
@@ -220,6 +244,12 @@ def read_env(cls: type[T], env: Mapping[str, str]) -> T:
     return cls(**values)
 
 
+# Left out of a pod's environment at their defaults: settings added after release 0.1 (a new
+# variable in every pod template would roll every pod, GPU cold starts included, on an upgrade)
+# and the empty ones.
+OMITTED_AT_DEFAULT = frozenset({"sampling_defaults", "sampling_aliases", "upstream_model", "engine_metrics"})
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the sidecar runs with; each field is one MODELSERVE_* variable."""
@@ -230,6 +260,12 @@ class Settings:
     listen_port: int = env_setting("MODELSERVE_LISTEN_PORT", _port, default=LISTEN_PORT)
     engine_health_path: str = env_setting("MODELSERVE_ENGINE_HEALTH_PATH", _route, default="/health")
     engine_metrics_path: str = env_setting("MODELSERVE_ENGINE_METRICS_PATH", _route, default="/metrics")
+    # Whether the upstream serves Prometheus metrics at all (an external Ollama or MLX server has none).
+    engine_metrics: bool = env_setting("MODELSERVE_ENGINE_METRICS", _bool, _render_bool, default=True)
+    # The model id the upstream serves when it is not the served name (an external server's own
+    # name, e.g. llama3.2:1b): requests are sent with it, and readiness looks for it. Empty: the
+    # engine serves under the served name.
+    upstream_model: str = env_setting("MODELSERVE_UPSTREAM_MODEL", _non_empty, default="")
     # How long the engine may take to answer its health route and model list before it counts as
     # unreachable; the operator sets it per engine (SGLang's health route may generate a token).
     engine_probe_timeout_seconds: float = env_setting(
@@ -239,9 +275,17 @@ class Settings:
     keys_dir: Path = env_setting("MODELSERVE_KEYS_DIR", _path, default=Path(KEYS_DIR))  # noqa: RUF009 - immutable
     metrics_public: bool = env_setting("MODELSERVE_METRICS_PUBLIC", _bool, _render_bool, default=True)
     vision: bool = env_setting("MODELSERVE_VISION", _bool, _render_bool, default=False)
-    sampling_defaults: Mapping[str, float | int] = env_setting(
+    sampling_defaults: Mapping[str, Any] = env_setting(
         "MODELSERVE_SAMPLING_DEFAULTS",
         _sampling,
+        _render_sampling,
+        default_factory=lambda: MappingProxyType({}),
+    )
+    # The engine's own name of a sampling field it reads under no other (llama.cpp's server reads
+    # repeat_penalty, never repetition_penalty): the sidecar copies the value there too.
+    sampling_aliases: Mapping[str, str] = env_setting(
+        "MODELSERVE_SAMPLING_ALIASES",
+        _aliases,
         _render_sampling,
         default_factory=lambda: MappingProxyType({}),
     )
@@ -255,18 +299,25 @@ class Settings:
     # max-num-seqs itself, where its own metrics show the wait), not aiohttp's default 100.
     upstream_max_connections: int = env_setting("MODELSERVE_UPSTREAM_MAX_CONNECTIONS", _positive_int, default=1024)
 
+    @property
+    def engine_model(self) -> str:
+        """The model id the upstream lists and is asked for."""
+        return self.upstream_model or self.served_model
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """Build settings from `MODELSERVE_*` variables; raise ConfigError naming the bad one."""
         return read_env(cls, env)
 
     def to_env(self) -> dict[str, str]:
-        """Every setting as its variable, so a pod's spec shows all the sidecar runs with. Two are
-        left out where they mean nothing: the keys directory with public auth, empty sampling."""
+        """Every setting as its variable, so a pod's spec shows all the sidecar runs with, but the
+        keys directory with public auth (it means nothing) and OMITTED_AT_DEFAULT at their defaults."""
         env = {}
         for setting in dataclasses.fields(self):
             value = getattr(self, setting.name)
-            if (setting.name == "keys_dir" and self.auth_public) or (setting.name == "sampling_defaults" and not value):
+            if (setting.name == "keys_dir" and self.auth_public) or (
+                setting.name in OMITTED_AT_DEFAULT and value == _default(setting)
+            ):
                 continue
             env[setting.metadata["env"]] = setting.metadata["render"](value)
         return env

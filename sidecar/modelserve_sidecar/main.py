@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"modelserve-sidecar: invalid configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     log.info(
-        "serving %r from %s on %s:%d; auth %s, vision %s, sampling defaults %s, body limit %d bytes",
+        "serving %r (upstream %r) from %s on %s:%d; auth %s, vision %s, sampling defaults %s, body limit %d bytes",
         settings.served_model,
+        settings.engine_model,
         settings.upstream_url,
         settings.listen_host,
         settings.listen_port,

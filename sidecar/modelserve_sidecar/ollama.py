@@ -38,8 +38,9 @@ Request fields:
     options.top_k           top_k
     options.top_p           top_p
     options.min_p           min_p
-    options.repeat_penalty  repetition_penalty            vLLM's and SGLang's name (llama.cpp reads
-                                                          `repeat_penalty` and ignores this one)
+    options.repeat_penalty  repetition_penalty            vLLM's and SGLang's name (for llama.cpp,
+                                                          which ignores it, the proxy copies it to
+                                                          `repeat_penalty`: MODELSERVE_SAMPLING_ALIASES)
     options.presence_penalty, frequency_penalty, seed     the same names
     options.stop            stop                          a string becomes a one-item list
     options.num_predict     max_tokens                    -1 / -2 (unlimited) and absent: left out,

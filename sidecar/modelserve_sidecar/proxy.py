@@ -102,8 +102,15 @@ class Proxy:
 
         path = scope["path"]
         if scope["method"] == "POST":
+            settings = self.settings
             checked = check_body(
-                path, body, self.settings.served_model, self.settings.vision, self.settings.sampling_defaults
+                path,
+                body,
+                settings.served_model,
+                settings.vision,
+                settings.sampling_defaults,
+                settings.sampling_aliases,
+                settings.upstream_model,
             )
             if isinstance(checked, errors.ErrorResponse):
                 exchange.status = await respond(send, checked)

@@ -88,8 +88,8 @@ class Readiness:
                 listed = listed_models(await models.json(content_type=None))
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             return False, f"engine not reachable ({type(exc).__name__})"
-        if self.settings.served_model not in listed:
-            return False, f"engine does not list {self.settings.served_model!r} (lists {listed})"
+        if self.settings.engine_model not in listed:
+            return False, f"engine does not list {self.settings.engine_model!r} (lists {listed})"
         return True, "ready"
 
     async def watch(self) -> None:
@@ -102,7 +102,7 @@ class Readiness:
     async def _warm_up(self) -> None:
         assert self.session is not None
         request = {
-            "model": self.settings.served_model,
+            "model": self.settings.engine_model,
             "max_tokens": 1,
             "messages": [{"role": "user", "content": WARMUP_PROMPT}],
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from .errors import ErrorResponse, bad_request
@@ -16,10 +17,17 @@ IMAGE_PART_TYPES = frozenset({"image_url"})
 
 
 def check_body(
-    path: str, body: bytes, served_model: str, vision: bool, sampling_defaults: Mapping[str, Any]
+    path: str,
+    body: bytes,
+    served_model: str,
+    vision: bool,
+    sampling_defaults: Mapping[str, Any],
+    sampling_aliases: Mapping[str, str] = MappingProxyType({}),
+    upstream_model: str = "",
 ) -> bytes | ErrorResponse:
     """The body to send to the engine (the same bytes when nothing changes), or the error to
-    answer with."""
+    answer with. `sampling_aliases`: OpenAI name -> the engine's own name of a sampling field;
+    `upstream_model`: the upstream's own model id, sent instead of the client's (the served name)."""
     if path not in JSON_ROUTES:
         return body
     try:
@@ -31,11 +39,14 @@ def check_body(
     if not vision and _has_image_part(request):
         # vLLM's own words, so a client sees the same error with or without the sidecar.
         return bad_request(f"{served_model} is not a multimodal model", "not_multimodal", "messages")
+    changes: dict[str, Any] = {}
+    if upstream_model and request.get("model") != upstream_model:
+        # An external server knows its model by its own id; this ModelServer serves only that one.
+        changes["model"] = upstream_model
     if path in SAMPLING_ROUTES:
-        missing = missing_sampling(request, sampling_defaults)
-        if missing:
-            return json.dumps({**request, **missing}).encode()
-    return body
+        changes.update(missing_sampling(request, sampling_defaults))
+        changes.update(engine_names({**request, **changes}, sampling_aliases))
+    return json.dumps({**request, **changes}).encode() if changes else body
 
 
 def missing_sampling(request: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -45,6 +56,16 @@ def missing_sampling(request: Mapping[str, Any], defaults: Mapping[str, Any]) ->
     if request.get("max_completion_tokens") is not None:
         missing.pop("max_tokens", None)
     return missing
+
+
+def engine_names(request: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
+    """The values to copy under the engine's own names: each aliased field the request sets, where
+    the request does not already set the engine's name itself (its own choice wins)."""
+    return {
+        engine: request[name]
+        for name, engine in aliases.items()
+        if request.get(name) is not None and request.get(engine) is None
+    }
 
 
 def _has_image_part(request: Mapping[str, Any]) -> bool:

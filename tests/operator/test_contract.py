@@ -20,7 +20,15 @@ SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0", drain_s
 VARIANTS = {
     "public": {"auth": {"mode": "public"}},
     "private-named": {"auth": {"mode": "private", "secretName": "team-keys"}},
-    "sampling": {"samplingDefaults": {"temperature": 0.1, "topK": 50, "maxTokens": 512, "repetitionPenalty": 1.05}},
+    "sampling": {
+        "samplingDefaults": {
+            "temperature": 0.1,
+            "topK": 50,
+            "maxTokens": 512,
+            "repetitionPenalty": 1.05,
+            "stop": ["<|im_end|>", "<|endoftext|>"],
+        }
+    },
     "vision": {"vision": True},
 }
 
@@ -41,14 +49,22 @@ def _sidecar_env(ms: ModelServer) -> dict[str, str]:
 @pytest.mark.parametrize(("name", "manifest"), _cases(), ids=[name for name, _ in _cases()])
 def test_the_sidecar_reads_back_what_the_spec_said(name: str, manifest: dict) -> None:
     ms = ModelServer.from_manifest({**manifest, "metadata": {**manifest["metadata"], "namespace": "ns", "uid": "u"}})
-    engine = engine_for(ms.spec.profile)
     read = contract.Settings.from_env(_sidecar_env(ms))
 
-    assert read == manifests.sidecar_settings(ms, engine, SETTINGS)
+    assert read == manifests.sidecar_settings(ms, SETTINGS)
     assert read.served_model == ms.name
-    assert read.upstream_url == f"http://127.0.0.1:{engine.port}"
-    assert (read.engine_health_path, read.engine_metrics_path) == (engine.health_path, engine.metrics_path)
-    assert read.engine_probe_timeout_seconds == engine.probe_timeout_seconds
+    if ms.spec.external:
+        assert read.upstream_url == ms.spec.external.url
+        assert (read.engine_health_path, read.engine_metrics) == ("/v1/models", False)
+        assert read.upstream_model == read.engine_model == ms.spec.model
+        assert dict(read.sampling_aliases) == {}
+    else:
+        engine = engine_for(ms.spec.profile)
+        assert read.upstream_url == f"http://127.0.0.1:{engine.port}"
+        assert (read.engine_health_path, read.engine_metrics_path) == (engine.health_path, engine.metrics_path)
+        assert read.engine_probe_timeout_seconds == engine.probe_timeout_seconds
+        assert read.engine_metrics and read.upstream_model == "" and read.engine_model == ms.name
+        assert dict(read.sampling_aliases) == dict(engine.sampling_aliases)
     assert read.auth_public == (ms.spec.auth.mode == AuthMode.PUBLIC)
     assert read.vision == ms.spec.vision
     expected_sampling = ms.spec.sampling_defaults.model_dump(exclude_none=True) if ms.spec.sampling_defaults else {}
@@ -73,12 +89,15 @@ def test_rendering_round_trips_every_setting() -> None:
         listen_port=9000,
         engine_health_path="/h",
         engine_metrics_path="/m",
+        engine_metrics=False,
+        upstream_model="llama3.2:1b",
         engine_probe_timeout_seconds=2.5,
         auth_public=False,
         keys_dir=Path("/keys"),
         metrics_public=False,
         vision=True,
-        sampling_defaults={"top_k": 5, "temperature": 0.7},
+        sampling_defaults={"top_k": 5, "temperature": 0.7, "stop": ["<|im_end|>"]},
+        sampling_aliases={"repetition_penalty": "repeat_penalty"},
         max_body_bytes=7,
         upstream_timeout_seconds=1.5,
         drain_seconds=0.5,
@@ -94,4 +113,19 @@ def test_the_spec_sampling_fields_are_the_contracts() -> None:
     fields = SamplingDefaults.model_fields
     assert list(fields) == list(contract.SAMPLING_FIELDS)
     for name, kind in contract.SAMPLING_FIELDS.items():
-        assert kind in typing.get_args(fields[name].annotation), name
+        assert kind in {_python_type(arg) for arg in typing.get_args(fields[name].annotation)}, name
+
+
+def _python_type(annotation: object) -> object:
+    """`Annotated[list[str], ...]` -> list; `float` -> float."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return typing.get_origin(annotation) or annotation
+
+
+def test_only_llama_cpp_reads_repetition_penalty_under_its_own_name() -> None:
+    # llama.cpp's server (b9093) ignores repetition_penalty and reads repeat_penalty.
+    cpu = ModelServer.from_manifest(examples()["gemma3-270m-cpu"])
+    assert _sidecar_env(cpu)["MODELSERVE_SAMPLING_ALIASES"] == '{"repetition_penalty":"repeat_penalty"}'
+    gpu = ModelServer.from_manifest(examples()["lfm2-1.2b"])
+    assert "MODELSERVE_SAMPLING_ALIASES" not in _sidecar_env(gpu)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+from functools import cache
 from typing import Any
 
 import pytest
 from operator_testdata import examples
 
-from modelserve_operator.engines import engine_for
-from modelserve_operator.engines.base import command_line
+from modelserve_operator.engines import ENGINES, engine_for
+from modelserve_operator.engines.base import CHAT_TEMPLATE_PATH, command_line
 from modelserve_operator.spec import ModelServer, Profile
+from modelserve_sandbox.llama_server import llama_server_binary
 from modelserve_sidecar.contract import LISTEN_PORT
 
 EXPECTED = {
@@ -43,7 +46,8 @@ def test_example_command_lines(name: str) -> None:
 
 
 def test_every_example_has_its_expected_command_line() -> None:
-    assert set(EXPECTED) == set(examples())
+    engine_examples = {name for name, m in examples().items() if m["spec"].get("profile") != Profile.EXTERNAL}
+    assert set(EXPECTED) == engine_examples
 
 
 def test_vllm_tool_parser_enables_auto_tool_choice() -> None:
@@ -92,6 +96,54 @@ def test_llamacpp_takes_a_path_with_m() -> None:
     assert args[:2] == ["-m", "/root/.cache/huggingface/gemma.gguf"]
 
 
-@pytest.mark.parametrize("profile", list(Profile))
+@pytest.mark.parametrize("profile", sorted(ENGINES))
 def test_engine_ports_never_collide_with_the_sidecar(profile: Profile) -> None:
     assert engine_for(profile).port != LISTEN_PORT
+
+
+def test_every_profile_but_external_has_an_engine() -> None:
+    assert set(ENGINES) == set(Profile) - {Profile.EXTERNAL}
+
+
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+TEMPLATE_FLAGS = {
+    "lfm2-1.2b": ["--chat-template", CHAT_TEMPLATE_PATH],
+    "lfm2-8b-a1b": ["--chat-template", CHAT_TEMPLATE_PATH],
+    "gemma3-270m-cpu": ["--chat-template-file", CHAT_TEMPLATE_PATH],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATE_FLAGS))
+def test_a_chat_template_points_the_engine_at_the_mounted_file(name: str) -> None:
+    container = _container(_ms(examples()[name], chatTemplate=TEMPLATE))
+    flags = TEMPLATE_FLAGS[name]
+    args = container["args"]
+    start = args.index(flags[0])
+    assert args[start : start + 2] == flags
+    mount = {"name": "chat-template", "mountPath": "/etc/modelserve/chat-template", "readOnly": True}
+    assert mount in container["volumeMounts"]
+    assert flags[0] not in _container(_ms(examples()[name]))["args"]
+
+
+def test_llama_cpp_reads_the_template_file_after_jinja() -> None:
+    # Before --jinja, llama-server takes only the templates it has built in.
+    args = _container(_ms(examples()["gemma3-270m-cpu"], chatTemplate=TEMPLATE))["args"]
+    assert args.index("--jinja") < args.index("--chat-template-file")
+
+
+@cache
+def _llama_server_help() -> str:
+    try:
+        binary = llama_server_binary()
+    except FileNotFoundError as missing:
+        pytest.skip(str(missing))
+    return subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60).stdout
+
+
+def test_the_real_llama_server_knows_every_flag_the_operator_writes() -> None:
+    help_text = _llama_server_help()
+    ms = _ms(examples()["gemma3-270m-cpu"], chatTemplate=TEMPLATE, maxModelLen=2048)
+    flags = [arg for arg in _container(ms)["args"] if arg.startswith("-")]
+    assert "--chat-template-file" in flags
+    for flag in flags:
+        assert f"{flag} " in help_text or f"{flag}," in help_text, flag

@@ -24,6 +24,9 @@ UID = "00000000-0000-4000-8000-000000000000"
 API_KEY = "<generated once by the operator>"
 
 
+ENGINE_EXAMPLES = sorted(name for name, m in examples().items() if m["spec"].get("profile") != "external")
+
+
 def _ms(manifest: dict[str, Any], **spec_changes: Any) -> ModelServer:
     manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": "default", "uid": UID}}
     manifest["spec"] = {**manifest["spec"], **spec_changes}
@@ -60,7 +63,7 @@ def test_golden_manifest_set(name: str) -> None:
 
 
 def test_engine_listens_on_loopback_only_and_sidecar_owns_the_named_port() -> None:
-    for name in examples():
+    for name in ENGINE_EXAMPLES:
         containers = _containers(_example(name))
         engine, sidecar = containers["engine"], containers["sidecar"]
         host = engine["args"][engine["args"].index("--host") + 1]
@@ -205,3 +208,64 @@ def test_engine_image_comes_from_spec_then_operator_settings_then_the_pinned_tag
     assert engine_image(_example("lfm2-1.2b")) == "mirror.example/vllm-openai:v9"
     assert engine_image(_example("lfm2-1.2b", image="own/vllm:1")) == "own/vllm:1"
     assert engine_image(_example("lfm2-8b-a1b")).startswith("lmsysorg/sglang:v0.5.")
+
+
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def test_a_chat_template_is_an_owned_config_map_mounted_read_only_into_the_engine() -> None:
+    ms = _example("lfm2-1.2b", chatTemplate=TEMPLATE)
+    objects = manifests.owned_objects(ms, SETTINGS, "k")
+    assert [obj["kind"] for obj in objects][:2] == ["ConfigMap", "Deployment"]  # there before the pods
+    config_map = objects[0]
+    assert config_map["metadata"]["name"] == "lfm2-1-2b-chat-template"
+    assert config_map["metadata"]["labels"][manifests.SELECTOR_LABEL] == "lfm2-1-2b"  # the watch sees it
+    assert config_map["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert config_map["data"] == {"chat_template.jinja": TEMPLATE}
+    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    assert {
+        "name": "chat-template",
+        "configMap": {
+            "name": "lfm2-1-2b-chat-template",
+            "items": [{"key": "chat_template.jinja", "path": "chat_template.jinja"}],
+        },
+    } in pod["volumes"]
+    assert all(mount["name"] != "chat-template" for mount in _containers(ms)["sidecar"].get("volumeMounts", []))
+
+
+def test_a_new_chat_template_rolls_the_pods() -> None:
+    def annotations(ms: ModelServer) -> dict[str, str]:
+        return manifests.deployment(ms, SETTINGS)["spec"]["template"]["metadata"]["annotations"]
+
+    first = annotations(_example("lfm2-1.2b", chatTemplate=TEMPLATE))
+    second = annotations(_example("lfm2-1.2b", chatTemplate=TEMPLATE + "{{ '' }}"))
+    key = manifests.CHAT_TEMPLATE_HASH_ANNOTATION
+    assert first[key] != second[key] and len(first[key]) == 64
+    assert key not in annotations(_example("lfm2-1.2b"))
+    assert all(obj["kind"] != "ConfigMap" for obj in manifests.owned_objects(_example("lfm2-1.2b"), SETTINGS, "k"))
+
+
+def test_an_external_server_gets_the_sidecar_alone_pointed_at_its_url() -> None:
+    ms = _example("external-mlx")
+    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    (sidecar,) = pod["containers"]
+    assert sidecar["name"] == "sidecar"
+    env = _env(sidecar)
+    assert env["MODELSERVE_UPSTREAM_URL"] == "http://mac-studio.lan:8080"
+    assert env["MODELSERVE_UPSTREAM_MODEL"] == "mlx-community/Qwen3-4B-4bit"
+    assert (env["MODELSERVE_ENGINE_HEALTH_PATH"], env["MODELSERVE_ENGINE_METRICS"]) == ("/v1/models", "false")
+    # No GPU, no model download: no toleration, no shared memory, no hub cache, no engine image.
+    assert "tolerations" not in pod and "nvidia.com/gpu" not in str(pod)
+    assert [volume["name"] for volume in pod["volumes"]] == ["api-keys"]
+    assert "HF_" not in str(pod) and "huggingface" not in str(pod)
+    assert pod["terminationGracePeriodSeconds"] > sidecar["lifecycle"]["preStop"]["sleep"]["seconds"]
+    template = manifests.deployment(ms, SETTINGS)["spec"]["template"]["metadata"]
+    assert template["annotations"]["kubectl.kubernetes.io/default-container"] == "sidecar"
+    assert template["labels"]["app.kubernetes.io/component"] == "external"
+    kinds = [obj["kind"] for obj in manifests.owned_objects(ms, SETTINGS, "k")]
+    assert kinds == ["Deployment", "Service", "Secret"]
+
+
+def test_an_external_url_keeps_no_trailing_slash() -> None:
+    ms = _example("external-mlx", external={"url": "https://mlx.example.com/"})
+    assert _env(_containers(ms)["sidecar"])["MODELSERVE_UPSTREAM_URL"] == "https://mlx.example.com"

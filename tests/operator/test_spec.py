@@ -121,3 +121,63 @@ def test_names_must_be_dns_labels() -> None:
     with pytest.raises(ValueError, match=r"metadata\.name"):
         ModelServer.from_manifest(_manifest({"model": "a/b"}, name="a" * 64))
     assert ModelServer.from_manifest(_manifest({"model": "a/b"}, name="a" * 63)).name == "a" * 63
+
+
+def test_a_chat_template_is_bounded_well_inside_a_config_map() -> None:
+    # 4 bytes per character at worst in UTF-8: the ConfigMap stays under its 1 MiB.
+    assert spec_module.CHAT_TEMPLATE_MAX_LENGTH * 4 < 1024 * 1024
+    limit = spec_module.CHAT_TEMPLATE_MAX_LENGTH
+    assert ModelServerSpec.model_validate({"model": "a/b", "chatTemplate": "x" * limit}).chat_template
+    with pytest.raises(ValidationError, match="chatTemplate"):
+        ModelServerSpec.model_validate({"model": "a/b", "chatTemplate": "x" * (limit + 1)})
+
+
+EXTERNAL = {"profile": "external", "model": "llama3.2:1b", "external": {"url": "http://10.88.0.1:11434"}}
+# A value for each field that configures an engine, which profile external refuses by name.
+ENGINE_VALUES = {
+    "gpus": 1,
+    "dtype": "float16",
+    "maxModelLen": 4096,
+    "gpuMemoryUtilization": 0.5,
+    "toolCallParser": "hermes",
+    "chatTemplate": "{{ messages }}",
+    "hfTokenSecretRef": {"name": "hf"},
+    "cache": {"size": "10Gi"},
+    "image": "ollama/ollama",
+    "engineArgs": ["--verbose"],
+    "env": [{"name": "A", "value": "1"}],
+    "resources": {"requests": {"cpu": "1"}},
+    "shmSize": "1Gi",
+}
+
+
+def test_an_external_server_needs_no_engine_fields_and_takes_its_own_model_ids() -> None:
+    spec = ModelServerSpec.model_validate(EXTERNAL)
+    assert spec.gpu_count == 0 and spec.external and spec.external.url == "http://10.88.0.1:11434"
+    for model in ("hf.co/unsloth/gemma-3-270m-it-GGUF:Q4_K_M", "mlx-community/Qwen3-4B-4bit", "qwen2.5@q4"):
+        assert ModelServerSpec.model_validate({**EXTERNAL, "model": model}).model == model
+    # Empty lists configure nothing.
+    assert ModelServerSpec.model_validate({**EXTERNAL, "engineArgs": [], "env": []})
+
+
+def test_the_refused_fields_are_exactly_the_engine_fields() -> None:
+    assert set(ENGINE_VALUES) == {wire for wire, _, _ in spec_module.ENGINE_FIELDS}
+
+
+@pytest.mark.parametrize("field", sorted(ENGINE_VALUES))
+def test_external_refuses_each_field_that_configures_an_engine(field: str) -> None:
+    with pytest.raises(ValidationError, match=f"{field} does not apply to profile external"):
+        ModelServerSpec.model_validate({**EXTERNAL, field: ENGINE_VALUES[field]})
+
+
+def test_external_and_its_profile_come_together() -> None:
+    with pytest.raises(ValidationError, match=r"external \(the server.s url\) is required"):
+        ModelServerSpec.model_validate({"profile": "external", "model": "llama3.2:1b"})
+    with pytest.raises(ValidationError, match="only applies to it"):
+        ModelServerSpec.model_validate({"model": "a/b", "external": {"url": "http://10.88.0.1:11434"}})
+
+
+def test_engine_profiles_still_take_only_hub_ids_and_paths() -> None:
+    with pytest.raises(ValidationError, match="model must be a hub id"):
+        ModelServerSpec.model_validate({"model": "llama3.2", "profile": "cpu"})
+    assert ModelServerSpec.model_validate({"model": "/models/x.gguf", "profile": "cpu"})

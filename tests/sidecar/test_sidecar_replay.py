@@ -490,3 +490,31 @@ def test_drain_deadline_cuts_streams_that_outlast_it(start_sidecar: StartSidecar
         assert sidecar.process.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
     finally:
         replay.stop()
+
+
+# --- in front of an external server (profile external) ------------------------------------------------
+
+
+def test_external_upstream_is_asked_for_its_own_model_and_has_no_metrics_to_scrape(
+    replay: ReplayEngine, start_sidecar: StartSidecar, secret_dir: SecretDir
+) -> None:
+    # What the operator sets for profile external: /v1/models as the health check, no engine
+    # metrics, and the server's own model id (here the replay's "tiny") behind the served name.
+    sidecar = start_sidecar(
+        replay.url,
+        "qwen3-mlx",
+        MODELSERVE_KEYS_DIR=str(secret_dir.path),
+        MODELSERVE_ENGINE_HEALTH_PATH="/v1/models",
+        MODELSERVE_ENGINE_METRICS="false",
+        MODELSERVE_UPSTREAM_MODEL="tiny",
+    )
+    wait_ready(sidecar)
+    before = sidecar.metrics()
+    answer = chat(sidecar, {"model": "qwen3-mlx", "messages": HELLO, "max_tokens": 8, "temperature": 0})
+    assert answer.status_code == 200, answer.text
+    assert replay.received[-1]["model"] == "tiny"
+    after = sidecar.metrics()
+    assert "vllm:" not in after  # nothing scraped upstream
+    assert metric_value(after, 'modelserve_sidecar_upstream_errors_total{kind="metrics"}') == metric_value(
+        before, 'modelserve_sidecar_upstream_errors_total{kind="metrics"}'
+    )

@@ -86,6 +86,10 @@ def test_settings_parse_every_variable() -> None:
         ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"temperature": "hot"}'}, "temperature must be a number"),
         ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"top_k": 1.5}'}, "top_k must be an integer"),
         ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"max_tokens": 0}'}, "max_tokens must be positive"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"stop": "x"}'}, "stop must be a list of non-empty strings"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"stop": [""]}'}, "stop must be a list of non-empty strings"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_ALIASES": '{"repetition_penalty": 1}'}, "must be a JSON object of field"),
+        ({**REQUIRED, "MODELSERVE_SAMPLING_ALIASES": '{"seed": "s"}'}, "unknown field(s) seed"),
     ],
 )
 def test_settings_errors_name_the_variable(env: dict[str, str], message: str) -> None:
@@ -210,6 +214,59 @@ def test_sampling_defaults_fill_only_what_is_left_out() -> None:
     # Embeddings do not sample.
     embed = b'{"model": "tiny", "input": "hi"}'
     assert check_body("/v1/embeddings", embed, "tiny", False, defaults) is embed
+
+
+def test_a_stop_default_fills_only_a_request_without_stop() -> None:
+    defaults = {"stop": ["<|im_end|>", "<|endoftext|>"]}
+    filled = json.loads(check_body(CHAT, b'{"messages": []}', "tiny", False, defaults))
+    assert filled["stop"] == ["<|im_end|>", "<|endoftext|>"]
+    own = b'{"messages": [], "stop": "END"}'
+    assert check_body(CHAT, own, "tiny", False, defaults) is own  # the client's stop replaces the list
+    assert Settings.from_env({**REQUIRED, "MODELSERVE_SAMPLING_DEFAULTS": '{"stop": ["a"]}'}).sampling_defaults == {
+        "stop": ["a"]
+    }
+
+
+def test_an_upstream_model_replaces_the_clients_model_on_every_json_route() -> None:
+    # Profile external: the server knows the model by its own id, clients by the ModelServer's name.
+    chat_body = b'{"model": "qwen3-mlx", "messages": []}'
+    sent = json.loads(check_body(CHAT, chat_body, "qwen3-mlx", False, {}, {}, "llama3.2:1b"))
+    assert sent == {"model": "llama3.2:1b", "messages": []}
+    embed = json.loads(check_body("/v1/embeddings", b'{"input": "hi"}', "qwen3-mlx", False, {}, {}, "nomic"))
+    assert embed["model"] == "nomic"
+    same = b'{"model": "llama3.2:1b", "messages": []}'
+    assert check_body(CHAT, same, "qwen3-mlx", False, {}, {}, "llama3.2:1b") is same
+    assert check_body(CHAT, chat_body, "qwen3-mlx", False, {}) is chat_body  # an engine: as sent
+
+
+def test_the_engine_model_is_the_upstream_model_or_the_served_name() -> None:
+    assert Settings.from_env(REQUIRED).engine_model == "tiny"
+    external = Settings.from_env({**REQUIRED, "MODELSERVE_UPSTREAM_MODEL": "llama3.2:1b"})
+    assert external.engine_model == "llama3.2:1b" and external.served_model == "tiny"
+    assert Settings.from_env({**REQUIRED, "MODELSERVE_ENGINE_METRICS": "false"}).engine_metrics is False
+
+
+LLAMA_CPP_ALIASES = {"repetition_penalty": "repeat_penalty"}
+
+
+def test_aliases_copy_a_clients_value_to_the_engines_own_name() -> None:
+    body = json.dumps({"model": "tiny", "messages": [], "repetition_penalty": 1.3}).encode()
+    sent = json.loads(check_body(CHAT, body, "tiny", False, {}, LLAMA_CPP_ALIASES))
+    assert (sent["repetition_penalty"], sent["repeat_penalty"]) == (1.3, 1.3)
+    # Without aliases (vLLM, SGLang) the body is left byte for byte.
+    assert check_body(CHAT, body, "tiny", False, {}) is body
+
+
+def test_aliases_copy_a_default_and_never_overwrite_the_engines_name() -> None:
+    defaults = {"repetition_penalty": 1.05}
+    filled = json.loads(check_body(CHAT, b'{"messages": []}', "tiny", False, defaults, LLAMA_CPP_ALIASES))
+    assert (filled["repetition_penalty"], filled["repeat_penalty"]) == (1.05, 1.05)
+    own = b'{"messages": [], "repeat_penalty": 1.2}'
+    kept = json.loads(check_body(CHAT, own, "tiny", False, defaults, LLAMA_CPP_ALIASES))
+    assert (kept["repetition_penalty"], kept["repeat_penalty"]) == (1.05, 1.2)
+    # Nothing to copy: the body passes unchanged.
+    plain = b'{"messages": []}'
+    assert check_body(CHAT, plain, "tiny", False, {}, LLAMA_CPP_ALIASES) is plain
 
 
 # --- usage, headers, models, metrics ---------------------------------------------------------------

@@ -80,7 +80,7 @@ collector removes children through their owner references).
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "update"]
 - apiGroups: [""]
-  resources: ["services", "persistentvolumeclaims"]
+  resources: ["services", "persistentvolumeclaims", "configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "update"]
 # The generated API-key Secret: created once, never changed or deleted. Its own Secrets (by label)
 # are listed and watched as metadata only, to re-create a deleted one at once; the operator asks

@@ -15,6 +15,11 @@ HUB_CACHE_PATH = "/root/.cache/huggingface"
 SHM_VOLUME = "dshm"
 CACHE_VOLUME = "hub-cache"
 GPU_RESOURCE = "nvidia.com/gpu"
+CHAT_TEMPLATE_VOLUME = "chat-template"
+CHAT_TEMPLATE_DIR = "/etc/modelserve/chat-template"
+# SGLang reads a --chat-template file as Jinja only by this suffix (else as its JSON format).
+CHAT_TEMPLATE_KEY = "chat_template.jinja"
+CHAT_TEMPLATE_PATH = f"{CHAT_TEMPLATE_DIR}/{CHAT_TEMPLATE_KEY}"
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,9 @@ class Engine:
     # Every spelling of the flags the operator sets for the pod's wiring (address, port, key, served
     # name): engineArgs may not set them, or the engine would answer where the sidecar does not look.
     owned_flags: tuple[str, ...] = ("--host", "--port", "--api-key", "--served-model-name")
+    # (OpenAI name, the engine's name) of sampling fields it reads only under its own name: the
+    # sidecar copies a request's (or the samplingDefaults') value across.
+    sampling_aliases: tuple[tuple[str, str], ...] = ()
 
     def args(self, ms: ModelServer) -> list[str]:
         """The engine's arguments for a ModelServer (before the spec's own engineArgs)."""
@@ -73,6 +81,10 @@ class Engine:
             {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
             {"name": CACHE_VOLUME, "mountPath": HUB_CACHE_PATH},
         ]
+        if spec.chat_template is not None:
+            container["volumeMounts"].append(
+                {"name": CHAT_TEMPLATE_VOLUME, "mountPath": CHAT_TEMPLATE_DIR, "readOnly": True}
+            )
         container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain_seconds}}}
         return container
 

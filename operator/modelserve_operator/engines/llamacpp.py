@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import HUB_CACHE_PATH, LOOPBACK, Engine
+from .base import CHAT_TEMPLATE_PATH, HUB_CACHE_PATH, LOOPBACK, Engine
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from ..spec import ModelServer
@@ -20,6 +20,9 @@ class LlamaCpp(Engine):
         if spec.max_model_len is not None:
             out += ["-c", str(spec.max_model_len)]
         out += ["--metrics", "--jinja"]  # --jinja: the chat template also renders tool calls
+        if spec.chat_template is not None:
+            # After --jinja: before it, llama-server takes only the templates it has built in.
+            out += ["--chat-template-file", CHAT_TEMPLATE_PATH]
         return out
 
     def env(self, ms: ModelServer) -> list[dict[str, Any]]:
@@ -41,4 +44,6 @@ ENGINE = LlamaCpp(
     # No --tool-call-parser: llama.cpp parses tool calls from the model's chat template (--jinja).
     # llama-server names the served model with -a/--alias and takes its key from a file too.
     owned_flags=("--host", "--port", "--api-key", "--api-key-file", "--alias", "-a"),
+    # b9093's OpenAI-compatible routes read `repeat_penalty` and ignore `repetition_penalty`.
+    sampling_aliases=(("repetition_penalty", "repeat_penalty"),),
 )

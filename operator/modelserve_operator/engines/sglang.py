@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..choices import Dtype
-from .base import LOOPBACK, Engine
+from .base import CHAT_TEMPLATE_PATH, LOOPBACK, Engine
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from ..spec import ModelServer
@@ -24,6 +24,8 @@ class SGLang(Engine):
             out += ["--mem-fraction-static", str(spec.gpu_memory_utilization)]
         if spec.tool_call_parser:
             out += ["--tool-call-parser", spec.tool_call_parser]
+        if spec.chat_template is not None:
+            out += ["--chat-template", CHAT_TEMPLATE_PATH]
         if spec.torch_compile:
             out.append("--enable-torch-compile")
         if spec.chunked_prefill_size is not None:

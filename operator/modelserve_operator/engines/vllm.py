@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from .base import LOOPBACK, Engine
+from .base import CHAT_TEMPLATE_PATH, LOOPBACK, Engine
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from ..spec import ModelServer
@@ -27,6 +27,8 @@ class VLLM(Engine):
         out += ["--tensor-parallel-size", str(spec.gpu_count)]
         if spec.tool_call_parser:
             out += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
+        if spec.chat_template is not None:
+            out += ["--chat-template", CHAT_TEMPLATE_PATH]
         if spec.vision:
             # No switch to turn images on: vLLM 0.32.0 takes them for every architecture that supports
             # them (config/model.py), only --language-model-only turns them off. This caps them.
