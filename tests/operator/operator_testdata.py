@@ -15,8 +15,10 @@ CATALOG_PATH = Path(__file__).with_name("invalid_manifests.yaml")
 
 
 def examples() -> dict[str, dict[str, Any]]:
-    """Example file stem -> its manifest."""
-    return {path.stem: yaml.safe_load(path.read_text()) for path in sorted(EXAMPLES_DIR.glob("*.yaml"))}
+    """Example file stem -> its manifest: examples/ and examples/external/ (which `make dev` does not
+    apply: its servers are outside the cluster, and the sandbox reaches nothing outside)."""
+    paths = sorted(EXAMPLES_DIR.glob("*.yaml")) + sorted(EXAMPLES_DIR.glob("external/*.yaml"))
+    return {path.stem: yaml.safe_load(path.read_text()) for path in paths}
 
 
 def _merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:

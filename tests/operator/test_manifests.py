@@ -246,7 +246,7 @@ def test_a_new_chat_template_rolls_the_pods() -> None:
 
 
 def test_an_external_server_gets_the_sidecar_alone_pointed_at_its_url() -> None:
-    ms = _example("external-mlx")
+    ms = _example("qwen3-mlx")
     pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
     (sidecar,) = pod["containers"]
     assert sidecar["name"] == "sidecar"
@@ -267,5 +267,5 @@ def test_an_external_server_gets_the_sidecar_alone_pointed_at_its_url() -> None:
 
 
 def test_an_external_url_keeps_no_trailing_slash() -> None:
-    ms = _example("external-mlx", external={"url": "https://mlx.example.com/"})
+    ms = _example("qwen3-mlx", external={"url": "https://mlx.example.com/"})
     assert _env(_containers(ms)["sidecar"])["MODELSERVE_UPSTREAM_URL"] == "https://mlx.example.com"
