@@ -96,7 +96,9 @@ def stream_lines(lines: Iterable[bytes], write: Callable[[str], None]) -> str:
 
 def chat(url: str, model: str, key: str | None, messages: list[dict[str, Any]], write: Callable[[str], None]) -> str:
     """One streamed chat completion; the text goes to `write` as it is generated."""
-    body = json.dumps({"model": model, "messages": messages, "stream": True}).encode()
+    # Usage in the last event: the sidecar counts the tokens in its metrics, as for any client.
+    request_body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
+    body = json.dumps(request_body).encode()
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
