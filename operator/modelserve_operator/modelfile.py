@@ -215,6 +215,8 @@ def to_manifest(text: str, name: str, profile: str | None = None, namespace: str
             raise ModelfileError(f"line {line}: {command} is not supported: {DIRECTIVES[command]}")
     if "model" not in spec:
         raise ModelfileError("no FROM line: a Modelfile names its model with FROM <Hugging Face repo id>")
+    if profile is None and ":" in spec["model"]:
+        profile = "cpu"  # a :<quant> tag names a GGUF file: only the cpu profile (llama.cpp) serves one
     if profile:
         spec["profile"] = profile
     if sampling:

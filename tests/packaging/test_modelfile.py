@@ -119,7 +119,10 @@ def test_every_mapped_parameter_lands_in_its_samplingdefaults_field() -> None:
     ],
 )
 def test_from_takes_hub_ids_and_ollamas_hf_prefixes(source: str, model: str) -> None:
-    assert create(f"FROM {source}").manifest["spec"]["model"] == model
+    spec = create(f"FROM {source}").manifest["spec"]
+    assert spec["model"] == model
+    # A :<quant> tag names a GGUF file: the cpu profile unless --profile says otherwise.
+    assert spec.get("profile") == ("cpu" if ":" in model else None)
 
 
 @pytest.mark.parametrize("source", ["./gemma.gguf", "/models/gemma.gguf", "~/m.gguf", "gemma.gguf"])
