@@ -105,7 +105,11 @@ def chat(url: str, model: str, key: str | None, messages: list[dict[str, Any]], 
     request = urllib.request.Request(base_url(url) + "/chat/completions", body, headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=READ_TIMEOUT_SECONDS) as response:
-            return stream_lines(response, write)
+            answer = stream_lines(response, write)
+            # Read to the end of the body: hanging up right after [DONE] would cut the server's
+            # last bytes, and it would count a stream the client closed.
+            response.read()
+            return answer
     except urllib.error.HTTPError as error:
         raise ChatError(error.code, error_message(error.read(), error.reason)) from None
     except urllib.error.URLError as error:

@@ -128,7 +128,7 @@ def test_run_with_a_prompt_streams_the_answer(sidecar: Sidecar) -> None:
 def counted(sidecar: Sidecar, requests: float) -> str:
     """The sidecar's metrics once it has counted `requests` answered chats (it counts a stream's
     usage as the stream ends, which may be just after the client has read it all)."""
-    wait_until(lambda: metric_value(sidecar.metrics(), OK_REQUESTS) >= requests, 10, f"{requests} chats counted")
+    wait_until(lambda: metric_value(sidecar.metrics(), OK_REQUESTS) >= requests, 30, f"{requests} chats counted")
     return sidecar.metrics()
 
 
