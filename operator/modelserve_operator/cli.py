@@ -3,6 +3,14 @@
   modelserve render FILE...        the objects the operator would apply (for review, diffs, GitOps)
   modelserve key new NAME [-n NS]  a Secret manifest holding a freshly generated API key
 
+and Ollama's habits, against the cluster of the current kubeconfig:
+
+  modelserve run NAME ["PROMPT"]   an answer, or a chat (/bye leaves, /image PATH QUESTION)
+  modelserve list [-A]             the ModelServers
+  modelserve show NAME             model, profile, sampling defaults, template, status, endpoints
+  modelserve rm NAME               delete a ModelServer (its pods, Service and key go with it)
+  modelserve create NAME -f Modelfile [--apply]   a ModelServer from an Ollama Modelfile
+
 `render` validates with the same spec model the CRD is generated from, so it refuses what
 `kubectl apply` refuses and names the same field; it reads the operator's settings from the same
 MODELSERVE_* environment variables (e.g. MODELSERVE_SIDECAR_IMAGE).
@@ -12,15 +20,20 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
-from . import manifests, spec
+from . import cli_run, cli_views, manifests, modelfile, spec
 from .api_keys import new_api_key
+from .chat_client import ChatError
+from .choices import Profile
+from .cli_cluster import Cluster, ClusterError, port_forward, read_key
 from .settings import Settings
 from .validation import InvalidManifest, explain
 
@@ -90,11 +103,64 @@ def _parser() -> argparse.ArgumentParser:
     )
     new_cmd.add_argument("name", metavar="NAME", help="name of the Secret")
     new_cmd.add_argument("-n", "--namespace", default="default", help="namespace of the Secret (default: default)")
+    _ollama_commands(commands)
     return parser
+
+
+NAMESPACE_HELP = "namespace (default: the kubeconfig context's)"
+
+
+def _ollama_commands(commands: Any) -> None:
+    run_cmd = commands.add_parser(
+        "run",
+        help="ask a ModelServer, once or as a chat",
+        description="With PROMPT: print the answer as it is generated. Without: a chat reading lines from "
+        "stdin, the conversation kept; /bye leaves, /image PATH QUESTION attaches an image. The model is "
+        "reached through a kubectl port-forward to its Service, or at --url.",
+    )
+    run_cmd.add_argument("name", metavar="NAME", help="the ModelServer (its served model name)")
+    run_cmd.add_argument("prompt", metavar="PROMPT", nargs="?", help="one prompt; none: a chat")
+    run_cmd.add_argument("-n", "--namespace", help=NAMESPACE_HELP)
+    run_cmd.add_argument("--url", help="base URL instead of a port-forward (a gateway, a local sidecar)")
+    run_cmd.add_argument("--key", help="API key (default: read from the ModelServer's key Secret; '' sends none)")
+    list_cmd = commands.add_parser("list", aliases=["ls"], help="list ModelServers")
+    scope = list_cmd.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", help=NAMESPACE_HELP)
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    show_cmd = commands.add_parser("show", help="a ModelServer's model, settings, status and endpoints")
+    show_cmd.add_argument("name", metavar="NAME")
+    show_cmd.add_argument("-n", "--namespace", help=NAMESPACE_HELP)
+    rm_cmd = commands.add_parser("rm", help="delete a ModelServer and what it owns")
+    rm_cmd.add_argument("name", metavar="NAME")
+    rm_cmd.add_argument("-n", "--namespace", help=NAMESPACE_HELP)
+    create_cmd = commands.add_parser(
+        "create",
+        help="a ModelServer from an Ollama Modelfile",
+        description="Print (or with --apply, server-side apply) the ModelServer an Ollama Modelfile describes: "
+        "FROM a Hugging Face repo id, PARAMETERs as samplingDefaults, TEMPLATE as a Jinja chatTemplate.",
+    )
+    create_cmd.add_argument("name", metavar="NAME", help="name of the ModelServer")
+    create_cmd.add_argument("-f", "--file", required=True, metavar="Modelfile", help="the Modelfile ('-': stdin)")
+    create_cmd.add_argument(
+        "--profile", choices=[p.value for p in Profile], help="engine profile (default: the spec's)"
+    )
+    create_cmd.add_argument("-n", "--namespace", help=NAMESPACE_HELP)
+    create_cmd.add_argument("--apply", action="store_true", help="apply it to the cluster instead of printing it")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in OLLAMA_COMMANDS:
+        # SIGTERM unwinds like Ctrl-C, so a port-forward started here is stopped on the way out.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            return OLLAMA_COMMANDS[args.command](args)
+        except (ClusterError, ChatError, modelfile.ModelfileError, InvalidManifest, OSError) as error:
+            print(f"modelserve {args.command}: {error}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            return 130
     if args.command == "render":
         try:
             objects = render(args.files, args.namespace, Settings.from_env())
@@ -109,6 +175,93 @@ def main(argv: list[str] | None = None) -> int:
     # For spec.auth.secretName: the sidecar accepts a key in every data key of the Secret.
     dump([manifests.key_secret({"name": args.name, "namespace": args.namespace}, new_api_key())], sys.stdout)
     return 0
+
+
+def _target(args: argparse.Namespace) -> tuple[Cluster, str]:
+    cluster = Cluster()
+    return cluster, args.namespace or cluster.namespace
+
+
+def run_command(args: argparse.Namespace) -> int:
+    key, namespace = args.key, args.namespace
+    if args.url is None or key is None:  # the cluster: for the port-forward, or for the key
+        cluster, namespace = _target(args)
+        ms = cluster.get(args.name, namespace)
+        if key is None:
+            key = read_key(cluster, ms)
+    if args.url is not None:
+        cli_run.run(args.url, args.name, key or None, args.prompt)
+        return 0
+    with port_forward(args.name, namespace) as url:
+        cli_run.run(url, args.name, key or None, args.prompt)
+    return 0
+
+
+def list_command(args: argparse.Namespace) -> int:
+    cluster, namespace = _target(args)
+    items = cluster.list(None if args.all_namespaces else namespace)
+    if not items:
+        where = "any namespace" if args.all_namespaces else f'namespace "{namespace}"'
+        print(f"No ModelServers in {where}.", file=sys.stderr)
+        return 0
+    sys.stdout.write(cli_views.list_table(items, datetime.now(UTC), args.all_namespaces))
+    return 0
+
+
+def show_command(args: argparse.Namespace) -> int:
+    cluster, namespace = _target(args)
+    sys.stdout.write(cli_views.show(cluster.get(args.name, namespace)))
+    return 0
+
+
+def rm_command(args: argparse.Namespace) -> int:
+    cluster, namespace = _target(args)
+    cluster.delete(args.name, namespace)
+    print(f'deleted ModelServer "{args.name}" in namespace "{namespace}"')
+    return 0
+
+
+def created_manifest(text: str, name: str, profile: str | None, namespace: str | None) -> modelfile.Created:
+    """The Modelfile's ModelServer, validated like `kubectl apply` validates it; a refusal names the
+    spec field and the Modelfile line it came from."""
+    created = modelfile.to_manifest(text, name, profile, namespace)
+    try:
+        parse_model_server(created.manifest, namespace or "default")
+    except InvalidManifest as error:
+        lines = [_with_origin(line, created.origins) for line in str(error).splitlines()]
+        raise InvalidManifest(f'ModelServer "{name}" is invalid:\n' + "\n".join(lines)) from None
+    return created
+
+
+def _with_origin(line: str, origins: dict[str, int]) -> str:
+    path = line.split(": ", 1)[0]
+    found = [origin for origin in origins if path == origin or path.startswith((origin + ".", origin + "["))]
+    return f"{line} (Modelfile line {origins[found[0]]})" if found else line
+
+
+def create_command(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    created = created_manifest(text, args.name, args.profile, args.namespace)
+    for warning in created.warnings:
+        print(f"modelserve create: warning: {warning}", file=sys.stderr)
+    if not args.apply:
+        sys.stdout.write(cli_views.manifest_yaml(created.manifest))
+        return 0
+    cluster, namespace = _target(args)
+    manifest = {**created.manifest, "metadata": {**created.manifest["metadata"], "namespace": namespace}}
+    cluster.apply(manifest)
+    print(f'applied ModelServer "{args.name}" in namespace "{namespace}"')
+    return 0
+
+
+OLLAMA_COMMANDS = {
+    "run": run_command,
+    "list": list_command,
+    "ls": list_command,
+    "show": show_command,
+    "rm": rm_command,
+    "create": create_command,
+}
 
 
 if __name__ == "__main__":
