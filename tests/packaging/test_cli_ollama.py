@@ -442,9 +442,6 @@ def test_create_refuses_a_bad_name_and_a_missing_file(tmp_path: Path) -> None:
     assert missing.returncode == 1 and "No such file or directory" in missing.stderr
 
 
-# Until the spec-external branch (samplingDefaults.stop, chatTemplate) is merged, the spec model
-# refuses both fields; after the merge this passes, strict xfail fails, and the mark goes.
-@pytest.mark.xfail(strict=True, reason="needs samplingDefaults.stop and chatTemplate from the spec-external branch")
 def test_create_with_template_and_stop_passes_validation(tmp_path: Path) -> None:
     (tmp_path / "Modelfile").write_text(SEED_MODELFILE)
     result = modelserve("create", "chatty", "-f", str(tmp_path / "Modelfile"), "--profile", "cpu")
