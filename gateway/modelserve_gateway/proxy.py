@@ -46,8 +46,11 @@ log = logging.getLogger(__name__)
 DROP_TO_REPLICA = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 REPLICA_HEADER = b"x-modelserve-replica"  # which pod answered: for debugging and the tests
 # A failure to reach the first replica is retried once, on another, when it happened before any
-# byte reached the client: the connection was refused or dropped before the response headers.
-RETRIABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError)
+# byte reached the client: the connection was refused, reset or dropped before the response headers
+# (ClientConnectorError is a ClientOSError).
+RETRIABLE = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)
+# A sidecar's 503 (its engine unreachable, or draining) before any byte: another replica may answer.
+RETRIABLE_STATUS = 503
 NO_MODEL: Key = ("", "")
 
 
@@ -194,7 +197,15 @@ class GatewayProxy:
                 chosen[:] = [(replica, current.pods.get(replica, ""))]
                 url = URL(f"http://{replica}{path}", encoded=True)
                 try:
-                    return await self.session.request("POST", url, headers=headers, data=body, allow_redirects=False)
+                    answer = await self.session.request("POST", url, headers=headers, data=body, allow_redirects=False)
+                    if answer.status != RETRIABLE_STATUS or attempt or not _others(current, tried):
+                        return answer
+                    answer.release()
+                    self._leave(replica, key)
+                    chosen.clear()
+                    self.metrics.upstream_errors.labels(*key, "status_503").inc()
+                    last = _NoReplica(f"{replica} answered 503")
+                    continue
                 except RETRIABLE as exc:
                     self._leave(replica, key)
                     chosen.clear()
@@ -237,6 +248,10 @@ class GatewayProxy:
         if isinstance(exc, asyncio.TimeoutError):
             return errors.upstream_timeout(self.settings.upstream_timeout_seconds)
         return gateway_errors.replica_unavailable()
+
+
+def _others(model: Model, tried: list[str]) -> bool:
+    return any(replica not in tried for replica in model.replicas)
 
 
 def parse_request(body: bytes) -> tuple[dict[str, Any], errors.ErrorResponse | None]:

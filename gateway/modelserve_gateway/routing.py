@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import json
 import math
 import random
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 VIRTUAL_NODES = 64  # points per replica on the ring: an even share without a large ring
-PREFIX_CHARS = 2048  # of the conversation's opening that identifies it
+PREFIX_CHARS = 2048  # of a completion prompt's opening that identifies it
+PART_CHARS = 1024  # of each opening message's text
 
 
 def _hash(data: bytes) -> int:
@@ -46,19 +46,40 @@ def least_in_flight(
 
 def conversation_prefix(request: Mapping[str, Any]) -> bytes | None:
     """What identifies a conversation: its messages up to and including the first user turn (later
-    turns append to it), or the opening of a completion prompt. None: nothing to key on."""
+    turns append to it), or the opening of a completion prompt. None: nothing to key on.
+
+    Each message counts with its role and at most PART_CHARS of its text, so a long system prompt
+    many conversations share still leaves their first user turns to tell them apart, and a
+    megabyte image costs no more than a line of text."""
     messages = request.get("messages")
     if isinstance(messages, list) and messages:
         opening = []
         for message in messages:
-            opening.append(message)
-            if isinstance(message, dict) and message.get("role") == "user":
+            if not isinstance(message, dict):
+                continue
+            opening.append(f"{message.get('role')}\x1f{_text(message.get('content'))[:PART_CHARS]}")
+            if message.get("role") == "user":
                 break
-        return json.dumps(opening, sort_keys=True, ensure_ascii=False)[:PREFIX_CHARS].encode()
+        return "\x1e".join(opening).encode()
     prompt = request.get("prompt")
     if isinstance(prompt, str) and prompt:
         return prompt[:PREFIX_CHARS].encode()
     return None
+
+
+def _text(content: Any) -> str:
+    """A message's text: the string, or its parts' texts and image URLs (each cut short)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    pieces = []
+    for part in content:
+        if isinstance(part, dict):
+            text = part.get("text")
+            url = (part.get("image_url") or {}).get("url") if isinstance(part.get("image_url"), dict) else None
+            pieces.append(str(text if text is not None else url or "")[:PART_CHARS])
+    return "\x1d".join(pieces)
 
 
 class Ring:

@@ -149,10 +149,11 @@ class Proxy:
         assert self.session is not None, "the upstream session opens in the app's lifespan"
         try:
             return await self.session.request(method, target, headers=headers, data=body or None, allow_redirects=False)
-        except aiohttp.ServerDisconnectedError:
-            # Nearly always a pooled keep-alive connection the engine had just closed (servers close
-            # idle or errored connections at will), which the request never reached: once more, on a
-            # new connection. An engine that is really gone then refuses it, which answers 503.
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            # Nearly always a pooled keep-alive connection the engine had just closed or reset (servers
+            # close idle or errored connections at will; llama.cpp's closes after every stream while
+            # advertising keep-alive), which the request never reached: once more, on a new
+            # connection. An engine that is really gone then refuses it, which answers 503.
             return await self.session.request(method, target, headers=headers, data=body or None, allow_redirects=False)
 
     def _target(self, raw_path: bytes, query: bytes) -> URL:

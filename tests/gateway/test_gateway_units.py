@@ -58,6 +58,14 @@ def test_a_conversation_keeps_its_prefix_as_it_grows() -> None:
     assert conversation_prefix({"model": "m"}) is None
 
 
+def test_a_long_shared_system_prompt_still_tells_conversations_apart() -> None:
+    system = "You answer questions about our product catalogue. " * 60  # ~3000 characters
+    assert conversation_prefix(_chat(system, "first question")) != conversation_prefix(_chat(system, "another"))
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 4_000_000}}
+    with_image = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it"}, image]}]}
+    assert len(conversation_prefix(with_image) or b"") < 2200  # the image's first KiB, not 4 MB
+
+
 def test_ring_keeps_a_prefix_on_its_replica_while_loads_are_even() -> None:
     ring = Ring([A, B, C])
     prefix = b"conversation-17"
