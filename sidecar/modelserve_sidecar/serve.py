@@ -9,7 +9,7 @@ from typing import Any
 import uvicorn
 
 
-def serve(app: Any, host: str, port: int, drain_seconds: float) -> None:
+def serve(app: Any, host: str, port: int, drain_seconds: float, log_level: str = "info") -> None:
     uvicorn.run(
         app,
         host=host,
@@ -20,6 +20,7 @@ def serve(app: Any, host: str, port: int, drain_seconds: float) -> None:
         access_log=False,
         server_header=False,
         date_header=False,
+        log_level=log_level,
         # On SIGTERM uvicorn stops accepting, lets in-flight requests (streams) finish up to this
         # deadline, then cancels them and runs the lifespan shutdown.
         timeout_graceful_shutdown=drain_seconds,

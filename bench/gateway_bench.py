@@ -1,0 +1,193 @@
+"""Gateway benchmark: what the gateway adds in front of a sidecar, against nginx doing the same hop.
+
+    .venv/bin/python bench/gateway_bench.py             # one run, prints its table
+    .venv/bin/python bench/gateway_bench.py --quick     # 1 s per level and target instead of 3
+    .venv/bin/python bench/gateway_bench.py --runs 3    # three runs, then the medians
+    .venv/bin/python bench/gateway_bench.py --routing prefix-affinity   # the gateway hashes each body's opening
+
+The same fast fake engine, load generator and table as bench/sidecar_bench.py (imported from it).
+One sidecar (private: it checks the key, as behind the real gateway) in front of the engine, and
+three ways to it:
+  direct   client -> sidecar -> engine (the baseline: the "+" columns are the others minus it)
+  gateway  client -> modelserve-gateway -> sidecar -> engine (FixedDiscovery, one replica, its own
+           process: uvicorn with uvloop and httptools, as modelserve-gateway runs)
+  nginx    client -> nginx -> sidecar -> engine (the plain reverse proxy: one worker,
+           `proxy_buffering off`, keep-alive to the sidecar, Authorization passed on)
+The gateway and nginx are each pinned to the same core (taskset); the sidecar, the engine and the
+load float. "cpu ms/req" is the CPU time of the proxy under test per request. Levels: concurrency
+1, 16, 64 non-streaming; 1, 64 streaming (128 chunks, no gap). Not part of `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from modelserve_gateway.settings import LEAST_IN_FLIGHT, PREFIX_AFFINITY
+from modelserve_sandbox.processes import free_ports, start_process, stop_process
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent / "tests" / "sidecar")]  # sidecar_bench, sidecar_harness
+
+import sidecar_bench  # noqa: E402
+from sidecar_bench import (  # noqa: E402
+    KEY,
+    MODEL,
+    PROXY_CPU,
+    Target,
+    ensure_nginx,
+    median_of_defined,
+    median_table,
+    print_ratios,
+    print_table,
+    run_once,
+    summarize,
+    wait_http,
+)
+from sidecar_harness import launch_sidecar, wait_ready  # noqa: E402
+
+LEVELS = [("plain", 1, 0), ("plain", 16, 0), ("plain", 64, 0), ("stream", 1, 0), ("stream", 64, 0)]
+
+# sidecar_bench's nginx without its own key check: the sidecar behind it checks the key.
+NGINX_CONF = sidecar_bench.NGINX_CONF
+for _line in ("      if ($key_ok = 0) {{ return 401; }}\n", '      proxy_set_header Authorization "";\n'):
+    assert _line in NGINX_CONF, f"bench/sidecar_bench.py's NGINX_CONF changed: {_line!r}"
+    NGINX_CONF = NGINX_CONF.replace(_line, "")
+
+
+def serve_gateway(spec: dict[str, Any]) -> None:
+    """The gateway in front of a fixed table of one model (in its own process: --serve-gateway)."""
+    from modelserve_gateway.app import build_app
+    from modelserve_gateway.directory import Model
+    from modelserve_gateway.discovery import FixedDiscovery
+    from modelserve_gateway.routing import Ring
+    from modelserve_gateway.settings import GatewaySettings
+    from modelserve_sidecar.serve import serve
+
+    replicas = tuple(spec["replicas"])
+    pods = {address: f"replica-{i}" for i, address in enumerate(replicas)}
+    model = Model("bench", spec["model"], public=True, replicas=replicas, pods=pods, ring=Ring(replicas))
+    settings = GatewaySettings.from_env(
+        {
+            "MODELSERVE_GATEWAY_LISTEN_HOST": "127.0.0.1",
+            "MODELSERVE_GATEWAY_LISTEN_PORT": str(spec["port"]),
+            "MODELSERVE_GATEWAY_ROUTING": spec["routing"],
+            **spec["env"],
+        }
+    )
+    app = build_app(settings, FixedDiscovery([model]))
+    serve(app, settings.listen_host, settings.listen_port, settings.drain_seconds, log_level="warning")
+
+
+def start_gateway(
+    log_dir: Path,
+    port: int,
+    model: str,
+    replicas: list[str],
+    routing: str,
+    cpu: str | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """Start the gateway process (pinned to `cpu` if given; more MODELSERVE_GATEWAY_* settings in
+    `env`) and wait until it is ready."""
+    spec = json.dumps({"port": port, "model": model, "replicas": replicas, "routing": routing, "env": env or {}})
+    argv = [sys.executable, str(BENCH / "gateway_bench.py"), "--serve-gateway", spec]
+    process = start_process("gateway", ["taskset", "-c", cpu, *argv] if cpu else argv, log_dir)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", "the gateway", log_dir / "gateway.log")
+    except BaseException:
+        stop_process(process)
+        raise
+    return process
+
+
+def ratios(table: sidecar_bench.Table) -> dict[str, float]:
+    column = {name: i for i, name in enumerate(sidecar_bench.COLUMNS)}
+
+    def ratio(level: tuple, name: str) -> float:
+        nginx = table[level, "nginx"][column[name]]
+        return table[level, "gateway"][column[name]] / nginx if nginx > 0 else float("nan")
+
+    return {
+        "added p50 c=1 gateway/nginx": ratio(("plain", 1, 0), "+p50 ms"),
+        "req/s c=64 gateway/nginx": ratio(("plain", 64, 0), "req/s"),
+        "cpu ms/req c=64 gateway/nginx": ratio(("plain", 64, 0), "cpu ms/req"),
+        "streams/s c=64 gateway/nginx": ratio(("stream", 64, 0), "req/s"),
+        "cpu ms/stream c=64 gateway/nginx": ratio(("stream", 64, 0), "cpu ms/req"),
+        "errors, all levels and targets": sum(values[column["errors"]] for values in table.values()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="1 s per level and target instead of 3")
+    parser.add_argument("--routing", choices=(LEAST_IN_FLIGHT, PREFIX_AFFINITY), default=LEAST_IN_FLIGHT)
+    parser.add_argument("--serve-gateway", metavar="SPEC", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_gateway:
+        serve_gateway(json.loads(args.serve_gateway))
+        return
+    seconds = 1.0 if args.quick else 3.0
+    sidecar_bench.LEVELS = LEVELS  # run_once measures these
+
+    nginx = ensure_nginx()
+    workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+    engine_port, gateway_port, nginx_port = free_ports(3)
+    processes = []
+    try:
+        engine_argv = [sys.executable, sidecar_bench.__file__, "--serve-engine", str(engine_port)]
+        processes.append(start_process("engine", engine_argv, workdir))
+        engine_url = f"http://127.0.0.1:{engine_port}"
+        wait_http(engine_url + "/health", "the fake engine", workdir / "engine.log")
+
+        (workdir / "keys").mkdir()
+        (workdir / "keys" / "api-key").write_text(KEY + "\n")
+        sidecar = launch_sidecar(workdir, engine_url, MODEL, {"MODELSERVE_KEYS_DIR": str(workdir / "keys")})
+        processes.append(sidecar.process)
+        wait_ready(sidecar)
+
+        replica = sidecar.url.removeprefix("http://")
+        gateway = start_gateway(workdir, gateway_port, MODEL, [replica], args.routing, PROXY_CPU)
+        processes.append(gateway)
+
+        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (workdir / sub).mkdir()
+        conf = NGINX_CONF.format(dir=workdir, key=KEY, engine_port=replica.rsplit(":", 1)[1], port=nginx_port)
+        (workdir / "nginx.conf").write_text(conf)
+        nginx_argv = ["taskset", "-c", PROXY_CPU, nginx, "-p", str(workdir), "-c", str(workdir / "nginx.conf")]
+        proxy = start_process("nginx", nginx_argv, workdir)
+        processes.append(proxy)
+        nginx_url = f"http://127.0.0.1:{nginx_port}"
+        wait_http(nginx_url + "/readyz", "nginx", workdir / "nginx-error.log")
+
+        targets = [
+            Target("direct", sidecar.url),
+            Target("gateway", f"http://127.0.0.1:{gateway_port}", gateway),
+            Target("nginx", nginx_url, proxy),
+        ]
+        tables, all_ratios = [], []
+        for run in range(1, args.runs + 1):
+            print(f"run {run}/{args.runs} ({seconds:g} s per level and target, gateway {args.routing})", flush=True)
+            tables.append(summarize(run_once(targets, seconds)))
+            all_ratios.append(ratios(tables[-1]))
+            print_table(tables[-1])
+            print_ratios(all_ratios[-1])
+        if args.runs > 1:
+            print(f"medians over {args.runs} runs (each ratio from its own run, then the median):")
+            print_table(median_table(tables))
+            print_ratios({name: median_of_defined([r[name] for r in all_ratios]) for name in all_ratios[0]})
+    finally:
+        for process in reversed(processes):
+            stop_process(process)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
