@@ -8,6 +8,7 @@ spec-external branch (samplingDefaults.stop, chatTemplate) is merged.
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -18,11 +19,30 @@ from node_view import NodeView
 from modelserve_sandbox.cluster import Cluster
 
 NAME = "chatty"
-MODELFILE = """# the seed's example, without TEMPLATE and stop
-FROM unsloth/gemma-3-270m-it-GGUF:Q4_K_M
+# The seed's Modelfile shape (a TEMPLATE, its sampling PARAMETERs, stop strings) for the sandbox's
+# model: Gemma's turn markers, since the seed's ChatML template is LFM2's (tests/packaging checks
+# that one's translation); num_predict bounds each answer on the node's two CPUs.
+MODELFILE = '''FROM unsloth/gemma-3-270m-it-GGUF:Q4_K_M
+TEMPLATE """<start_of_turn>user
+{{ if .System }}{{ .System }}
+
+{{ end }}{{ .Prompt }}<end_of_turn>
+<start_of_turn>model
+"""
 PARAMETER temperature 0.1
 PARAMETER top_k 50
-"""
+PARAMETER repeat_penalty 1.05
+PARAMETER stop "<end_of_turn>"
+PARAMETER stop "<eos>"
+PARAMETER num_predict 32
+'''
+SAMPLING = {
+    "temperature": 0.1,
+    "topK": 50,
+    "repetitionPenalty": 1.05,
+    "stop": ["<end_of_turn>", "<eos>"],
+    "maxTokens": 32,
+}
 CLI_SECONDS = 180  # a first answer on the node's two CPUs, behind a fresh port-forward
 
 
@@ -62,8 +82,13 @@ def test_create_list_show_run_and_rm_from_a_modelfile(node: NodeView, node_clust
         assert created.returncode == 0, created.stderr
         assert created.stdout == f'applied ModelServer "{NAME}" in namespace "{ns}"\n'
         applied = node.get("modelserver", NAME) or {}
-        assert applied["spec"]["samplingDefaults"] == {"temperature": 0.1, "topK": 50}
-        managers = {entry["manager"] for entry in applied["metadata"]["managedFields"]}
+        assert applied["spec"]["samplingDefaults"] == SAMPLING
+        assert "<start_of_turn>model" in applied["spec"]["chatTemplate"]  # translated to Jinja
+        # The template reaches the engine as a file of the ConfigMap the operator owns.
+        template = json.loads(node.kubectl("get", "configmap", f"{NAME}-chat-template", "-o", "json").stdout)
+        assert list(template["data"].values()) == [applied["spec"]["chatTemplate"]]
+        shown = node.kubectl("get", "modelserver", NAME, "-o", "json", "--show-managed-fields").stdout
+        managers = {entry["manager"] for entry in json.loads(shown)["metadata"]["managedFields"]}
         assert "modelserve-cli" in managers, managers
         node.wait_phase(NAME, "Ready")
 
@@ -78,7 +103,7 @@ def test_create_list_show_run_and_rm_from_a_modelfile(node: NodeView, node_clust
         shown = modelserve("show", NAME, "-n", ns)
         assert shown.returncode == 0, shown.stderr
         assert "Model:      unsloth/gemma-3-270m-it-GGUF:Q4_K_M\n" in shown.stdout
-        assert "  temperature: 0.1\n  topK: 50\n" in shown.stdout
+        assert "  temperature: 0.1\n" in shown.stdout and "  topK: 50\n" in shown.stdout
         assert f"Endpoint:   http://{NAME}.{ns}.svc.cluster.local/v1\n" in shown.stdout
         assert f"API key:    in Secret {NAME}-api-keys, data key api-key\n" in shown.stdout
 
