@@ -233,7 +233,7 @@ NEVER = [
     ("create", "pods"),
     ("delete", "pods"),
     ("create", "pods/exec"),
-    ("get", "configmaps"),
+    ("get", "serviceaccounts"),
     ("create", "daemonsets.apps"),
     ("create", "statefulsets.apps"),
     ("create", "jobs.batch"),
