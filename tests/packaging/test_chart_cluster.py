@@ -41,12 +41,15 @@ def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str,
         "ConfigMap",
         "CustomResourceDefinition",
         "Deployment",
+        "Service",  # the gateway's
         "ServiceAccount",
     } | ({"Role", "RoleBinding"} if scope == "watched-namespaces" else set())
     assert set(kinds) == expected
     result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert result.returncode == 0, result.stderr
-    assert len(by_kind(rendered, "Role")) == (2 if scope == "watched-namespaces" else 0)
+    # Per watched namespace, the operator's Role and the gateway's (the release's namespace is
+    # watched, so the operator needs no extra Role there to read the gateway's pods).
+    assert len(by_kind(rendered, "Role")) == (4 if scope == "watched-namespaces" else 0)
 
 
 def test_install_and_uninstall(cluster: Cluster, namespace: str) -> None:

@@ -4,13 +4,15 @@ upstream that answers with the recorded bytes of a real vLLM server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,6 +130,21 @@ def launch_sidecar(log_dir: Path, upstream_url: str, served_model: str, env: dic
         stop_process(process)
         raise
     return sidecar
+
+
+@contextmanager
+def private_sidecar(engine_url: str, base: Path, max_tokens: int, **env: str) -> Iterator[Sidecar]:
+    """A ready private sidecar (key API_KEY) in front of the engine at `engine_url`, temperature 0
+    and `max_tokens` by default; stopped on exit."""
+    SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
+    defaults = json.dumps({"max_tokens": max_tokens, "temperature": 0})
+    settings = {"MODELSERVE_KEYS_DIR": str(base / "keys"), "MODELSERVE_SAMPLING_DEFAULTS": defaults, **env}
+    running = launch_sidecar(base / "logs", engine_url, ENGINE_MODEL, settings)
+    try:
+        wait_ready(running)
+        yield running
+    finally:
+        stop_process(running.process)
 
 
 def wait_ready(sidecar: Sidecar, timeout: float = 60) -> None:

@@ -4,7 +4,6 @@ Modelfile's TEMPLATE becomes, rendered by that llama.cpp server's own template e
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 import subprocess
@@ -21,15 +20,13 @@ from sidecar_harness import (
     API_KEY,
     ENGINE_MODEL,
     Engine,
-    SecretDir,
     Sidecar,
     free_ports,
-    launch_sidecar,
     metric_value,
+    private_sidecar,
     start_process,
     stop_process,
     tail,
-    wait_ready,
     wait_until,
 )
 
@@ -46,22 +43,8 @@ OK_REQUESTS = 'modelserve_sidecar_requests_total{route="/v1/chat/completions",st
 
 @pytest.fixture(scope="module")
 def sidecar(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
-    base = tmp_path_factory.mktemp("cli-sidecar")
-    SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
-    running = launch_sidecar(
-        base / "logs",
-        engine.url,
-        ENGINE_MODEL,
-        {
-            "MODELSERVE_KEYS_DIR": str(base / "keys"),
-            "MODELSERVE_SAMPLING_DEFAULTS": json.dumps({"max_tokens": MAX_TOKENS, "temperature": 0}),
-        },
-    )
-    try:
-        wait_ready(running)
+    with private_sidecar(engine.url, tmp_path_factory.mktemp("cli-sidecar"), MAX_TOKENS) as running:
         yield running
-    finally:
-        stop_process(running.process)
 
 
 def cli_env() -> dict[str, str]:

@@ -15,12 +15,9 @@ from sidecar_harness import (
     API_KEY,
     ENGINE_MODEL,
     Engine,
-    SecretDir,
     Sidecar,
-    launch_sidecar,
     metric_value,
-    stop_process,
-    wait_ready,
+    private_sidecar,
     wait_until,
 )
 
@@ -35,23 +32,10 @@ PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 32).decode()
 
 @pytest.fixture(scope="module")
 def sidecar(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
-    base = tmp_path_factory.mktemp("ollama-sidecar")
-    SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
-    running = launch_sidecar(
-        base / "logs",
-        engine.url,
-        ENGINE_MODEL,
-        {
-            "MODELSERVE_KEYS_DIR": str(base / "keys"),
-            "MODELSERVE_SAMPLING_DEFAULTS": json.dumps({"max_tokens": DEFAULT_MAX_TOKENS, "temperature": 0}),
-            "MODELSERVE_MAX_BODY_BYTES": "65536",
-        },
-    )
-    try:
-        wait_ready(running)
+    with private_sidecar(
+        engine.url, tmp_path_factory.mktemp("ollama-sidecar"), DEFAULT_MAX_TOKENS, MODELSERVE_MAX_BODY_BYTES="65536"
+    ) as running:
         yield running
-    finally:
-        stop_process(running.process)
 
 
 def client(sidecar: Sidecar, key: str | None = API_KEY) -> ollama.Client:

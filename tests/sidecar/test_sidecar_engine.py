@@ -16,12 +16,11 @@ from sidecar_harness import (
     API_KEY,
     ENGINE_MODEL,
     Engine,
-    SecretDir,
     Sidecar,
     free_ports,
     launch_engine,
-    launch_sidecar,
     metric_value,
+    private_sidecar,
     stop_process,
     wait_ready,
     wait_until,
@@ -38,23 +37,10 @@ NO_END = {"1": -100, "106": -100}
 
 @pytest.fixture(scope="module")
 def sidecar(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
-    base = tmp_path_factory.mktemp("engine-sidecar")
-    SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
-    running = launch_sidecar(
-        base / "logs",
-        engine.url,
-        ENGINE_MODEL,
-        {
-            "MODELSERVE_KEYS_DIR": str(base / "keys"),
-            "MODELSERVE_SAMPLING_DEFAULTS": json.dumps({"max_tokens": DEFAULT_MAX_TOKENS, "temperature": 0}),
-            "MODELSERVE_MAX_BODY_BYTES": "65536",
-        },
-    )
-    try:
-        wait_ready(running)
+    with private_sidecar(
+        engine.url, tmp_path_factory.mktemp("engine-sidecar"), DEFAULT_MAX_TOKENS, MODELSERVE_MAX_BODY_BYTES="65536"
+    ) as running:
         yield running
-    finally:
-        stop_process(running.process)
 
 
 def bearer_client(sidecar: Sidecar) -> openai.OpenAI:
