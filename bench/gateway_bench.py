@@ -42,12 +42,7 @@ from sidecar_bench import (  # noqa: E402
     PROXY_CPU,
     Target,
     ensure_nginx,
-    median_of_defined,
-    median_table,
-    print_ratios,
-    print_table,
-    run_once,
-    summarize,
+    run_and_report,
     wait_http,
 )
 from sidecar_harness import launch_sidecar, wait_ready  # noqa: E402
@@ -172,17 +167,7 @@ def main() -> None:
             Target("gateway", f"http://127.0.0.1:{gateway_port}", gateway),
             Target("nginx", nginx_url, proxy),
         ]
-        tables, all_ratios = [], []
-        for run in range(1, args.runs + 1):
-            print(f"run {run}/{args.runs} ({seconds:g} s per level and target, gateway {args.routing})", flush=True)
-            tables.append(summarize(run_once(targets, seconds)))
-            all_ratios.append(ratios(tables[-1]))
-            print_table(tables[-1])
-            print_ratios(all_ratios[-1])
-        if args.runs > 1:
-            print(f"medians over {args.runs} runs (each ratio from its own run, then the median):")
-            print_table(median_table(tables))
-            print_ratios({name: median_of_defined([r[name] for r in all_ratios]) for name in all_ratios[0]})
+        run_and_report(targets, seconds, args.runs, ratios, f", gateway {args.routing}")
     finally:
         for process in reversed(processes):
             stop_process(process)

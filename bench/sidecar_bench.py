@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -332,6 +333,28 @@ def print_ratios(values: dict[str, float]) -> None:
     print(flush=True)
 
 
+def run_and_report(
+    targets: list[Target],
+    seconds: float,
+    runs: int,
+    ratios_of: Callable[[Table], dict[str, float]] = ratios,
+    label: str = "",
+) -> None:
+    """Measure every level against every target `runs` times, printing each run's table and ratios,
+    then (several runs) the medians."""
+    tables, all_ratios = [], []
+    for run in range(1, runs + 1):
+        print(f"run {run}/{runs} ({seconds:g} s per level and target{label})", flush=True)
+        tables.append(summarize(run_once(targets, seconds)))
+        all_ratios.append(ratios_of(tables[-1]))
+        print_table(tables[-1])
+        print_ratios(all_ratios[-1])
+    if runs > 1:
+        print(f"medians over {runs} runs (each ratio from its own run, then the median):")
+        print_table(median_table(tables))
+        print_ratios({name: median_of_defined([r[name] for r in all_ratios]) for name in all_ratios[0]})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=1)
@@ -394,17 +417,7 @@ def main() -> None:
             Target("sidecar", sidecar_url, sidecar),
             Target("nginx", nginx_url, proxy),
         ]
-        tables, all_ratios = [], []
-        for run in range(1, args.runs + 1):
-            print(f"run {run}/{args.runs} ({args.seconds:g} s per level and target)", flush=True)
-            tables.append(summarize(run_once(targets, args.seconds)))
-            all_ratios.append(ratios(tables[-1]))
-            print_table(tables[-1])
-            print_ratios(all_ratios[-1])
-        if args.runs > 1:
-            print(f"medians over {args.runs} runs (each ratio from its own run, then the median):")
-            print_table(median_table(tables))
-            print_ratios({name: median_of_defined([r[name] for r in all_ratios]) for name in all_ratios[0]})
+        run_and_report(targets, args.seconds, args.runs)
     finally:
         for process in reversed(processes):
             stop_process(process)
