@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 
-from modelserve_sidecar.contract import ConfigError
-from modelserve_sidecar.serve import serve
+from modelserve_sidecar.serve import serve, settings_or_exit, variables_help
 
 from .app import build_app
 from .discovery import KubeDiscovery
@@ -18,15 +15,12 @@ log = logging.getLogger("modelserve_gateway")
 
 
 def _parser() -> argparse.ArgumentParser:
-    import dataclasses
-
-    variables = "\n".join(f"  {field.metadata['env']}" for field in dataclasses.fields(GatewaySettings))
     return argparse.ArgumentParser(
         prog="modelserve-gateway",
         description="One OpenAI-compatible endpoint for the ModelServers of the watched namespaces: routes by the "
         "request's model, holds requests while a model scales from zero.\n"
         "Settings come from the environment (the chart sets them); Kubernetes access from the pod's "
-        "service account or $KUBECONFIG:\n" + variables,
+        "service account or $KUBECONFIG:\n" + variables_help(GatewaySettings),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
@@ -34,11 +28,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = GatewaySettings.from_env(os.environ)
-    except ConfigError as exc:
-        print(f"modelserve-gateway: invalid configuration: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    settings = settings_or_exit(GatewaySettings, "modelserve-gateway")
     log.info(
         "routing (%s) the ModelServers of %s on %s:%d; holding up to %d requests per model for %g s",
         settings.routing,

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 
 from .app import build_app
-from .contract import ConfigError, Settings
-from .serve import serve
+from .contract import Settings
+from .serve import serve, settings_or_exit, variables_help
 
 log = logging.getLogger("modelserve_sidecar")
 
 
 def _parser() -> argparse.ArgumentParser:
-    variables = "\n".join(f"  {name}" for name in Settings.variables())
     return argparse.ArgumentParser(
         prog="modelserve-sidecar",
         description="Serve the engine's OpenAI-compatible API behind API keys, with metrics and readiness.\n"
-        "Every setting comes from the environment (the operator sets them all):\n" + variables,
+        "Every setting comes from the environment (the operator sets them all):\n" + variables_help(Settings),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
@@ -27,11 +24,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = Settings.from_env(os.environ)
-    except ConfigError as exc:
-        print(f"modelserve-sidecar: invalid configuration: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    settings = settings_or_exit(Settings, "modelserve-sidecar")
     log.info(
         "serving %r (upstream %r) from %s on %s:%d; auth %s, vision %s, sampling defaults %s, body limit %d bytes",
         settings.served_model,
