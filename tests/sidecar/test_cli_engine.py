@@ -22,16 +22,14 @@ from sidecar_harness import (
     Engine,
     Sidecar,
     free_ports,
+    launch_engine,
     metric_value,
     private_sidecar,
-    start_process,
     stop_process,
-    tail,
     wait_until,
 )
 
 from modelserve_operator import modelfile
-from modelserve_sandbox.llama_server import llama_server_binary
 
 pytestmark = pytest.mark.engine
 
@@ -189,24 +187,13 @@ def render_with_llama_cpp(gguf_model: Path, tmp_path_factory: pytest.TempPathFac
         base = tmp_path_factory.mktemp("template")
         (base / "chat.jinja").write_text(template)
         (port,) = free_ports(1)
-        argv = [str(llama_server_binary()), "-m", str(gguf_model), "--host", "127.0.0.1", "--port", str(port)]
-        argv += ["-c", "512", "--jinja", "--chat-template-file", str(base / "chat.jinja")]
-        process = start_process(f"template-{port}", argv, base)
-        started.append(process)
-        url, log = f"http://127.0.0.1:{port}", base / f"template-{port}.log"
-
-        def up() -> bool:
-            if process.poll() is not None:
-                raise RuntimeError(f"llama-server exited:\n{tail(log)}")
-            try:
-                return httpx.get(url + "/health", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, 120, "llama-server to load", interval=0.5, on_timeout=lambda: "\n" + tail(log))
-        answer = httpx.post(url + "/apply-template", json={"messages": messages}, timeout=30)
+        extra = ("--chat-template-file", str(base / "chat.jinja"))
+        engine = launch_engine(gguf_model, port, base, context=512, extra=extra)
+        started.append(engine.process)
+        engine.wait_serving(timeout=120)
+        answer = httpx.post(engine.url + "/apply-template", json={"messages": messages}, timeout=30)
         assert answer.status_code == 200, answer.text
-        stop_process(process)
+        stop_process(engine.process)
         return answer.json()["prompt"]
 
     yield render
