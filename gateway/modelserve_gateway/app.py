@@ -16,6 +16,7 @@ from modelserve_sidecar import ollama
 from modelserve_sidecar.auth import authorization_header
 from modelserve_sidecar.contract import package_version
 from modelserve_sidecar.metrics import CONTENT_TYPE
+from modelserve_sidecar.upstream import open_session
 
 from . import gateway_errors
 from .catalog import Catalog, model_object, ollama_entry
@@ -59,20 +60,6 @@ def _model_list(scope: dict[str, Any]) -> bool:
     )
 
 
-def open_session(settings: GatewaySettings) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(
-            limit=settings.upstream_max_connections, limit_per_host=0, keepalive_timeout=3.0
-        ),
-        timeout=aiohttp.ClientTimeout(
-            total=None, sock_connect=settings.upstream_timeout_seconds, sock_read=settings.upstream_timeout_seconds
-        ),
-        auto_decompress=False,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
-    )
-
-
 def build_app(settings: GatewaySettings, discovery: Discovery, directory: Directory | None = None) -> Dispatcher:
     directory = directory or Directory()
     metrics = GatewayMetrics()
@@ -88,7 +75,7 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
-        proxy.session = open_session(settings)
+        proxy.session = open_session(settings.upstream_max_connections, settings.upstream_timeout_seconds)
         discovery.start(lambda key: loop.call_soon_threadsafe(refresh, key))
         try:
             yield

@@ -48,7 +48,7 @@ def build_app(settings: Settings) -> Dispatcher:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        session = open_session(settings)
+        session = open_session(settings.upstream_max_connections, settings.upstream_timeout_seconds)
         proxy.session = readiness.session = session
         tasks = [asyncio.create_task(readiness.watch())]
         if keys is not None:
