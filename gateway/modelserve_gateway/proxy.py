@@ -22,11 +22,9 @@ from modelserve_sidecar.metrics import status_class
 from modelserve_sidecar.proxy import CLIENT_CLOSED
 from modelserve_sidecar.relay import (
     HOP_BY_HOP,
-    ClientGone,
     Exchange,
-    content_length,
     filter_headers,
-    read_body,
+    read_limited_body,
     relay,
     respond,
     upstream_error_kind,
@@ -86,18 +84,8 @@ class GatewayProxy:
         if scope["method"] != "POST":
             exchange.status = await respond(send, gateway_errors.no_model_in(scope["method"], scope["path"]))
             return NO_MODEL
-        limit = self.settings.max_body_bytes
-        declared = content_length(scope["headers"])
-        if declared is not None and declared > limit:
-            exchange.status = await respond(send, errors.body_too_large(limit), close=True)
-            return NO_MODEL
-        try:
-            body = await read_body(receive, limit)
-        except ClientGone:
-            exchange.client_gone = True
-            return NO_MODEL
+        body = await read_limited_body(scope["headers"], receive, send, self.settings.max_body_bytes, exchange)
         if body is None:
-            exchange.status = await respond(send, errors.body_too_large(limit), close=True)
             return NO_MODEL
 
         request, refusal = parse_request(body)

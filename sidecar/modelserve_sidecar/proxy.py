@@ -20,11 +20,9 @@ from .keys import KeyStore
 from .metrics import ROUTE_SCOPE_KEY, SidecarMetrics, route_label, status_class
 from .relay import (
     HOP_BY_HOP,
-    ClientGone,
     Exchange,
-    content_length,
     filter_headers,
-    read_body,
+    read_limited_body,
     relay,
     respond,
     upstream_error_kind,
@@ -86,18 +84,8 @@ class Proxy:
             return
         self.demand.arrived()
 
-        limit = self.settings.max_body_bytes
-        declared = content_length(headers)
-        if declared is not None and declared > limit:
-            exchange.status = await respond(send, errors.body_too_large(limit), close=True)
-            return
-        try:
-            body = await read_body(receive, limit)
-        except ClientGone:
-            exchange.client_gone = True
-            return
+        body = await read_limited_body(headers, receive, send, self.settings.max_body_bytes, exchange)
         if body is None:
-            exchange.status = await respond(send, errors.body_too_large(limit), close=True)
             return
 
         path = scope["path"]

@@ -106,6 +106,23 @@ async def read_body(receive: Any, limit: int) -> bytes | None:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+async def read_limited_body(headers: Headers, receive: Any, send: Any, limit: int, exchange: Exchange) -> bytes | None:
+    """The request body, or None when the request was settled here: a 413 for a body larger than
+    `limit` (declared or read), or the client gone while it was read (exchange.client_gone)."""
+    declared = content_length(headers)
+    if declared is not None and declared > limit:
+        exchange.status = await respond(send, errors.body_too_large(limit), close=True)
+        return None
+    try:
+        body = await read_body(receive, limit)
+    except ClientGone:
+        exchange.client_gone = True
+        return None
+    if body is None:
+        exchange.status = await respond(send, errors.body_too_large(limit), close=True)
+    return body
+
+
 async def relay(
     receive: Any,
     send: Any,
