@@ -315,7 +315,9 @@ def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> lis
             message += f": {condition['message']}"
         out.append(Transition("Warning" if warning else "Normal", condition["reason"], message))
     key, key_before = current.get("keySecret") or {}, (previous or {}).get("keySecret") or {}
-    if key_before.get("name") == key.get("name") and key.get("generatedAt") != key_before.get("generatedAt"):
+    # The key's status changes only when a key is generated: a new one under the same name means the
+    # Secret was deleted (compared whole, since generatedAt has one-second resolution).
+    if key_before.get("name") == key.get("name") and key != key_before:
         # Clients holding the old key now get 401: say so where users look, not only in the log.
         out.append(Transition("Warning", "APIKeyRegenerated", key["message"]))
     scaling = current.get("scaling")

@@ -237,6 +237,14 @@ def test_a_regenerated_key_is_shown_and_warned_about() -> None:
     assert warning.type == "Warning" and "m-api-keys" in warning.message and "old key is refused" in warning.message
 
 
+def test_a_key_regenerated_within_the_same_second_is_warned_about() -> None:
+    before = _status(_ms(), _deployment(ready=1), [], key_secret=key_secret_status("m-api-keys", True, {}, T0))
+    again = key_secret_status("m-api-keys", True, before, T0)  # deleted and created again at once
+    after = _status(_ms(), _deployment(ready=1), [], previous=before, key_secret=again)
+    assert after["keySecret"]["generatedAt"] == before["keySecret"]["generatedAt"]
+    assert [t.reason for t in transitions(before, after) if t.reason == "APIKeyRegenerated"] == ["APIKeyRegenerated"]
+
+
 def test_no_key_secret_without_a_generated_key() -> None:
     assert key_secret_status(None, False, {"keySecret": {"name": "m-api-keys"}}, T0) is None
 
