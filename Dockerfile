@@ -12,10 +12,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     VENV=/opt/modelserve
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY operator/ operator/
-COPY sidecar/ sidecar/
-COPY gateway/ gateway/
-COPY sandbox/ sandbox/
+COPY modelserve/ modelserve/
 RUN python -m venv "$VENV" \
     && "$VENV/bin/pip" wheel --no-deps --wheel-dir dist . \
     && "$VENV/bin/pip" install dist/modelserve-*.whl

@@ -12,7 +12,7 @@ All with the same replicas (min 1, buffer 1 for ours and the fixed one, max 10),
 flight per replica, 10 s per request and a 120 s cold start (the seed's "over 2 minutes"). Prints
 replica-minutes (cost), requests that waited for a free slot, the worst wait, and scale events.
 
-    .venv/bin/python bench/autoscaler_traces.py [--cold-start 120]
+    .venv/bin/python -m bench.autoscaler_traces [--cold-start 120]
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import argparse
 import math
 from collections import deque
 
-from modelserve_operator.autoscaler import Policy
-from modelserve_sandbox.load_traces import TRACES, Rule, autoscaler_rule, simulate
+from modelserve.operator.autoscaler import Policy
+from tests.helpers.load_traces import TRACES, Rule, autoscaler_rule, simulate
 
 MIN, BUFFER, MAX, TARGET = 1, 1, 10, 8
 

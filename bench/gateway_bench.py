@@ -1,9 +1,9 @@
 """Gateway benchmark: what the gateway adds in front of a sidecar, against nginx doing the same hop.
 
-    .venv/bin/python bench/gateway_bench.py             # one run, prints its table
-    .venv/bin/python bench/gateway_bench.py --quick     # 1 s per level and target instead of 3
-    .venv/bin/python bench/gateway_bench.py --runs 3    # three runs, then the medians
-    .venv/bin/python bench/gateway_bench.py --routing prefix-affinity   # the gateway hashes each body's opening
+    .venv/bin/python -m bench.gateway_bench             # one run, prints its table
+    .venv/bin/python -m bench.gateway_bench --quick     # 1 s per level and target instead of 3
+    .venv/bin/python -m bench.gateway_bench --runs 3    # three runs, then the medians
+    .venv/bin/python -m bench.gateway_bench --routing prefix-affinity   # the gateway hashes each body's opening
 
 The same fast fake engine, load generator and table as bench/sidecar_bench.py (imported from it).
 One sidecar (private: it checks the key, as behind the real gateway) in front of the engine, and
@@ -29,14 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from modelserve_gateway.settings import LEAST_IN_FLIGHT, PREFIX_AFFINITY
-from modelserve_sandbox.processes import free_ports, start_process, stop_process
-
-BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH), str(BENCH.parent / "tests" / "sidecar")]  # sidecar_bench, sidecar_harness
-
-import sidecar_bench  # noqa: E402
-from sidecar_bench import (  # noqa: E402
+from bench import sidecar_bench
+from bench.sidecar_bench import (
     KEY,
     MODEL,
     PROXY_CPU,
@@ -45,7 +39,9 @@ from sidecar_bench import (  # noqa: E402
     run_and_report,
     wait_http,
 )
-from sidecar_harness import launch_sidecar, wait_ready  # noqa: E402
+from modelserve.gateway.settings import LEAST_IN_FLIGHT, PREFIX_AFFINITY
+from modelserve_sandbox.processes import free_ports, start_process, stop_process
+from tests.helpers.sidecar_harness import launch_sidecar, wait_ready
 
 LEVELS = [("plain", 1, 0), ("plain", 16, 0), ("plain", 64, 0), ("stream", 1, 0), ("stream", 64, 0)]
 
@@ -58,12 +54,12 @@ for _line in ("      if ($key_ok = 0) {{ return 401; }}\n", '      proxy_set_hea
 
 def serve_gateway(spec: dict[str, Any]) -> None:
     """The gateway in front of a fixed table of one model (in its own process: --serve-gateway)."""
-    from modelserve_gateway.app import build_app
-    from modelserve_gateway.directory import Model
-    from modelserve_gateway.discovery import FixedDiscovery
-    from modelserve_gateway.routing import Ring
-    from modelserve_gateway.settings import GatewaySettings
-    from modelserve_sidecar.serve import serve
+    from modelserve.gateway.app import build_app
+    from modelserve.gateway.directory import Model
+    from modelserve.gateway.discovery import FixedDiscovery
+    from modelserve.gateway.routing import Ring
+    from modelserve.gateway.settings import GatewaySettings
+    from modelserve.http.serve import serve
 
     replicas = tuple(spec["replicas"])
     pods = {address: f"replica-{i}" for i, address in enumerate(replicas)}
@@ -92,7 +88,7 @@ def start_gateway(
     """Start the gateway process (pinned to `cpu` if given; more MODELSERVE_GATEWAY_* settings in
     `env`) and wait until it is ready."""
     spec = json.dumps({"port": port, "model": model, "replicas": replicas, "routing": routing, "env": env or {}})
-    argv = [sys.executable, str(BENCH / "gateway_bench.py"), "--serve-gateway", spec]
+    argv = [sys.executable, "-m", "bench.gateway_bench", "--serve-gateway", spec]  # from the repository root
     process = start_process("gateway", ["taskset", "-c", cpu, *argv] if cpu else argv, log_dir)
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", "the gateway", log_dir / "gateway.log")

@@ -7,7 +7,7 @@ other and reports the median, min and max of:
 and, as the baseline from the same run, `kubectl apply` of the very Deployment the operator makes
 -> all its replicas ready (what the control plane alone takes). Usage:
 
-    .venv/bin/python bench/operator_latency.py [--runs 10]
+    .venv/bin/python -m bench.operator_latency [--runs 10]
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from modelserve_operator.apply import Kube
-from modelserve_operator.manifests import deployment
-from modelserve_operator.settings import Settings
-from modelserve_operator.spec import API_VERSION, KIND, ModelServer
+from modelserve.api.manifests import deployment
+from modelserve.api.spec import ModelServer
+from modelserve.contracts.names import API_VERSION, KIND
+from modelserve.contracts.operator_settings import Settings
+from modelserve.kube.apply import Kube
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import start_process, stop_process, wait_until
 

@@ -17,7 +17,7 @@ allocation sites at each N once all are Ready (tracing slows it: time and CPU fi
 comparable). `--operator-src DIR` runs the operator from another checkout (e.g. a `git worktree` of the
 previous commit) with this script and this sandbox, for a before/after in the same session:
 
-    .venv/bin/python bench/operator_scale.py [--sizes 100 1000] [--idle-seconds 60] [--operator-src DIR]
+    .venv/bin/python -m bench.operator_scale [--sizes 100 1000] [--idle-seconds 60] [--operator-src DIR]
         [--churn-seconds 0]
 """
 
@@ -35,8 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from modelserve_operator.apply import Kube
-from modelserve_operator.spec import API_VERSION, KIND
+from modelserve.contracts.names import API_VERSION, KIND
+from modelserve.kube.apply import Kube
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import wait_until
@@ -168,8 +168,8 @@ def measure(
             kube = Kube(cluster.api_client())
             env = dict(cluster.operator_env)
             if operator_src:
-                roots = [str(operator_src / root) for root in ("operator", "sidecar", "sandbox")]
-                env["PYTHONPATH"] = os.pathsep.join(roots)
+                # A checkout of the one-package layout: modelserve/ at its root.
+                env["PYTHONPATH"] = os.pathsep.join([str(operator_src), str(operator_src / "sandbox")])
             manifests = workdir / "modelservers.json"
             items = [model_server(f"ms-{i:05d}") for i in range(size)]
             manifests.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))

@@ -14,7 +14,7 @@ and, as baselines from the same run:
 Then the resident memory of kubelet, containerd, kube-proxy and the serving pod (its cgroup),
 and the time the sandbox takes to stop and put the host back. Usage:
 
-    .venv/bin/python bench/real_node.py [--runs 3]
+    .venv/bin/python -m bench.real_node [--runs 3]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Routing quality on a multi-turn chat trace: round-robin vs the gateway's two routings.
 
-    .venv/bin/python bench/routing_quality.py             # 8 conversations x 4 turns, 4 clients
-    .venv/bin/python bench/routing_quality.py --conversations 16 --turns 6 --clients 8
+    .venv/bin/python -m bench.routing_quality             # 8 conversations x 4 turns, 4 clients
+    .venv/bin/python -m bench.routing_quality --conversations 16 --turns 6 --clients 8
 
 Two replicas of the real engine: llama.cpp's llama-server with gemma-3-270m (the sidecar tests'
 launch_engine flags, plus 2 slots and 1 thread each through LLAMA_ARG_N_PARALLEL and
@@ -45,14 +45,10 @@ from pathlib import Path
 
 import aiohttp
 
-from modelserve_gateway.settings import LEAST_IN_FLIGHT, PREFIX_AFFINITY
+from bench.gateway_bench import start_gateway
+from modelserve.gateway.settings import LEAST_IN_FLIGHT, PREFIX_AFFINITY
 from modelserve_sandbox.processes import free_ports, stop_process
-
-BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH), str(BENCH.parent / "tests" / "sidecar")]  # gateway_bench, sidecar_harness
-
-from gateway_bench import start_gateway  # noqa: E402
-from sidecar_harness import ENGINE_MODEL, launch_engine, launch_sidecar, wait_ready  # noqa: E402
+from tests.helpers.sidecar_harness import ENGINE_MODEL, launch_engine, launch_sidecar, wait_ready
 
 ROUND_ROBIN = "round-robin"
 ROUTINGS = (ROUND_ROBIN, LEAST_IN_FLIGHT, PREFIX_AFFINITY)

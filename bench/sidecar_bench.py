@@ -1,7 +1,7 @@
 """Sidecar benchmark: direct vs sidecar vs nginx in front of the same fast fake engine.
 
-    .venv/bin/python bench/sidecar_bench.py             # one run, prints its table
-    .venv/bin/python bench/sidecar_bench.py --runs 3    # three runs, then the medians and the targets
+    .venv/bin/python -m bench.sidecar_bench             # one run, prints its table
+    .venv/bin/python -m bench.sidecar_bench --runs 3    # three runs, then the medians and the targets
 
 The fake engine (aiohttp, its own process) answers a chat completion with a small JSON body, or
 streams 128 SSE chunks with a fixed gap (0 or 1 ms). The sidecar and nginx each run pinned to one

@@ -10,7 +10,7 @@ import tracemalloc
 from pathlib import Path
 from types import FrameType
 
-from modelserve_operator.main import main
+from modelserve.operator.main import main
 
 TOP = 25
 

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 CACHE=${MODELSERVE_CACHE:-$HOME/.cache/modelserve}
 IMAGES=$CACHE/images
 LLAMA_BUILD=${LLAMA_BUILD:-9093}
-VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' modelserve/__init__.py)
 DOCKER_SOCK=/run/modelserve-docker.sock
 DOCKER=(/usr/bin/docker -H "unix://$DOCKER_SOCK")
 export DOCKER_BUILDKIT=0
@@ -81,7 +81,7 @@ fi
 
 # --- the project image, from the project's own Dockerfile ---------------------------------
 mapfile -t inputs < <(git ls-files -co --exclude-standard Dockerfile .dockerignore pyproject.toml \
-  README.md operator sidecar gateway sandbox | sort)
+  README.md modelserve | sort)
 project_hash=$(echo "$base_hash" | cat - <(hash_files "${inputs[@]}") | sha256sum | cut -c1-16)
 PROJECT=ghcr.io/modelserve/modelserve:$VERSION
 if [[ ! -f $IMAGES/modelserve-$project_hash.tar ]]; then

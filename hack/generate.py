@@ -1,7 +1,7 @@
 """`make generate`: rewrite every file derived from the code, so a spec change is one command.
 
-- crds/modelserver.yaml and its chart copy, from the spec model (modelserve_operator.crd);
-- README.md's spec reference table (modelserve_operator.spec_table);
+- crds/modelserver.yaml and its chart copy, from the spec model (modelserve.api.crd);
+- README.md's spec reference table (modelserve.api.spec_table);
 - tests/operator/golden/*.yaml, each example's manifest set (review the diff: it is what users get).
 """
 
@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from modelserve_operator import crd, spec_table
+from modelserve.api import crd, spec_table
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_FILES = (REPO / "crds" / "modelserver.yaml", REPO / "charts" / "modelserve" / "crds" / "modelserver.yaml")

@@ -1,14 +1,47 @@
-"""Session-wide fixtures: one real control plane per test session."""
+"""Session-wide fixtures (one real control plane per test session) and the markers, set here once.
+
+Markers come from what a test needs, never by hand: `cluster` for the control plane (a fixture that
+starts one, a test under tests/cluster or tests/realnode, or a module named *_cluster.py, which starts
+its own), `engine` for a real engine process (the llama-server or model fixtures, tests/realnode),
+`realnode` for the real node (tests/realnode). `pytest -m "not cluster and not engine"` is the fast
+unit subset.
+"""
 
 from __future__ import annotations
 
 import shutil
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.llama_server import llama_server_binary
+
+TESTS = Path(__file__).parent
+CLUSTER_FIXTURES = frozenset({"cluster", "node_cluster"})
+ENGINE_FIXTURES = frozenset({"engine", "gguf_model", "llama_server", "node_cluster"})
+CLUSTER_DIRECTORIES = frozenset({"cluster", "realnode"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        path = Path(item.path).relative_to(TESTS)
+        realnode = path.parts[0] == "realnode"
+        if used & CLUSTER_FIXTURES or path.parts[0] in CLUSTER_DIRECTORIES or path.stem.endswith("_cluster"):
+            item.add_marker(pytest.mark.cluster)
+        if used & ENGINE_FIXTURES or realnode:
+            item.add_marker(pytest.mark.engine)
+        if realnode:
+            item.add_marker(pytest.mark.realnode)
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Path:
+    """The llama-server binary hack/setup.sh builds: a missing one fails the test, never skips it."""
+    return llama_server_binary()
 
 
 @pytest.fixture(scope="session")

@@ -9,12 +9,13 @@ import hashlib
 from types import MappingProxyType
 from typing import Any
 
-from modelserve_sidecar import contract
-
-from . import external
-from .api_keys import GENERATED_KEY_FIELD
-from .engines import engine_for
-from .engines.base import (
+from modelserve.api.status import Transition
+from modelserve.contracts import sidecar as contract
+from modelserve.contracts.api_keys import GENERATED_KEY_FIELD
+from modelserve.contracts.names import API_VERSION, FIELD_MANAGER, GROUP, KIND, SELECTOR_LABEL, SIDECAR_NAME
+from modelserve.contracts.operator_settings import Settings
+from modelserve.engines import engine_for, external
+from modelserve.engines.base import (
     CACHE_VOLUME,
     CHAT_TEMPLATE_KEY,
     CHAT_TEMPLATE_VOLUME,
@@ -22,13 +23,10 @@ from .engines.base import (
     SHM_VOLUME,
     Engine,
 )
-from .replicas import desired_replicas
-from .settings import FIELD_MANAGER, Settings
-from .spec import API_VERSION, GROUP, KIND, AuthMode, ModelServer
-from .status import Transition
 
-SELECTOR_LABEL = f"{GROUP}/modelserver"
-SIDECAR_NAME = "sidecar"
+from .replicas import desired_replicas
+from .spec import AuthMode, ModelServer
+
 SERVICE_PORT = 80
 KEYS_VOLUME = "api-keys"
 PROBE_PERIOD_SECONDS = 10

@@ -18,8 +18,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from .choices import Dtype, Profile
-from .engines import ENGINES
+from modelserve.contracts.choices import Dtype, Profile
+from modelserve.engines import ENGINES
 
 GROUP = "serving.modelserve.dev"
 VERSION = "v1alpha1"

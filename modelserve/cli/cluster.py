@@ -17,8 +17,9 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from . import apply
-from .spec import API_VERSION, KIND, AuthMode
+from modelserve.api.spec import AuthMode
+from modelserve.contracts.names import API_VERSION, KIND
+from modelserve.kube import apply
 
 FIELD_MANAGER = "modelserve-cli"
 PORT_FORWARD_SECONDS = 30

@@ -29,13 +29,18 @@ from typing import Any, TextIO
 
 import yaml
 
-from . import cli_run, cli_views, manifests, modelfile, spec
-from .api_keys import new_api_key
+from modelserve.api import manifests, spec
+from modelserve.api.validation import InvalidManifest, explain
+from modelserve.contracts.api_keys import new_api_key
+from modelserve.contracts.choices import Profile
+from modelserve.contracts.names import KIND
+from modelserve.contracts.operator_settings import Settings
+
+from . import modelfile
+from . import run as cli_run
+from . import views as cli_views
 from .chat_client import ChatError
-from .choices import Profile
-from .cli_cluster import Cluster, ClusterError, port_forward, read_key
-from .settings import Settings
-from .validation import InvalidManifest, explain
+from .cluster import Cluster, ClusterError, port_forward, read_key
 
 # render never invents a key or a uid: the operator makes the one, the API server the other.
 API_KEY_PLACEHOLDER = "<generated once by the operator>"
@@ -71,7 +76,7 @@ def render(paths: list[str], namespace: str, settings: Settings) -> list[dict[st
             try:
                 ms = parse_model_server(document, namespace)
             except InvalidManifest as error:
-                raise InvalidManifest(f'{where}: {spec.KIND} "{name}" is invalid:\n{error}') from None
+                raise InvalidManifest(f'{where}: {KIND} "{name}" is invalid:\n{error}') from None
             objects += manifests.owned_objects(ms, settings, API_KEY_PLACEHOLDER)
     return objects
 

@@ -14,8 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from modelserve.contracts.names import API_VERSION, KIND
+
 from . import chat_template
-from .spec import API_VERSION, KIND
 
 # Ollama PARAMETER -> (samplingDefaults field, type)
 PARAMETERS: dict[str, tuple[str, type]] = {

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .cli_cluster import key_secret
+from .cluster import key_secret
 
 LIST_COLUMNS = ("NAME", "MODEL", "PROFILE", "READY", "REPLICAS", "AGE")
 DEFAULT_PROFILE = "high-throughput"  # the spec's default, for objects stored without one

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .names import Key
+
 # On the gateway's pods (value: the release); the operator finds them by it to read HELD_ROUTE.
 GATEWAY_LABEL = "serving.modelserve.dev/gateway"
 GATEWAY_CONTAINER = "gateway"
@@ -17,8 +19,6 @@ METRICS_ROUTE = "/metrics"
 # needed, like the sidecar's /load (counts only, no request content).
 HELD_ROUTE = "/held"
 OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, HELD_ROUTE})
-
-Key = tuple[str, str]  # (namespace, ModelServer name)
 
 
 def held_to_json(held: Mapping[Key, int]) -> dict[str, Any]:

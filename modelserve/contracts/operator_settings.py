@@ -1,67 +1,88 @@
-"""Operator settings, read once from the environment."""
+"""The operator's settings, each one MODELSERVE_* variable (the chart sets them; `modelserve render`
+reads the same ones, to render what the operator would)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from modelserve_sidecar.contract import package_version
-
-FIELD_MANAGER = "modelserve-operator"
-ENGINE_IMAGE_PREFIX = "MODELSERVE_ENGINE_IMAGE_"
-
+from .env import base_url, comma_list, env_setting, non_empty, non_negative_float, number, read_env
+from .names import FIELD_MANAGER, PACKAGE_VERSION
 
 # How the operator's own requests show in the API server's audit log.
-USER_AGENT = f"{FIELD_MANAGER}/{package_version()}"
+USER_AGENT = f"{FIELD_MANAGER}/{PACKAGE_VERSION}"
+
+
+def _seconds(raw: str) -> int:
+    value = number(raw, int)
+    if value < 0:
+        raise ValueError("must be zero or a positive whole number of seconds")
+    return value
+
+
+def _metrics_port(raw: str) -> int:
+    value = number(raw, int)
+    if not 0 <= value < 65536:
+        raise ValueError("must be a port number between 1 and 65535, or 0 for none")
+    return value
+
+
+def _addresses(raw: str) -> tuple[str, ...]:
+    addresses = comma_list(raw)
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{address!r} is not host:port")
+    return addresses
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What the operator needs besides the ModelServer itself; every value has an env var."""
+    """What the operator needs besides the ModelServer itself."""
 
-    sidecar_image: str  # MODELSERVE_SIDECAR_IMAGE
-    drain_seconds: int = 60  # MODELSERVE_DRAIN_SECONDS: sidecar drain deadline; the engine outlives it
-    startup_seconds: int = 3600  # MODELSERVE_STARTUP_SECONDS: cold start budget (image pull + download + load)
-    resync_seconds: float = 60.0  # MODELSERVE_RESYNC_SECONDS: level-based resync of every ModelServer
-    cluster_domain: str = "cluster.local"  # MODELSERVE_CLUSTER_DOMAIN: for status.endpoint
-    # MODELSERVE_HUB_ENDPOINT: a Hugging Face Hub mirror every engine downloads from (air-gapped
-    # clusters, the sandbox); set as HF_ENDPOINT and llama.cpp's MODEL_ENDPOINT. Empty: the hub.
-    hub_endpoint: str = ""
-    # MODELSERVE_ENGINE_IMAGE_<ENGINE> (VLLM, SGLANG, LLAMACPP): a mirror or a newer tag for every
-    # ModelServer of that engine; a ModelServer's own spec.image still wins.
-    engine_images: Mapping[str, str] = field(default_factory=dict)
-    metrics_port: int = 0  # MODELSERVE_METRICS_PORT: the operator's own /metrics; 0: not served
-    # MODELSERVE_GATEWAY_URL: the gateway's base URL, written to every status.gatewayEndpoint.
-    gateway_url: str = ""
-    # MODELSERVE_GATEWAY_NAMESPACE: where the gateway's pods run; the autoscaler reads the requests
-    # they hold for ModelServers at zero. Empty: no gateway.
-    gateway_namespace: str = ""
-    # MODELSERVE_GATEWAY_ADDRESSES: host:port of gateways that are not pods (the sandbox runs one on
-    # the host), comma-separated; their held requests count as well.
-    gateway_addresses: tuple[str, ...] = ()
+    sidecar_image: str = env_setting(
+        "MODELSERVE_SIDECAR_IMAGE", non_empty, default=f"ghcr.io/modelserve/modelserve:{PACKAGE_VERSION}"
+    )
+    # The sidecar's drain deadline; the engine outlives it.
+    drain_seconds: int = env_setting("MODELSERVE_DRAIN_SECONDS", _seconds, default=60)
+    # Cold start budget (image pull + download + load).
+    startup_seconds: int = env_setting("MODELSERVE_STARTUP_SECONDS", _seconds, default=3600)
+    # Level-based resync of every ModelServer.
+    resync_seconds: float = env_setting("MODELSERVE_RESYNC_SECONDS", non_negative_float, default=60.0)
+    # For status.endpoint.
+    cluster_domain: str = env_setting("MODELSERVE_CLUSTER_DOMAIN", non_empty, default="cluster.local")
+    # A Hugging Face Hub mirror every engine downloads from (air-gapped clusters, the sandbox); set as
+    # HF_ENDPOINT and llama.cpp's MODEL_ENDPOINT. Empty: the hub.
+    hub_endpoint: str = env_setting("MODELSERVE_HUB_ENDPOINT", base_url, default="")
+    # A mirror or a newer tag for every ModelServer of that engine; a ModelServer's own spec.image
+    # still wins. One variable per engine, MODELSERVE_ENGINE_IMAGE_<engine name>.
+    vllm_image: str = env_setting("MODELSERVE_ENGINE_IMAGE_VLLM", non_empty, default="")
+    sglang_image: str = env_setting("MODELSERVE_ENGINE_IMAGE_SGLANG", non_empty, default="")
+    llamacpp_image: str = env_setting("MODELSERVE_ENGINE_IMAGE_LLAMACPP", non_empty, default="")
+    # The operator's own /metrics; 0: not served.
+    metrics_port: int = env_setting("MODELSERVE_METRICS_PORT", _metrics_port, default=0)
+    # The gateway's base URL, written to every status.gatewayEndpoint.
+    gateway_url: str = env_setting("MODELSERVE_GATEWAY_URL", base_url, default="")
+    # Where the gateway's pods run: the autoscaler reads the requests they hold for ModelServers at
+    # zero. Empty: no gateway pods. (Not the gateway's own MODELSERVE_GATEWAY_NAMESPACES, what it watches.)
+    gateway_pod_namespace: str = env_setting(
+        "MODELSERVE_GATEWAY_POD_NAMESPACE", non_empty, default="", deprecated_env="MODELSERVE_GATEWAY_NAMESPACE"
+    )
+    # host:port of gateways that are not pods (the sandbox runs one on the host), comma-separated;
+    # their held requests count as well.
+    gateway_addresses: tuple[str, ...] = env_setting("MODELSERVE_GATEWAY_ADDRESSES", _addresses, default=())
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
-        return cls(
-            sidecar_image=env.get("MODELSERVE_SIDECAR_IMAGE", f"ghcr.io/modelserve/modelserve:{package_version()}"),
-            drain_seconds=int(env.get("MODELSERVE_DRAIN_SECONDS", cls.drain_seconds)),
-            startup_seconds=int(env.get("MODELSERVE_STARTUP_SECONDS", cls.startup_seconds)),
-            resync_seconds=float(env.get("MODELSERVE_RESYNC_SECONDS", cls.resync_seconds)),
-            cluster_domain=env.get("MODELSERVE_CLUSTER_DOMAIN", cls.cluster_domain),
-            hub_endpoint=env.get("MODELSERVE_HUB_ENDPOINT", cls.hub_endpoint),
-            metrics_port=int(env.get("MODELSERVE_METRICS_PORT", cls.metrics_port)),
-            gateway_url=env.get("MODELSERVE_GATEWAY_URL", cls.gateway_url),
-            gateway_namespace=env.get("MODELSERVE_GATEWAY_NAMESPACE", cls.gateway_namespace),
-            gateway_addresses=tuple(
-                a.strip() for a in env.get("MODELSERVE_GATEWAY_ADDRESSES", "").split(",") if a.strip()
-            ),
-            engine_images={
-                key.removeprefix(ENGINE_IMAGE_PREFIX).lower(): value
-                for key, value in env.items()
-                if key.startswith(ENGINE_IMAGE_PREFIX) and value
-            },
-        )
+        """Build settings from `MODELSERVE_*` variables; raise ConfigError naming the bad one."""
+        return read_env(cls, env)
+
+    @property
+    def engine_images(self) -> dict[str, str]:
+        """The engine images set, by engine name."""
+        images = {"vllm": self.vllm_image, "sglang": self.sglang_image, "llamacpp": self.llamacpp_image}
+        return {engine: image for engine, image in images.items() if image}
 
     def engine_image(self, engine: str, pinned: str) -> str:
         return self.engine_images.get(engine, pinned)

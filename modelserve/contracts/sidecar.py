@@ -10,24 +10,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from typing import Any
 
-T = TypeVar("T")
-
-
-def package_version() -> str:
-    """This release of modelserve (the operator's default image tag, the gateway's user agent)."""
-    try:
-        return version("modelserve")
-    except PackageNotFoundError:
-        return "0.1.0"
-
+from .env import (
+    base_url,
+    boolean,
+    default_of,
+    env_setting,
+    non_empty,
+    non_negative_float,
+    path,
+    port,
+    positive_float,
+    positive_int,
+    read_env,
+    render_bool,
+    render_number,
+    route,
+)
 
 LISTEN_PORT = 8080
 KEYS_DIR = "/etc/modelserve/keys"
@@ -73,79 +77,10 @@ SAMPLING_FIELDS: dict[str, type] = {
 }
 
 
-class ConfigError(ValueError):
-    """A setting is missing or invalid; the message names the environment variable."""
-
-
-def _non_empty(raw: str) -> str:
-    if not raw:
-        raise ValueError("must not be empty")
-    return raw
-
-
-def _base_url(raw: str) -> str:
-    parts = urlsplit(raw)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an http(s) URL such as http://127.0.0.1:8000")
-    if parts.query or parts.fragment:
-        raise ValueError("must not have a query or fragment")
-    return raw.rstrip("/")
-
-
-def _route(raw: str) -> str:
-    if not raw.startswith("/"):
-        raise ValueError("must be a path starting with '/'")
-    return raw
-
-
-def _number(raw: str, kind: type[T]) -> T:
-    try:
-        return kind(raw)
-    except ValueError:
-        raise ValueError(f"must be {'an integer' if kind is int else 'a number'}") from None
-
-
-def _port(raw: str) -> int:
-    port = _number(raw, int)
-    if not 0 < port < 65536:
-        raise ValueError("must be a port number between 1 and 65535")
-    return port
-
-
 def _is_public(raw: str) -> bool:
     if raw not in ("private", "public"):
         raise ValueError("must be 'private' or 'public'")
     return raw == "public"
-
-
-def _bool(raw: str) -> bool:
-    lowered = raw.lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise ValueError("must be true or false")
-
-
-def _positive_int(raw: str) -> int:
-    value = _number(raw, int)
-    if value <= 0:
-        raise ValueError("must be a positive integer")
-    return value
-
-
-def _positive_float(raw: str) -> float:
-    value = _number(raw, float)
-    if not value > 0:
-        raise ValueError("must be a positive number")
-    return value
-
-
-def _non_negative_float(raw: str) -> float:
-    value = _number(raw, float)
-    if not value >= 0:
-        raise ValueError("must be zero or a positive number")
-    return value
 
 
 def _sampling(raw: str) -> Mapping[str, Any]:
@@ -186,62 +121,12 @@ def _aliases(raw: str) -> Mapping[str, str]:
     return MappingProxyType(dict(data))
 
 
-def _path(raw: str) -> Path:
-    return Path(_non_empty(raw))
-
-
-def env_setting(
-    env: str,
-    parse: Callable[[str], Any],
-    render: Callable[[Any], str] = str,
-    default: Any = dataclasses.MISSING,
-    default_factory: Any = dataclasses.MISSING,
-) -> Any:
-    """A field of Settings with its variable, how to read it and how to write it."""
-    return dataclasses.field(
-        default=default,
-        default_factory=default_factory,
-        metadata={"env": env, "parse": parse, "render": render},
-    )
-
-
-def _render_number(value: float) -> str:
-    return f"{value:g}"
-
-
-def _render_bool(value: bool) -> str:
-    return "true" if value else "false"
-
-
 def _render_auth(public: bool) -> str:
     return "public" if public else "private"
 
 
 def _render_sampling(values: Mapping[str, Any]) -> str:
     return json.dumps(dict(values), sort_keys=True, separators=(",", ":"))
-
-
-def _default(setting: dataclasses.Field) -> Any:
-    if setting.default_factory is not dataclasses.MISSING:
-        return setting.default_factory()
-    return setting.default
-
-
-def read_env(cls: type[T], env: Mapping[str, str]) -> T:
-    """An instance of the dataclass `cls` whose fields are `env_setting`s, read from `env`; raise
-    ConfigError naming the variable that is missing or bad."""
-    values = {}
-    for setting in dataclasses.fields(cls):  # type: ignore[arg-type]
-        name = setting.metadata["env"]
-        raw = (env.get(name) or "").strip()
-        if raw:
-            try:
-                values[setting.name] = setting.metadata["parse"](raw)
-            except ValueError as exc:
-                raise ConfigError(f"{name}={env[name]!r}: {exc}") from None
-        elif setting.default is dataclasses.MISSING and setting.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{name} is required")
-    return cls(**values)
 
 
 # Left out of a pod's environment at their defaults: settings added after release 0.1 (a new
@@ -254,27 +139,27 @@ OMITTED_AT_DEFAULT = frozenset({"sampling_defaults", "sampling_aliases", "upstre
 class Settings:
     """Everything the sidecar runs with; each field is one MODELSERVE_* variable."""
 
-    upstream_url: str = env_setting("MODELSERVE_UPSTREAM_URL", _base_url)
-    served_model: str = env_setting("MODELSERVE_SERVED_MODEL", _non_empty)
-    listen_host: str = env_setting("MODELSERVE_LISTEN_HOST", _non_empty, default="0.0.0.0")
-    listen_port: int = env_setting("MODELSERVE_LISTEN_PORT", _port, default=LISTEN_PORT)
-    engine_health_path: str = env_setting("MODELSERVE_ENGINE_HEALTH_PATH", _route, default="/health")
-    engine_metrics_path: str = env_setting("MODELSERVE_ENGINE_METRICS_PATH", _route, default="/metrics")
+    upstream_url: str = env_setting("MODELSERVE_UPSTREAM_URL", base_url)
+    served_model: str = env_setting("MODELSERVE_SERVED_MODEL", non_empty)
+    listen_host: str = env_setting("MODELSERVE_LISTEN_HOST", non_empty, default="0.0.0.0")
+    listen_port: int = env_setting("MODELSERVE_LISTEN_PORT", port, default=LISTEN_PORT)
+    engine_health_path: str = env_setting("MODELSERVE_ENGINE_HEALTH_PATH", route, default="/health")
+    engine_metrics_path: str = env_setting("MODELSERVE_ENGINE_METRICS_PATH", route, default="/metrics")
     # Whether the upstream serves Prometheus metrics at all (an external Ollama or MLX server has none).
-    engine_metrics: bool = env_setting("MODELSERVE_ENGINE_METRICS", _bool, _render_bool, default=True)
+    engine_metrics: bool = env_setting("MODELSERVE_ENGINE_METRICS", boolean, render_bool, default=True)
     # The model id the upstream serves when it is not the served name (an external server's own
     # name, e.g. llama3.2:1b): requests are sent with it, and readiness looks for it. Empty: the
     # engine serves under the served name.
-    upstream_model: str = env_setting("MODELSERVE_UPSTREAM_MODEL", _non_empty, default="")
+    upstream_model: str = env_setting("MODELSERVE_UPSTREAM_MODEL", non_empty, default="")
     # How long the engine may take to answer its health route and model list before it counts as
     # unreachable; the operator sets it per engine (SGLang's health route may generate a token).
     engine_probe_timeout_seconds: float = env_setting(
-        "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS", _positive_float, _render_number, default=5.0
+        "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS", positive_float, render_number, default=5.0
     )
     auth_public: bool = env_setting("MODELSERVE_AUTH", _is_public, _render_auth, default=False)
-    keys_dir: Path = env_setting("MODELSERVE_KEYS_DIR", _path, default=Path(KEYS_DIR))  # noqa: RUF009 - immutable
-    metrics_public: bool = env_setting("MODELSERVE_METRICS_PUBLIC", _bool, _render_bool, default=True)
-    vision: bool = env_setting("MODELSERVE_VISION", _bool, _render_bool, default=False)
+    keys_dir: Path = env_setting("MODELSERVE_KEYS_DIR", path, default=Path(KEYS_DIR))  # noqa: RUF009 - immutable
+    metrics_public: bool = env_setting("MODELSERVE_METRICS_PUBLIC", boolean, render_bool, default=True)
+    vision: bool = env_setting("MODELSERVE_VISION", boolean, render_bool, default=False)
     sampling_defaults: Mapping[str, Any] = env_setting(
         "MODELSERVE_SAMPLING_DEFAULTS",
         _sampling,
@@ -289,15 +174,15 @@ class Settings:
         _render_sampling,
         default_factory=lambda: MappingProxyType({}),
     )
-    max_body_bytes: int = env_setting("MODELSERVE_MAX_BODY_BYTES", _positive_int, default=10 * 1024 * 1024)
+    max_body_bytes: int = env_setting("MODELSERVE_MAX_BODY_BYTES", positive_int, default=10 * 1024 * 1024)
     upstream_timeout_seconds: float = env_setting(
-        "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS", _positive_float, _render_number, default=600.0
+        "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS", positive_float, render_number, default=600.0
     )
     # SIGTERM's drain deadline for in-flight streams.
-    drain_seconds: float = env_setting("MODELSERVE_DRAIN_SECONDS", _non_negative_float, _render_number, default=60.0)
+    drain_seconds: float = env_setting("MODELSERVE_DRAIN_SECONDS", non_negative_float, render_number, default=60.0)
     # Connections to the engine; sized for an engine's concurrency (vLLM queues beyond its
     # max-num-seqs itself, where its own metrics show the wait), not aiohttp's default 100.
-    upstream_max_connections: int = env_setting("MODELSERVE_UPSTREAM_MAX_CONNECTIONS", _positive_int, default=1024)
+    upstream_max_connections: int = env_setting("MODELSERVE_UPSTREAM_MAX_CONNECTIONS", positive_int, default=1024)
 
     @property
     def engine_model(self) -> str:
@@ -316,13 +201,8 @@ class Settings:
         for setting in dataclasses.fields(self):
             value = getattr(self, setting.name)
             if (setting.name == "keys_dir" and self.auth_public) or (
-                setting.name in OMITTED_AT_DEFAULT and value == _default(setting)
+                setting.name in OMITTED_AT_DEFAULT and value == default_of(setting)
             ):
                 continue
             env[setting.metadata["env"]] = setting.metadata["render"](value)
         return env
-
-    @staticmethod
-    def variables() -> dict[str, str]:
-        """Each variable and the field it sets (for documentation and --help)."""
-        return {setting.metadata["env"]: setting.name for setting in dataclasses.fields(Settings)}

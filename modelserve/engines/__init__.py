@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..choices import Profile
+from modelserve.contracts.choices import Profile
+
 from . import llamacpp, sglang, vllm
 from .base import Engine
 

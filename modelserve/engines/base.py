@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
-    from ..spec import ModelServer, ModelServerSpec
+    from modelserve.api.spec import ModelServer, ModelServerSpec
 
 CONTAINER_NAME = "engine"
 LOOPBACK = "127.0.0.1"  # engines listen here only: every request goes through the sidecar

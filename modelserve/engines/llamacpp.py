@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from .base import CHAT_TEMPLATE_PATH, HUB_CACHE_PATH, LOOPBACK, Engine
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
-    from ..spec import ModelServer
+    from modelserve.api.spec import ModelServer
 
 BUILD = 9093  # llama.cpp's build number: the image tag, and what hack/ builds from source
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..choices import Dtype
+from modelserve.contracts.choices import Dtype
+
 from .base import CHAT_TEMPLATE_PATH, LOOPBACK, Engine
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
-    from ..spec import ModelServer
+    from modelserve.api.spec import ModelServer
 
 VERSION = "0.5.10"  # LFM2 support starts here
 

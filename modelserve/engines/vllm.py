@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .base import CHAT_TEMPLATE_PATH, LOOPBACK, Engine
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
-    from ..spec import ModelServer
+    from modelserve.api.spec import ModelServer
 
 VERSION = "0.32.0"
 # One image per prompt keeps vLLM's start-up profiling inside short contexts such as 1024 tokens.

@@ -12,15 +12,15 @@ import aiohttp
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from modelserve_sidecar import ollama
-from modelserve_sidecar.auth import authorization_header
-from modelserve_sidecar.contract import package_version
-from modelserve_sidecar.metrics import CONTENT_TYPE
-from modelserve_sidecar.upstream import open_session
+from modelserve.contracts.gateway import HEALTH_ROUTE, HELD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, held_to_json
+from modelserve.contracts.names import PACKAGE_VERSION, Key
+from modelserve.http import ollama
+from modelserve.http.metrics import CONTENT_TYPE
+from modelserve.http.relay import authorization_header
+from modelserve.http.upstream import open_session
 
-from . import gateway_errors
+from . import errors as gateway_errors
 from .catalog import Catalog, model_object, ollama_entry
-from .contract import HEALTH_ROUTE, HELD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Key, held_to_json
 from .directory import Ambiguous, Directory, Model
 from .holding import Holding
 from .metrics import GatewayMetrics
@@ -138,7 +138,7 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
 
     @api.get(ollama.VERSION_ROUTE)
     async def ollama_version() -> dict[str, str]:
-        return {"version": ollama.version_string(package_version())}
+        return {"version": ollama.version_string(PACKAGE_VERSION)}
 
     return Dispatcher(api, proxy)
 

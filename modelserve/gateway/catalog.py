@@ -19,9 +19,9 @@ from typing import Any
 
 import aiohttp
 
-from modelserve_sidecar import ollama
+from modelserve.contracts.names import Key
+from modelserve.http import ollama
 
-from .contract import Key
 from .directory import Directory, Model
 
 ASK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)

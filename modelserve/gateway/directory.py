@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from modelserve_operator.autoscaling import readable
-from modelserve_operator.status import pod_ready
-from modelserve_sidecar.contract import LISTEN_PORT
+from modelserve.contracts.names import Key
+from modelserve.contracts.sidecar import LISTEN_PORT
+from modelserve.kube.pods import pod_ready, readable
 
-from .contract import Key
 from .routing import Ring
 
 

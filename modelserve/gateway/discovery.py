@@ -9,18 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from modelserve_operator.apply import Kube, api_client
-from modelserve_operator.manifests import SELECTOR_LABEL
-from modelserve_operator.reconcile import MODELSERVERS
-from modelserve_operator.watch_cache import API_RETRY_BACKOFFS, WatchCache, Watched
-from modelserve_sidecar.contract import package_version
+from modelserve.contracts.names import PACKAGE_VERSION, SELECTOR_LABEL, Key
+from modelserve.kube.apply import Kube, api_client
+from modelserve.kube.watch_cache import API_RETRY_BACKOFFS, MODELSERVERS, WatchCache, Watched
 
-from .contract import Key
 from .directory import Model, model_of
 
 PODS = Watched("v1", "Pod", SELECTOR_LABEL)
 LISTED_WAIT_SECONDS = 0.0
-USER_AGENT = f"modelserve-gateway/{package_version()}"
+USER_AGENT = f"modelserve-gateway/{PACKAGE_VERSION}"
 
 
 class KubeDiscovery:

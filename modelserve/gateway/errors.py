@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from modelserve_sidecar.errors import INVALID_REQUEST_ERROR, SERVER_ERROR, ErrorResponse, bad_request
+from modelserve.http.errors import INVALID_REQUEST_ERROR, SERVER_ERROR, ErrorResponse, bad_request
 
 # After a hold timed out the model is still starting: come back soon, not at once.
 HOLD_RETRY_AFTER_SECONDS = 30

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-from .contract import Key
+from modelserve.contracts.names import Key
 
 
 class Outcome(Enum):

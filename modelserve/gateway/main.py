@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 
-from modelserve_sidecar.serve import serve, settings_or_exit, variables_help
+from modelserve.contracts.env import settings_or_exit, variables_help
+from modelserve.http.serve import serve
 
 from .app import build_app
 from .discovery import KubeDiscovery
 from .settings import GatewaySettings
 
-log = logging.getLogger("modelserve_gateway")
+log = logging.getLogger("modelserve.gateway")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
-from modelserve_sidecar.metrics import DURATION_BUCKETS, TTFT_BUCKETS
-
-from .contract import Key
+from modelserve.contracts.names import Key
+from modelserve.http.metrics import DURATION_BUCKETS, TTFT_BUCKETS
 
 PREFIX = "modelserve_gateway"
 # From an instant to a GPU cold start of many minutes.

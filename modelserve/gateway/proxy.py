@@ -17,10 +17,10 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from modelserve_sidecar import errors
-from modelserve_sidecar.metrics import status_class
-from modelserve_sidecar.proxy import CLIENT_CLOSED
-from modelserve_sidecar.relay import (
+from modelserve.contracts.names import Key
+from modelserve.http import errors
+from modelserve.http.metrics import CLIENT_CLOSED, status_class
+from modelserve.http.relay import (
     HOP_BY_HOP,
     Exchange,
     filter_headers,
@@ -30,8 +30,7 @@ from modelserve_sidecar.relay import (
     upstream_error_kind,
 )
 
-from . import gateway_errors
-from .contract import Key
+from . import errors as gateway_errors
 from .directory import Ambiguous, Directory, Model
 from .holding import Holding, Outcome
 from .metrics import GatewayMetrics

@@ -5,17 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from modelserve_sidecar.contract import (
-    _non_empty,
-    _non_negative_float,
-    _port,
-    _positive_float,
-    _positive_int,
+from modelserve.contracts.env import (
     env_setting,
+    non_empty,
+    non_negative_float,
+    port,
+    positive_float,
+    positive_int,
     read_env,
 )
-
-from .contract import LISTEN_PORT
+from modelserve.contracts.gateway import LISTEN_PORT
 
 LEAST_IN_FLIGHT = "least-in-flight"
 PREFIX_AFFINITY = "prefix-affinity"
@@ -32,7 +31,7 @@ def _routing(raw: str) -> str:
 
 
 def _load_factor(raw: str) -> float:
-    value = _positive_float(raw)
+    value = positive_float(raw)
     if value < 1:
         raise ValueError("must be at least 1 (1: perfectly even, no affinity kept under load)")
     return value
@@ -42,28 +41,28 @@ def _load_factor(raw: str) -> float:
 class GatewaySettings:
     # Empty: every namespace (a ClusterRole); else only these (a Role in each).
     namespaces: tuple[str, ...] = env_setting("MODELSERVE_GATEWAY_NAMESPACES", _namespaces, default=())
-    listen_host: str = env_setting("MODELSERVE_GATEWAY_LISTEN_HOST", _non_empty, default="0.0.0.0")
-    listen_port: int = env_setting("MODELSERVE_GATEWAY_LISTEN_PORT", _port, default=LISTEN_PORT)
+    listen_host: str = env_setting("MODELSERVE_GATEWAY_LISTEN_HOST", non_empty, default="0.0.0.0")
+    listen_port: int = env_setting("MODELSERVE_GATEWAY_LISTEN_PORT", port, default=LISTEN_PORT)
     routing: str = env_setting("MODELSERVE_GATEWAY_ROUTING", _routing, default=LEAST_IN_FLIGHT)
     # Prefix affinity keeps a conversation on its replica until that replica carries this many
     # times the average in flight (consistent hashing with bounded loads).
     affinity_load_factor: float = env_setting("MODELSERVE_GATEWAY_AFFINITY_LOAD_FACTOR", _load_factor, default=1.25)
     # How long a request waits for a ModelServer with no ready replica: a GPU cold start (image
     # pull, weights download and load) takes minutes.
-    hold_seconds: float = env_setting("MODELSERVE_GATEWAY_HOLD_SECONDS", _positive_float, default=600.0)
+    hold_seconds: float = env_setting("MODELSERVE_GATEWAY_HOLD_SECONDS", positive_float, default=600.0)
     # Requests held per ModelServer at most; beyond it, 429.
-    max_held: int = env_setting("MODELSERVE_GATEWAY_MAX_HELD", _positive_int, default=256)
-    max_body_bytes: int = env_setting("MODELSERVE_GATEWAY_MAX_BODY_BYTES", _positive_int, default=10 * 1024 * 1024)
+    max_held: int = env_setting("MODELSERVE_GATEWAY_MAX_HELD", positive_int, default=256)
+    max_body_bytes: int = env_setting("MODELSERVE_GATEWAY_MAX_BODY_BYTES", positive_int, default=10 * 1024 * 1024)
     upstream_timeout_seconds: float = env_setting(
-        "MODELSERVE_GATEWAY_UPSTREAM_TIMEOUT_SECONDS", _positive_float, default=600.0
+        "MODELSERVE_GATEWAY_UPSTREAM_TIMEOUT_SECONDS", positive_float, default=600.0
     )
     # How long a key's answer from a model's sidecar is reused for GET /v1/models.
     models_cache_seconds: float = env_setting(
-        "MODELSERVE_GATEWAY_MODELS_CACHE_SECONDS", _non_negative_float, default=10.0
+        "MODELSERVE_GATEWAY_MODELS_CACHE_SECONDS", non_negative_float, default=10.0
     )
-    drain_seconds: float = env_setting("MODELSERVE_GATEWAY_DRAIN_SECONDS", _non_negative_float, default=60.0)
+    drain_seconds: float = env_setting("MODELSERVE_GATEWAY_DRAIN_SECONDS", non_negative_float, default=60.0)
     upstream_max_connections: int = env_setting(
-        "MODELSERVE_GATEWAY_UPSTREAM_MAX_CONNECTIONS", _positive_int, default=4096
+        "MODELSERVE_GATEWAY_UPSTREAM_MAX_CONNECTIONS", positive_int, default=4096
     )
 
     @classmethod

@@ -35,6 +35,14 @@ USAGE_TYPES = frozenset({"application/json", "text/event-stream"})
 Headers = list[tuple[bytes, bytes]]
 
 
+def authorization_header(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The raw `Authorization` value from ASGI headers (names arrive lower-cased)."""
+    for name, value in headers:
+        if name == b"authorization":
+            return value
+    return None
+
+
 def filter_headers(headers: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes]) -> Headers:
     """Headers without `drop` and without any header the Connection header names (pure)."""
     kept: Headers = []

@@ -15,8 +15,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from .settings import FIELD_MANAGER, USER_AGENT
-from .spec import API_VERSION, KIND, PLURAL
+from modelserve.contracts.names import API_VERSION, FIELD_MANAGER, KIND, PLURAL
+from modelserve.contracts.operator_settings import USER_AGENT
 
 PLURALS = {
     ("apps/v1", "Deployment"): "deployments",

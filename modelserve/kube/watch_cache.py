@@ -16,11 +16,12 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from modelserve.contracts.names import API_VERSION, KIND, Key
+
 from .apply import Kube, error_message
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str]  # (namespace, name)
 # Retries of a failed API request (watches included) wait at most 2 s, so after an API server
 # outage the operator sees the cluster again within a couple of seconds (kopf's own default climbs
 # 1, 1, 2, 3, 5, 8, 13, 21 s); ~90 s of retries before a request of kopf's fails.
@@ -36,6 +37,10 @@ class Watched:
     owner_label: str | None = None
     # Metadata only: a cached Secret is its name and labels, never the key it holds.
     metadata_only: bool = False
+
+
+# The operator's and the gateway's view of every ModelServer.
+MODELSERVERS = Watched(API_VERSION, KIND)
 
 
 def compact(watched: Watched, body: dict[str, Any]) -> dict[str, Any]:

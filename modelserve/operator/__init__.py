@@ -1,1 +1,1 @@
-"""modelserve."""
+"""modelserve-operator: reconciles ModelServers into Deployments and Services, and scales them."""

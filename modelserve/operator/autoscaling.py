@@ -19,18 +19,19 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from modelserve_gateway import contract as gateway
-from modelserve_sidecar.contract import LISTEN_PORT, LOAD_ROUTE, PodLoad
+from modelserve.api.replicas import autoscaled, desired_replicas
+from modelserve.api.spec import ModelServer, Replicas
+from modelserve.api.status import Scaling, utc_now
+from modelserve.contracts import gateway
+from modelserve.contracts.names import Key
+from modelserve.contracts.sidecar import LISTEN_PORT, LOAD_ROUTE, PodLoad
+from modelserve.kube.apply import Kube, error_message
+from modelserve.kube.pods import pod_ready, readable
+from modelserve.kube.watch_cache import WatchCache
+from modelserve.kube.workqueue import WorkQueue
 
 from . import metrics
-from .apply import Kube, error_message
 from .autoscaler import Decision, History, Load, Policy, decide
-from .manifests import SIDECAR_NAME
-from .replicas import autoscaled, desired_replicas
-from .spec import ModelServer, Replicas
-from .status import Scaling, pod_ready, utc_now
-from .watch_cache import Key, WatchCache
-from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +50,6 @@ def policy(replicas: Replicas) -> Policy:
         target=replicas.target_per_replica,
         scale_down_delay=replicas.scale_down_delay_seconds,
         idle_window=replicas.idle_window_seconds,
-    )
-
-
-def readable(pod: dict[str, Any], container: str = SIDECAR_NAME) -> bool:
-    """A pod whose `container` a container runtime started and that has an address: one that can answer.
-    (Simulated nodes such as KWOK's report running containers with no container ID and an
-    address nothing listens on: such pods are never read.)"""
-    if pod["metadata"].get("deletionTimestamp") or not (pod.get("status") or {}).get("podIP"):
-        return False
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return any(
-        s.get("name") == container and s.get("containerID") and "running" in (s.get("state") or {}) for s in statuses
     )
 
 

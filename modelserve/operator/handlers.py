@@ -15,15 +15,15 @@ from typing import Any
 
 import kopf
 
-from modelserve_gateway.contract import GATEWAY_LABEL
+from modelserve.contracts.gateway import GATEWAY_LABEL
+from modelserve.contracts.operator_settings import Settings
+from modelserve.kube.apply import Kube, api_client
+from modelserve.kube.watch_cache import API_RETRY_BACKOFFS, WatchCache, Watched
+from modelserve.kube.workqueue import WorkQueue
 
 from . import metrics
-from .apply import Kube, api_client
 from .autoscaling import Autoscaling
 from .reconcile import Reconciler, Resync, watch_caches
-from .settings import Settings
-from .watch_cache import API_RETRY_BACKOFFS, WatchCache, Watched
-from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +36,12 @@ LISTED_LOG_SECONDS = 30
 def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.enabled = False  # the reconciler posts its own Events, one per transition
     settings.networking.error_backoffs = API_RETRY_BACKOFFS
-    operator_settings = Settings.from_env()
+    operator_settings: Settings = memo.settings
     kube = Kube(api_client())
     queue = WorkQueue(WORKERS)
     caches = watch_caches(kube, tuple(memo.get("namespaces", ())), queue, API_RETRY_BACKOFFS)
     by_kind = caches.by_kind
-    gateways = gateway_pods(kube, operator_settings.gateway_namespace)
+    gateways = gateway_pods(kube, operator_settings.gateway_pod_namespace)
     memo.autoscaling = Autoscaling(kube, caches.modelservers, by_kind["Pod"], by_kind["Deployment"], queue, gateways)
     memo.reconciler = Reconciler(kube, operator_settings, caches, memo.autoscaling)
     memo.queue = queue

@@ -8,10 +8,14 @@ import threading
 
 import kopf
 
+from modelserve.contracts.env import settings_or_exit, variables_help
+from modelserve.contracts.operator_settings import Settings
+
 from . import handlers  # noqa: F401  (registers the handlers)
 
 
 def run(
+    settings: Settings,
     namespaces: tuple[str, ...] = (),
     liveness_endpoint: str | None = None,
     verbose: bool = False,
@@ -29,13 +33,17 @@ def run(
         clusterwide=not namespaces,
         namespaces=list(namespaces),
         liveness_endpoint=liveness_endpoint,
-        memo=kopf.Memo(namespaces=namespaces),
+        memo=kopf.Memo(namespaces=namespaces, settings=settings),
         stop_flag=stop_flag,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="modelserve-operator", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="modelserve-operator",
+        description=f"{__doc__}\nSettings come from the environment (the chart sets them):\n{variables_help(Settings)}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "-n",
         "--namespace",
@@ -46,4 +54,5 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--liveness", metavar="URL", help="serve a liveness probe, e.g. http://0.0.0.0:8081/healthz")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
-    run(tuple(args.namespace), args.liveness, args.verbose)
+    # Read before kopf starts (kopf sets up the logging): a bad variable ends the process, named.
+    run(settings_or_exit(Settings, "modelserve-operator"), tuple(args.namespace), args.liveness, args.verbose)

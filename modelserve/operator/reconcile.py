@@ -16,22 +16,24 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from . import manifests
-from .api_keys import new_api_key
-from .apply import Kube, contains, error_message, fingerprint, is_gone
+from modelserve.api import manifests
+from modelserve.api.spec import ModelServer
+from modelserve.api.status import utc_now
+from modelserve.api.validation import explain
+from modelserve.contracts.api_keys import new_api_key
+from modelserve.contracts.names import API_VERSION, KIND, SELECTOR_LABEL, Key
+from modelserve.contracts.operator_settings import Settings
+from modelserve.kube.apply import Kube, contains, error_message, fingerprint, is_gone
+from modelserve.kube.watch_cache import MODELSERVERS, WatchCache, Watched
+from modelserve.kube.workqueue import WorkQueue
+
 from .autoscaling import Autoscaling
-from .settings import Settings
-from .spec import API_VERSION, KIND, ModelServer
-from .status import compute_status, invalid_spec_status, key_secret_status, transitions, utc_now
-from .validation import explain
-from .watch_cache import Key, WatchCache, Watched
-from .workqueue import WorkQueue
+from .status import compute_status, invalid_spec_status, key_secret_status, transitions
 
 log = logging.getLogger(__name__)
 
-MODELSERVERS = Watched(API_VERSION, KIND)
 CHILDREN = tuple(
-    Watched(api_version, kind, manifests.SELECTOR_LABEL)
+    Watched(api_version, kind, SELECTOR_LABEL)
     for api_version, kind in (
         ("apps/v1", "Deployment"),
         ("v1", "Service"),
@@ -41,7 +43,7 @@ CHILDREN = tuple(
     )
 )
 # Watched so a deleted key Secret is re-created at once; metadata only, so no key is ever read.
-SECRETS = Watched("v1", "Secret", manifests.SELECTOR_LABEL, metadata_only=True)
+SECRETS = Watched("v1", "Secret", SELECTOR_LABEL, metadata_only=True)
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ def watch_caches(kube: Kube, namespaces: tuple[str, ...], queue: WorkQueue, back
 
     def queue_owner(watched: Watched) -> Any:
         def changed(body: dict[str, Any]) -> None:
-            owner = (body["metadata"].get("labels") or {}).get(manifests.SELECTOR_LABEL)
+            owner = (body["metadata"].get("labels") or {}).get(SELECTOR_LABEL)
             if owner:
                 queue.add((body["metadata"]["namespace"], owner))
 

@@ -11,14 +11,16 @@ import aiohttp
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from .contract import HEALTH_ROUTE, LOAD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Settings
+from modelserve.contracts.sidecar import HEALTH_ROUTE, LOAD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Settings
+from modelserve.http.metrics import CONTENT_TYPE
+from modelserve.http.ollama import ROUTES as OLLAMA_ROUTES
+from modelserve.http.upstream import METRICS_TIMEOUT, open_session
+
 from .keys import KeyStore
-from .metrics import CONTENT_TYPE, SidecarMetrics
-from .ollama import ROUTES as OLLAMA_ROUTES
+from .metrics import SidecarMetrics
 from .ollama_asgi import OllamaAdapter
 from .proxy import Proxy
 from .readiness import Readiness
-from .upstream import METRICS_TIMEOUT, open_session
 
 
 class Dispatcher:

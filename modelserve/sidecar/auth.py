@@ -4,18 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from modelserve.http.relay import authorization_header
+
 from .keys import KeyStore
 
 # `Key` is the serverless platforms' scheme, `Bearer` is what OpenAI SDKs send.
 _SCHEMES = (b"bearer", b"key")
-
-
-def authorization_header(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
-    """The raw `Authorization` value from ASGI headers (names arrive lower-cased)."""
-    for name, value in headers:
-        if name == b"authorization":
-            return value
-    return None
 
 
 def extract_key(header: bytes | None) -> tuple[bytes | None, str | None]:

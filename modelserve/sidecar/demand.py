@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from time import monotonic
 
-from .contract import PodLoad
+from modelserve.contracts.sidecar import PodLoad
 
 
 class Demand:

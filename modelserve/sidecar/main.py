@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .app import build_app
-from .contract import Settings
-from .serve import serve, settings_or_exit, variables_help
+from modelserve.contracts.env import settings_or_exit, variables_help
+from modelserve.contracts.sidecar import Settings
+from modelserve.http.serve import serve
 
-log = logging.getLogger("modelserve_sidecar")
+from .app import build_app
+
+log = logging.getLogger("modelserve.sidecar")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -8,12 +8,15 @@ import json
 from time import perf_counter
 from typing import Any
 
-from . import ollama
+from modelserve.contracts.names import PACKAGE_VERSION
+from modelserve.contracts.sidecar import Settings
+from modelserve.http import ollama
+from modelserve.http.metrics import CLIENT_CLOSED, status_class
+from modelserve.http.relay import ClientGone, content_length, read_body
+
 from .auth import refusal_reason
-from .contract import Settings, package_version
-from .metrics import ROUTE_SCOPE_KEY, route_label, status_class
-from .proxy import CLIENT_CLOSED, Proxy
-from .relay import ClientGone, content_length, read_body
+from .metrics import ROUTE_SCOPE_KEY, route_label
+from .proxy import Proxy
 
 # Headers of an error answer worth keeping when its body is translated.
 _KEPT_ON_ERRORS = frozenset({b"www-authenticate", b"retry-after", b"connection"})
@@ -26,7 +29,7 @@ class OllamaAdapter:
     def __init__(self, proxy: Proxy, settings: Settings) -> None:
         self.proxy = proxy
         self.settings = settings
-        self.version = ollama.version_string(package_version())
+        self.version = ollama.version_string(PACKAGE_VERSION)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         start = perf_counter()

@@ -12,13 +12,10 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from . import errors
-from .auth import refusal_reason
-from .contract import Settings
-from .demand import Demand
-from .keys import KeyStore
-from .metrics import ROUTE_SCOPE_KEY, SidecarMetrics, route_label, status_class
-from .relay import (
+from modelserve.contracts.sidecar import Settings
+from modelserve.http import errors
+from modelserve.http.metrics import status_class
+from modelserve.http.relay import (
     HOP_BY_HOP,
     Exchange,
     filter_headers,
@@ -27,8 +24,13 @@ from .relay import (
     respond,
     upstream_error_kind,
 )
+from modelserve.http.usage import usage_from_tail
+
+from .auth import refusal_reason
+from .demand import Demand
+from .keys import KeyStore
+from .metrics import ROUTE_SCOPE_KEY, SidecarMetrics, route_label
 from .request_checks import SAMPLING_ROUTES, check_body
-from .usage import usage_from_tail
 
 log = logging.getLogger(__name__)
 

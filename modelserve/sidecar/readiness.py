@@ -16,7 +16,8 @@ from typing import Any
 
 import aiohttp
 
-from .contract import Settings
+from modelserve.contracts.sidecar import Settings
+
 from .metrics import SidecarMetrics
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from .errors import ErrorResponse, bad_request
+from modelserve.http.errors import ErrorResponse, bad_request
 
 # Routes whose body is JSON; others (e.g. multipart audio uploads) pass through untouched.
 JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"})

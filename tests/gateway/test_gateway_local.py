@@ -6,20 +6,22 @@ real engine and the operator's side are proven in tests/realnode/test_gateway_on
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sidecar"))
-
-from sidecar_harness import (
+from modelserve.gateway.app import build_app
+from modelserve.gateway.directory import Model
+from modelserve.gateway.discovery import FixedDiscovery
+from modelserve.gateway.routing import Ring
+from modelserve.gateway.settings import GatewaySettings
+from modelserve_sandbox.processes import wait_until
+from tests.helpers.sidecar_harness import (
     API_KEY,
     ReplayEngine,
     SecretDir,
@@ -31,13 +33,6 @@ from sidecar_harness import (
     stop_process,
     wait_ready,
 )
-
-from modelserve_gateway.app import build_app
-from modelserve_gateway.directory import Model
-from modelserve_gateway.discovery import FixedDiscovery
-from modelserve_gateway.routing import Ring
-from modelserve_gateway.settings import GatewaySettings
-from modelserve_sandbox.processes import wait_until
 
 DEAD = "127.0.0.1:9"  # nothing listens on the discard port: connections are refused
 HELLO = [{"role": "user", "content": "hi"}]

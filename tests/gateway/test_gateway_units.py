@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from modelserve_gateway.contract import held_from_json, held_to_json
-from modelserve_gateway.directory import Ambiguous, Directory, Model, model_of
-from modelserve_gateway.holding import Holding, Outcome
-from modelserve_gateway.proxy import parse_request
-from modelserve_gateway.routing import Ring, conversation_prefix, least_in_flight
-from modelserve_gateway.settings import GatewaySettings
-from modelserve_operator.autoscaling import gateway_addresses, total_held
-from modelserve_sidecar.contract import ConfigError
+from modelserve.contracts.env import ConfigError
+from modelserve.contracts.gateway import held_from_json, held_to_json
+from modelserve.gateway.directory import Ambiguous, Directory, Model, model_of
+from modelserve.gateway.holding import Holding, Outcome
+from modelserve.gateway.proxy import parse_request
+from modelserve.gateway.routing import Ring, conversation_prefix, least_in_flight
+from modelserve.gateway.settings import GatewaySettings
+from modelserve.operator.autoscaling import gateway_addresses, total_held
 
 A, B, C = "10.88.0.2:8080", "10.88.0.3:8080", "10.88.0.4:8080"
 

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from modelserve_operator.autoscaler import History, Load, Policy, decide
+from modelserve.operator.autoscaler import History, Load, Policy, decide
 
 Trace = list[float]
 # (now, demand: in flight + waiting, last arrival or None, current replicas) -> replicas

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
-
-from operator_cluster import OperatorView
+from tests.helpers.operator_cluster import OperatorView
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "modelserve"
 REAL_WAIT_SECONDS = 180  # image unpack, the model's download from the sandbox hub, its load

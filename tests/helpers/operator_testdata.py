@@ -11,7 +11,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = REPO / "examples"
 CRD_PATH = REPO / "crds" / "modelserver.yaml"
-CATALOG_PATH = Path(__file__).with_name("invalid_manifests.yaml")
+CATALOG_PATH = REPO / "tests" / "operator" / "invalid_manifests.yaml"
 
 
 def examples() -> dict[str, dict[str, Any]]:

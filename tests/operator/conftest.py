@@ -7,12 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from operator_cluster import RESYNC_SECONDS, OperatorView
-from operator_testdata import CRD_PATH
 
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import tail
+from tests.helpers.operator_cluster import RESYNC_SECONDS, OperatorView
+from tests.helpers.operator_testdata import CRD_PATH
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import json
 
 from kubernetes.client.exceptions import ApiException
 
-from modelserve_operator.apply import contains, error_message, fingerprint, is_gone, path
+from modelserve.kube.apply import contains, error_message, fingerprint, is_gone, path
 
 TERMINATING = {
     "kind": "Status",

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import itertools
 
-from modelserve_operator.autoscaler import History, Load, Policy, decide, recommendation
-from modelserve_operator.autoscaling import readable
-from modelserve_operator.replicas import autoscaled, desired_replicas
-from modelserve_operator.spec import Replicas
-from modelserve_operator.status import transitions
-from modelserve_sandbox.load_traces import (
+from modelserve.api.replicas import autoscaled, desired_replicas
+from modelserve.api.spec import Replicas
+from modelserve.kube.pods import readable
+from modelserve.operator.autoscaler import History, Load, Policy, decide, recommendation
+from modelserve.operator.status import transitions
+from tests.helpers.load_traces import (
     autoscaler_rule,
     burst,
     diurnal,

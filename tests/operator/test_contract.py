@@ -7,13 +7,15 @@ import typing
 from pathlib import Path
 
 import pytest
-from operator_testdata import examples
 
-from modelserve_operator import manifests
-from modelserve_operator.engines import engine_for
-from modelserve_operator.settings import Settings
-from modelserve_operator.spec import AuthMode, ModelServer, SamplingDefaults
-from modelserve_sidecar import contract
+from modelserve.api import manifests
+from modelserve.api.spec import AuthMode, ModelServer, SamplingDefaults
+from modelserve.contracts import sidecar as contract
+from modelserve.contracts.env import variables
+from modelserve.contracts.names import SIDECAR_NAME
+from modelserve.contracts.operator_settings import Settings
+from modelserve.engines import engine_for
+from tests.helpers.operator_testdata import examples
 
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0", drain_seconds=45)
 # Every example as it is, plus the variants the examples do not show.
@@ -42,7 +44,7 @@ def _cases() -> list[tuple[str, dict]]:
 
 def _sidecar_env(ms: ModelServer) -> dict[str, str]:
     pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
-    (sidecar,) = [c for c in pod["containers"] if c["name"] == manifests.SIDECAR_NAME]
+    (sidecar,) = [c for c in pod["containers"] if c["name"] == SIDECAR_NAME]
     return {var["name"]: var["value"] for var in sidecar["env"]}
 
 
@@ -72,7 +74,7 @@ def test_the_sidecar_reads_back_what_the_spec_said(name: str, manifest: dict) ->
     assert all(type(value) is contract.SAMPLING_FIELDS[key] for key, value in read.sampling_defaults.items())
     assert read.drain_seconds == SETTINGS.drain_seconds
     pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
-    sidecar = next(c for c in pod["containers"] if c["name"] == manifests.SIDECAR_NAME)
+    sidecar = next(c for c in pod["containers"] if c["name"] == SIDECAR_NAME)
     assert sidecar["ports"][0]["containerPort"] == read.listen_port
     if read.auth_public:
         assert "volumeMounts" not in sidecar
@@ -104,7 +106,7 @@ def test_rendering_round_trips_every_setting() -> None:
         upstream_max_connections=3,
     )
     env = every.to_env()
-    assert set(env) == set(contract.Settings.variables())  # nothing left out with private auth
+    assert set(env) == set(variables(contract.Settings))  # nothing left out with private auth
     read = contract.Settings.from_env(env)
     assert read == every
 

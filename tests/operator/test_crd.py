@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import yaml
-from operator_testdata import CRD_PATH
 
-from modelserve_operator import crd
+from modelserve.api import crd
+from tests.helpers.operator_testdata import CRD_PATH
 
 REGENERATE = "make generate"
 

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_testdata import examples
 
-from modelserve_operator.engines import ENGINES, engine_for
-from modelserve_operator.engines.base import CHAT_TEMPLATE_PATH, command_line
-from modelserve_operator.spec import ModelServer, Profile
-from modelserve_sandbox.llama_server import llama_server_binary
-from modelserve_sidecar.contract import LISTEN_PORT
+from modelserve.api.spec import ModelServer, Profile
+from modelserve.contracts.sidecar import LISTEN_PORT
+from modelserve.engines import ENGINES, engine_for
+from modelserve.engines.base import CHAT_TEMPLATE_PATH, command_line
+from tests.helpers.operator_testdata import examples
 
 EXPECTED = {
     "lfm2-1.2b": "vllm serve LiquidAI/LFM2-1.2B --served-model-name lfm2-1-2b --host 127.0.0.1 --port 8000 "
@@ -131,15 +130,8 @@ def test_llama_cpp_reads_the_template_file_after_jinja() -> None:
     assert args.index("--jinja") < args.index("--chat-template-file")
 
 
-@cache
-def _llama_server_help() -> str:
-    # hack/setup.sh builds the binary before any test runs: a missing one fails here, never skips.
-    binary = llama_server_binary()
-    return subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60).stdout
-
-
-def test_the_real_llama_server_knows_every_flag_the_operator_writes() -> None:
-    help_text = _llama_server_help()
+def test_the_real_llama_server_knows_every_flag_the_operator_writes(llama_server: Path) -> None:
+    help_text = subprocess.run([str(llama_server), "--help"], capture_output=True, text=True, timeout=60).stdout
     ms = _ms(examples()["gemma3-270m-cpu"], chatTemplate=TEMPLATE, maxModelLen=2048)
     flags = [arg for arg in _container(ms)["args"] if arg.startswith("-")]
     assert "--chat-template-file" in flags

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from modelserve_operator.handlers import API_RETRY_BACKOFFS
+from modelserve.operator.handlers import API_RETRY_BACKOFFS
 
 
 def test_api_retries_are_short_and_outlast_an_outage() -> None:

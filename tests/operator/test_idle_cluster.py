@@ -11,14 +11,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
-from operator_testdata import CRD_PATH
-
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import tail, wait_until
+from tests.helpers.operator_testdata import CRD_PATH
 
-pytestmark = pytest.mark.cluster
 RESYNC_SECONDS = 2
 NEVER_SECONDS = 24 * 3600  # a resync period no test outlives
 IDLE_SECONDS = 15  # seven resync rounds

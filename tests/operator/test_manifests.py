@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_testdata import examples
 
-from modelserve_operator import manifests
-from modelserve_operator.settings import Settings
-from modelserve_operator.spec import ModelServer
+from modelserve.api import manifests
+from modelserve.api.spec import ModelServer
+from modelserve.contracts.names import SELECTOR_LABEL
+from modelserve.contracts.operator_settings import Settings
+from tests.helpers.operator_testdata import examples
 
 GOLDEN_DIR = Path(__file__).with_name("golden")
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
@@ -219,7 +220,7 @@ def test_a_chat_template_is_an_owned_config_map_mounted_read_only_into_the_engin
     assert [obj["kind"] for obj in objects][:2] == ["ConfigMap", "Deployment"]  # there before the pods
     config_map = objects[0]
     assert config_map["metadata"]["name"] == "lfm2-1-2b-chat-template"
-    assert config_map["metadata"]["labels"][manifests.SELECTOR_LABEL] == "lfm2-1-2b"  # the watch sees it
+    assert config_map["metadata"]["labels"][SELECTOR_LABEL] == "lfm2-1-2b"  # the watch sees it
     assert config_map["metadata"]["ownerReferences"][0]["uid"] == UID
     assert config_map["data"] == {"chat_template.jinja": TEMPLATE}
     pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]

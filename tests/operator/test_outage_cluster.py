@@ -6,14 +6,11 @@ import json
 import time
 from pathlib import Path
 
-import pytest
-from operator_testdata import CRD_PATH
-
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import tail, wait_until
+from tests.helpers.operator_testdata import CRD_PATH
 
-pytestmark = pytest.mark.cluster
 OUTAGE_SECONDS = 30
 
 

@@ -8,11 +8,8 @@ import json
 import time
 from typing import Any
 
-import pytest
-from operator_cluster import RESYNC_SECONDS, OperatorView
-from operator_testdata import EXAMPLES_DIR, examples
-
-pytestmark = pytest.mark.cluster
+from tests.helpers.operator_cluster import RESYNC_SECONDS, OperatorView
+from tests.helpers.operator_testdata import EXAMPLES_DIR, examples
 
 SMALL = {
     "apiVersion": "serving.modelserve.dev/v1alpha1",

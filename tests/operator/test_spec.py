@@ -6,12 +6,12 @@ import re
 from typing import Any
 
 import pytest
-from operator_testdata import examples, invalid_cases
 from pydantic import BaseModel, ValidationError
 
-from modelserve_operator import spec as spec_module
-from modelserve_operator.engines import sglang, vllm
-from modelserve_operator.spec import AuthMode, Dtype, ModelServer, ModelServerSpec, Profile
+from modelserve.api import spec as spec_module
+from modelserve.api.spec import AuthMode, Dtype, ModelServer, ModelServerSpec, Profile
+from modelserve.engines import sglang, vllm
+from tests.helpers.operator_testdata import examples, invalid_cases
 
 
 def _manifest(spec: dict[str, Any], name: str = "m") -> dict[str, Any]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from modelserve_operator.spec import ModelServer
-from modelserve_operator.status import compute_status, invalid_spec_status, key_secret_status, transitions
-from modelserve_operator.validation import explain
+from modelserve.api.spec import ModelServer
+from modelserve.api.validation import explain
+from modelserve.operator.status import compute_status, invalid_spec_status, key_secret_status, transitions
 
 ENDPOINT = "http://m.ns.svc.cluster.local/v1"
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"

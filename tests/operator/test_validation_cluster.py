@@ -6,12 +6,11 @@ import json
 from typing import Any
 
 import pytest
-from operator_testdata import examples, invalid_cases
 
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import wait_until
+from tests.helpers.operator_testdata import examples, invalid_cases
 
-pytestmark = pytest.mark.cluster
 CASES = invalid_cases()
 
 

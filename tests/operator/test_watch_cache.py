@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from modelserve_operator.watch_cache import Watched, compact, newer
-from modelserve_operator.workqueue import WorkQueue
+from modelserve.kube.watch_cache import Watched, compact, newer
+from modelserve.kube.workqueue import WorkQueue
 
 POD = Watched("v1", "Pod", "serving.modelserve.dev/modelserver")
 SECRET = Watched("v1", "Secret", "serving.modelserve.dev/modelserver", metadata_only=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from chart import Helm
 
 from modelserve_sandbox.cluster import default_bin_dir
+from tests.helpers.chart import Helm
 
 
 @pytest.fixture(scope="session")

@@ -9,17 +9,18 @@ from typing import Any
 
 import pytest
 import yaml
-from chart import CHART, REPO, Helm, by_kind, template_args
 from prometheus_client.metrics_core import Metric
 
-from modelserve_gateway.contract import GATEWAY_LABEL
-from modelserve_gateway.settings import GatewaySettings
-from modelserve_operator import main as operator_main
-from modelserve_operator import manifests
-from modelserve_operator.engines import ENGINES
-from modelserve_operator.settings import Settings
-from modelserve_operator.spec import ModelServer
-from modelserve_sidecar.metrics import SidecarMetrics
+from modelserve.api import manifests
+from modelserve.api.spec import ModelServer
+from modelserve.contracts.gateway import GATEWAY_LABEL
+from modelserve.contracts.names import SELECTOR_LABEL
+from modelserve.contracts.operator_settings import Settings
+from modelserve.engines import ENGINES
+from modelserve.gateway.settings import GatewaySettings
+from modelserve.operator import main as operator_main
+from modelserve.sidecar.metrics import SidecarMetrics
+from tests.helpers.chart import CHART, REPO, Helm, by_kind, template_args
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -214,10 +215,11 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
         startup_seconds=900,
         resync_seconds=30.0,
         cluster_domain="example.internal",
-        engine_images={"vllm": "mirror.example/vllm-openai:v9", "llamacpp": "mirror.example/llama:b1"},
+        vllm_image="mirror.example/vllm-openai:v9",
+        llamacpp_image="mirror.example/llama:b1",
         metrics_port=9100,
         gateway_url="http://ms-modelserve-gateway.modelserve-system.svc.example.internal/v1",
-        gateway_namespace="modelserve-system",
+        gateway_pod_namespace="modelserve-system",
     )
     assert all(name.startswith("MODELSERVE_") for name in env)
 
@@ -278,7 +280,7 @@ def test_gateway_can_be_turned_off(helm: Helm) -> None:
     assert [d["metadata"]["name"] for d in by_kind(rendered, "Deployment")] == ["ms-modelserve"]
     assert not [s for s in by_kind(rendered, "Service") if "gateway" in s["metadata"]["name"]]
     operator_env = {var["name"] for var in _operator_container(rendered)["env"]}
-    assert "MODELSERVE_GATEWAY_URL" not in operator_env and "MODELSERVE_GATEWAY_NAMESPACE" not in operator_env
+    assert "MODELSERVE_GATEWAY_URL" not in operator_env and "MODELSERVE_GATEWAY_POD_NAMESPACE" not in operator_env
 
 
 def test_operator_accepts_the_chart_arguments(helm: Helm, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -288,7 +290,7 @@ def test_operator_accepts_the_chart_arguments(helm: Helm, monkeypatch: pytest.Mo
     seen: dict[str, Any] = {}
     monkeypatch.setattr(operator_main, "run", lambda *a: seen.update(call=a))  # parse only, run nothing
     operator_main.main(args)
-    assert seen["call"] == (("a", "b"), "http://0.0.0.0:8080/healthz", True)
+    assert seen["call"][1:] == (("a", "b"), "http://0.0.0.0:8080/healthz", True)
 
 
 def test_service_monitor_selects_the_operators_services(helm: Helm) -> None:
@@ -303,7 +305,7 @@ def test_service_monitor_selects_the_operators_services(helm: Helm) -> None:
     assert endpoint["port"] in [port["name"] for port in service["spec"]["ports"]]
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     # Prometheus's service-discovery label for the ModelServer's name label.
-    source = "__meta_kubernetes_service_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", manifests.SELECTOR_LABEL)
+    source = "__meta_kubernetes_service_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", SELECTOR_LABEL)
     assert endpoint["relabelings"] == [{"sourceLabels": [source], "targetLabel": "modelserver"}]
 
 

@@ -6,11 +6,9 @@ import json
 import uuid
 
 import pytest
-from chart import CHART, by_kind, objects, template_args
 
 from modelserve_sandbox.cluster import Cluster
-
-pytestmark = pytest.mark.cluster
+from tests.helpers.chart import CHART, by_kind, objects, template_args
 
 
 def server_version(cluster: Cluster) -> str:

@@ -12,16 +12,14 @@ from typing import Any
 
 import pytest
 import yaml
-from chart import REPO
 
-from modelserve_operator.api_keys import GENERATED_KEY_FIELD
-from modelserve_operator.cli import API_KEY_PLACEHOLDER
-from modelserve_operator.spec import NAME_RULE
-from modelserve_operator.validation import rules_by_message
+from modelserve.api.spec import NAME_RULE
+from modelserve.api.validation import rules_by_message
+from modelserve.cli.main import API_KEY_PLACEHOLDER
+from modelserve.contracts.api_keys import GENERATED_KEY_FIELD
 from modelserve_sandbox.cluster import Cluster
-
-sys.path.insert(0, str(REPO / "tests" / "operator"))
-from operator_testdata import CRD_PATH, examples, invalid_cases
+from tests.helpers.chart import REPO
+from tests.helpers.operator_testdata import CRD_PATH, examples, invalid_cases
 
 GOLDEN_DIR = REPO / "tests" / "operator" / "golden"
 GOLDEN_UID = "00000000-0000-4000-8000-000000000000"  # what the golden files were rendered with
@@ -31,7 +29,7 @@ SIDECAR_IMAGE = "ghcr.io/modelserve/modelserve:0.1.0"
 def modelserve(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "MODELSERVE_SIDECAR_IMAGE": SIDECAR_IMAGE}
     return subprocess.run(
-        [sys.executable, "-m", "modelserve_operator.cli", *args],
+        [sys.executable, "-m", "modelserve.cli.main", *args],
         input=input,
         capture_output=True,
         text=True,
@@ -120,7 +118,6 @@ def _api_server_refusal(cluster: Cluster, namespace: str, manifest: dict[str, An
     return result.stderr
 
 
-@pytest.mark.cluster
 def test_render_and_the_api_server_name_the_same_fields(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
     cluster.kubectl("wait", "--for=condition=Established", "crd/modelservers.serving.modelserve.dev")

@@ -21,9 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
-from modelserve_operator import chat_client, cli, cli_cluster, cli_run, cli_views
-from modelserve_operator.chat_client import ChatError
-from modelserve_operator.cli_cluster import ClusterError
+from modelserve.cli import chat_client
+from modelserve.cli import cluster as cli_cluster
+from modelserve.cli import main as cli
+from modelserve.cli import run as cli_run
+from modelserve.cli import views as cli_views
+from modelserve.cli.chat_client import ChatError
+from modelserve.cli.cluster import ClusterError
 
 CLI_SECONDS = 60
 PLAIN_MODELFILE = "FROM unsloth/gemma-3-270m-it-GGUF:Q4_K_M\nPARAMETER temperature 0.1\nPARAMETER top_k 50\n"
@@ -44,7 +48,7 @@ PARAMETER stop "<|endoftext|>"
 
 def modelserve(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "modelserve_operator.cli", *args],
+        [sys.executable, "-m", "modelserve.cli.main", *args],
         input=input,
         capture_output=True,
         text=True,
@@ -308,7 +312,7 @@ def test_run_without_a_cluster_or_key_says_so() -> None:
 
 def test_ctrl_c_in_a_chat_ends_it_quietly() -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "modelserve_operator.cli", "run", "x", "--url", "http://127.0.0.1:9", "--key", "k"],
+        [sys.executable, "-m", "modelserve.cli.main", "run", "x", "--url", "http://127.0.0.1:9", "--key", "k"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from dockerfile import Instruction, env_of, instructions, stages
+
+from tests.helpers.dockerfile import Instruction, env_of, instructions, stages
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
@@ -142,3 +143,22 @@ def test_install_holds_runtime_dependencies_only(image_venv: Path) -> None:
     assert not names & set(NOT_RUNTIME)
     for script in CONSOLE_SCRIPTS:
         assert (image_venv / "bin" / script).is_file()
+
+
+def test_install_holds_no_sandbox_tests_or_simulators(image_venv: Path) -> None:
+    """The sandbox is a development tool with a distribution of its own; the wheel is modelserve/ only."""
+    python = str(image_venv / "bin" / "python")
+    listed = subprocess.run(
+        [python, "-c", "import importlib.metadata as m; print('\\n'.join(map(str, m.files('modelserve'))))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    sources = [line for line in listed.stdout.splitlines() if line.endswith(".py")]
+    assert sources and all(line.startswith("modelserve/") for line in sources), sources
+    assert not [line for line in sources if "sandbox" in line or "load_traces" in line]
+    assert not (image_venv / "bin" / "modelserve-sandbox").exists()
+    for package in ("modelserve_sandbox", "tests", "bench"):
+        found = subprocess.run([python, "-c", f"import {package}"], capture_output=True, timeout=60, cwd="/")
+        assert found.returncode != 0, f"{package} is importable from the image's environment"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 
 import yaml
-from chart import REPO
 
-from modelserve_operator.engines import ENGINES, llamacpp
+from modelserve.engines import ENGINES, llamacpp
 from modelserve_sandbox import llama_server
+from tests.helpers.chart import REPO
 
 README = (REPO / "README.md").read_text()
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from modelserve_operator import chat_template, modelfile
-from modelserve_operator.chat_template import Field, If, Range, TemplateError, Text
-from modelserve_operator.modelfile import Instruction, ModelfileError
+from modelserve.cli import chat_template, modelfile
+from modelserve.cli.chat_template import Field, If, Range, TemplateError, Text
+from modelserve.cli.modelfile import Instruction, ModelfileError
 
 SEED_TEMPLATE = (
     "<|startoftext|>{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"

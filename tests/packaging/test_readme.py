@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import re
 
-from chart import REPO
-
-from modelserve_operator import spec_table
-from modelserve_sidecar.metrics import SidecarMetrics
+from modelserve.api import spec_table
+from modelserve.sidecar.metrics import SidecarMetrics
+from tests.helpers.chart import REPO
 
 README = (REPO / "README.md").read_text()
 
@@ -40,7 +39,7 @@ def test_every_sidecar_series_is_listed() -> None:
 
 
 def test_every_status_reason_has_troubleshooting() -> None:
-    status_source = (REPO / "operator" / "modelserve_operator" / "status.py").read_text()
+    status_source = (REPO / "modelserve" / "operator" / "status.py").read_text()
     reasons = set(re.findall(r'Problem\(\s*"(\w+)"', status_source)) | {"ScaledToZero"}
     assert {"InsufficientGPU", "ModelLoading", "ImagePullError", "CrashLoop"} <= reasons
     troubleshooting = _section("Troubleshooting")

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from node_view import NodeView
 
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.hoststate import IPTABLES, iptables_additions, iptables_save, read_sysctls
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import free_ports, stop_process
+from tests.helpers.node_view import NodeView
 
 REPO = Path(__file__).resolve().parents[2]
 

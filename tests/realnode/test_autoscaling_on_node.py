@@ -9,7 +9,8 @@ import threading
 import time
 
 import httpx
-from node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
+
+from tests.helpers.node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
 
 # One request in flight per replica: three concurrent streams want three, capped at max 2.
 REPLICAS = {

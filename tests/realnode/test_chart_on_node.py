@@ -7,10 +7,9 @@ import json
 import uuid
 from pathlib import Path
 
-from node_view import NodeView, cpu_server, install_chart
-
 from modelserve_sandbox import realnode
 from modelserve_sandbox.cluster import Cluster
+from tests.helpers.node_view import NodeView, cpu_server, install_chart
 
 
 def test_chart_operator_runs_as_a_pod_and_serves_a_model(node_cluster: Cluster, tmp_path: Path) -> None:

@@ -14,9 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from node_view import NodeView
-
 from modelserve_sandbox.cluster import Cluster
+from tests.helpers.node_view import NodeView
 
 NAME = "chatty"
 # The seed's Modelfile shape (a TEMPLATE, its sampling PARAMETERs, stop strings) for the sandbox's
@@ -65,7 +64,7 @@ def test_create_list_show_run_and_rm_from_a_modelfile(node: NodeView, node_clust
 
     def modelserve(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
         result = subprocess.run(
-            [sys.executable, "-m", "modelserve_operator.cli", *args],
+            [sys.executable, "-m", "modelserve.cli.main", *args],
             input=input,
             capture_output=True,
             text=True,

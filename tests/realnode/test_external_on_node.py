@@ -4,21 +4,17 @@ which reaches it over the sandbox bridge and serves it through the Service."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from node_view import NodeView
 
 from modelserve_sandbox import realnode
 from modelserve_sandbox.processes import free_ports, stop_process
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sidecar"))
-
-from sidecar_harness import launch_engine
+from tests.helpers.node_view import NodeView
+from tests.helpers.sidecar_harness import launch_engine
 
 NAME = "host-gemma"
 HOST_MODEL = "gemma3-270m-on-host"  # what the host's server lists in /v1/models

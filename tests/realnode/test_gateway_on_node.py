@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import httpx
 import openai
 import pytest
-from node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server, install_chart
 
 from modelserve_sandbox.cluster import Cluster
+from tests.helpers.node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server, install_chart
 
 RELEASE = "modelserve"
 GATEWAY = f"{RELEASE}-gateway"

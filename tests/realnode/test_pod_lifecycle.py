@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import httpx
-from node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
 
 from modelserve_sandbox import realnode
+from tests.helpers.node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
 
 
 def _chat(base: str, key: str | None, name: str) -> httpx.Response:

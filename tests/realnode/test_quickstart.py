@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
 
 from modelserve_sandbox import realnode
+from tests.helpers.node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 NAME = "my-first-model"

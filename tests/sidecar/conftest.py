@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sidecar_harness import (
+
+from tests.helpers.sidecar_harness import (
     API_KEY,
     Engine,
     ReplayEngine,

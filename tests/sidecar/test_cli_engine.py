@@ -16,7 +16,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from sidecar_harness import (
+
+from modelserve.cli import modelfile
+from tests.helpers.sidecar_harness import (
     API_KEY,
     ENGINE_MODEL,
     Engine,
@@ -28,10 +30,6 @@ from sidecar_harness import (
     stop_process,
     wait_until,
 )
-
-from modelserve_operator import modelfile
-
-pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 24  # the sidecar's default: answers stay short on two cores
 CLI_SECONDS = 120
@@ -52,7 +50,7 @@ def cli_env() -> dict[str, str]:
 
 def modelserve(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "modelserve_operator.cli", *args],
+        [sys.executable, "-m", "modelserve.cli.main", *args],
         input=input,
         capture_output=True,
         text=True,
@@ -80,7 +78,7 @@ def png(path: Path) -> Path:
 def test_run_with_a_prompt_streams_the_answer(sidecar: Sidecar) -> None:
     prompt = "Write a long story about a lighthouse keeper."
     process = subprocess.Popen(
-        [sys.executable, "-m", "modelserve_operator.cli", *run_args(sidecar, prompt)],
+        [sys.executable, "-m", "modelserve.cli.main", *run_args(sidecar, prompt)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=cli_env(),

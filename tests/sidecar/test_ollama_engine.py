@@ -11,7 +11,8 @@ import httpx
 import ollama
 import openai
 import pytest
-from sidecar_harness import (
+
+from tests.helpers.sidecar_harness import (
     API_KEY,
     ENGINE_MODEL,
     Engine,
@@ -20,8 +21,6 @@ from sidecar_harness import (
     private_sidecar,
     wait_until,
 )
-
-pytestmark = pytest.mark.engine
 
 DEFAULT_MAX_TOKENS = 4  # the sidecar's sampling default, as in test_sidecar_engine.py
 PROMPT = "Write a long story about a lighthouse keeper."

@@ -8,11 +8,11 @@ import base64
 import json
 
 import pytest
-from sidecar_harness import read_recording
 
-from modelserve_sidecar import ollama
-from modelserve_sidecar.metrics import route_label
-from modelserve_sidecar.ollama import Clock, Plan, Refusal, StreamTranslator
+from modelserve.http import ollama
+from modelserve.http.ollama import Clock, Plan, Refusal, StreamTranslator
+from modelserve.sidecar.metrics import route_label
+from tests.helpers.sidecar_harness import read_recording
 
 SERVED = "gemma-3-270m"
 NOW = "2026-11-23T03:28:09.211038Z"

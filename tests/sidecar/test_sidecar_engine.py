@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from sidecar_harness import (
+
+from tests.helpers.sidecar_harness import (
     API_KEY,
     ENGINE_MODEL,
     Engine,
@@ -25,8 +26,6 @@ from sidecar_harness import (
     wait_ready,
     wait_until,
 )
-
-pytestmark = pytest.mark.engine
 
 DEFAULT_MAX_TOKENS = 4  # the sidecar's sampling default: short answers keep the tests fast
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]

@@ -16,7 +16,9 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sidecar_harness import (
+
+from modelserve.engines import sglang
+from tests.helpers.sidecar_harness import (
     API_KEY,
     IMAGE_MESSAGES,
     SIDECAR_BIN,
@@ -30,8 +32,6 @@ from sidecar_harness import (
     wait_ready,
     wait_until,
 )
-
-from modelserve_operator.engines import sglang
 
 StartSidecar = Callable[..., Sidecar]
 KUBELET_PROBE_TIMEOUT = 5  # the readinessProbe's timeoutSeconds in the operator's Deployment

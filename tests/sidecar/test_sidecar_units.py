@@ -6,17 +6,18 @@ import json
 from pathlib import Path
 
 import pytest
-from sidecar_harness import API_KEY, IMAGE_MESSAGES, SecretDir, read_recording
 
-from modelserve_sidecar import errors
-from modelserve_sidecar.auth import extract_key, refusal_reason
-from modelserve_sidecar.contract import ConfigError, Settings
-from modelserve_sidecar.keys import KeyStore, key_files, parse_keys
-from modelserve_sidecar.metrics import SidecarMetrics, route_label
-from modelserve_sidecar.proxy import DROP_TO_ENGINE, HOP_BY_HOP, filter_headers
-from modelserve_sidecar.readiness import listed_models
-from modelserve_sidecar.request_checks import check_body, missing_sampling
-from modelserve_sidecar.usage import ResponseTail, usage_from_tail
+from modelserve.contracts.env import ConfigError
+from modelserve.contracts.sidecar import Settings
+from modelserve.http import errors
+from modelserve.http.usage import ResponseTail, usage_from_tail
+from modelserve.sidecar.auth import extract_key, refusal_reason
+from modelserve.sidecar.keys import KeyStore, key_files, parse_keys
+from modelserve.sidecar.metrics import SidecarMetrics, route_label
+from modelserve.sidecar.proxy import DROP_TO_ENGINE, HOP_BY_HOP, filter_headers
+from modelserve.sidecar.readiness import listed_models
+from modelserve.sidecar.request_checks import check_body, missing_sampling
+from tests.helpers.sidecar_harness import API_KEY, IMAGE_MESSAGES, SecretDir, read_recording
 
 REQUIRED = {"MODELSERVE_UPSTREAM_URL": "http://127.0.0.1:8000/", "MODELSERVE_SERVED_MODEL": "tiny"}
 

@@ -18,12 +18,10 @@ from typing import Any
 
 import pytest
 import yaml
-from chart import CHART, REPO
 
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
-
-pytestmark = pytest.mark.cluster
+from tests.helpers.chart import CHART, REPO
 
 EXAMPLE = REPO / "examples" / "lfm2-1.2b.yaml"  # private auth: the operator must create the key Secret
 OPERATOR = Path(sys.executable).with_name("modelserve-operator")

@@ -1,0 +1,88 @@
+"""The ModelServer status types (the CRD's status schema is generated from them); operator/status.py
+computes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class Condition(BaseModel):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    type: str = Field(description="Ready, Progressing or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason, e.g. InsufficientGPU or ModelLoading.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="ModelServer generation the condition reflects.")
+
+
+def utc_now() -> str:
+    """A status timestamp (RFC 3339, whole seconds, as the API server writes them)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KeySecretStatus(BaseModel):
+    """The API key the operator generated, so a regenerated key shows where users look."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    name: str = Field(description="The Secret holding the generated key (data key api-key).")
+    generated_at: str | None = Field(None, description="When the operator last generated the key (RFC 3339).")
+    message: str = Field("", description="What happened to the key last.")
+
+
+class Scaling(BaseModel):
+    """The autoscaler's last change of the replica count."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    reason: Literal["ScaleUp", "ScaleDown"] = Field(description="ScaleUp or ScaleDown.")
+    message: str = Field(description="From how many to how many replicas, and the demand that decided it.")
+    time: str = Field(description="When (RFC 3339).")
+
+
+class ModelServerStatus(BaseModel):
+    """What the operator observed, written to the status subresource."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    observed_generation: int | None = Field(None, description="Generation of the spec this status reflects.")
+    phase: Literal["Pending", "Loading", "Ready", "Updating", "Degraded", "Idle"] | None = Field(
+        None, description="Summary: Pending, Loading, Ready, Updating, Degraded or Idle (no replicas asked)."
+    )
+    desired_replicas: int | None = Field(None, description="Replicas the autoscaler asks for now.")
+    replicas: int | None = Field(None, description="Pods the Deployment runs.")
+    selector: str | None = Field(None, description="Label selector of the pods (for the /scale subresource).")
+    ready_replicas: int | None = Field(None, description="Pods whose sidecar reports the model ready.")
+    endpoint: str | None = Field(None, description="In-cluster base URL of the OpenAI-compatible API.")
+    gateway_endpoint: str | None = Field(
+        None,
+        description="In-cluster base URL of the gateway, one endpoint for every model (the request's model "
+        "picks); it holds requests while the model scales from zero.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Progressing and Degraded.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    key_secret: KeySecretStatus | None = Field(
+        None, description="The generated API key's Secret (auth.mode private without auth.secretName)."
+    )
+    scaling: Scaling | None = Field(None, description="The autoscaler's last change of the replica count.")
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A condition that changed, worth an Event."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str

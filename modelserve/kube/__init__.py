@@ -1,0 +1,1 @@
+"""The Kubernetes layer: the API client, watch-fed caches, the work queue and pod predicates."""
