@@ -1,7 +1,7 @@
 """modelserve: a Kubernetes operator that serves LLMs, as one layered package.
 
 Four programs ship in this package (and in one image); each imports the layers below it and never
-another program. Lowest layer first (`make lint` checks the rule with import-linter, `.importlinter`):
+another program. Lowest layer first (`make lint` checks the rule with import-linter's contracts in pyproject.toml):
 
     contracts   names (group, kind, labels, Key), the sidecar's, gateway's and operator's settings
                 and their environment (`env_setting`), the spec's choices; standard library only

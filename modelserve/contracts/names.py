@@ -20,5 +20,7 @@ SIDECAR_NAME = "sidecar"
 FIELD_MANAGER = "modelserve-operator"
 # This release: the operator's default image tag; the user agents.
 PACKAGE_VERSION = __version__
+# How the operator's own requests show in the API server's audit log.
+USER_AGENT = f"{FIELD_MANAGER}/{PACKAGE_VERSION}"
 
 Key = tuple[str, str]  # (namespace, name) of one object, most often a ModelServer

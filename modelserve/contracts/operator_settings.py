@@ -8,10 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .env import base_url, comma_list, env_setting, non_empty, non_negative_float, number, read_env
-from .names import FIELD_MANAGER, PACKAGE_VERSION
-
-# How the operator's own requests show in the API server's audit log.
-USER_AGENT = f"{FIELD_MANAGER}/{PACKAGE_VERSION}"
+from .names import PACKAGE_VERSION
 
 
 def _seconds(raw: str) -> int:

@@ -15,8 +15,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from modelserve.contracts.names import API_VERSION, FIELD_MANAGER, KIND, PLURAL
-from modelserve.contracts.operator_settings import USER_AGENT
+from modelserve.contracts.names import API_VERSION, FIELD_MANAGER, KIND, PLURAL, USER_AGENT
 
 PLURALS = {
     ("apps/v1", "Deployment"): "deployments",
