@@ -1,0 +1,75 @@
+"""The operator's settings: read like the sidecar's and the gateway's (typed, each error naming its
+variable, exit 2), and the one renamed variable still read under its old name for one release."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from modelserve.contracts.env import ConfigError, variables
+from modelserve.contracts.operator_settings import Settings
+from modelserve.engines import ENGINES
+from modelserve.gateway.settings import GatewaySettings
+
+OLD_NAME, NEW_NAME = "MODELSERVE_GATEWAY_NAMESPACE", "MODELSERVE_GATEWAY_POD_NAMESPACE"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("MODELSERVE_DRAIN_SECONDS", "soon", "must be an integer"),
+        ("MODELSERVE_RESYNC_SECONDS", "-1", "must be zero or a positive number"),
+        ("MODELSERVE_METRICS_PORT", "70000", "must be a port number"),
+        ("MODELSERVE_GATEWAY_URL", "gateway:8080", "must be an http(s) URL"),
+        ("MODELSERVE_GATEWAY_ADDRESSES", "127.0.0.1:8080,nowhere", "'nowhere' is not host:port"),
+    ],
+)
+def test_a_bad_setting_is_refused_naming_its_variable(variable: str, value: str, says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({variable: value})
+    assert str(refused.value).startswith(f"{variable}={value!r}: ") and says in str(refused.value)
+
+
+def test_the_operator_exits_2_naming_the_bad_variable() -> None:
+    program = Path(sys.executable).with_name("modelserve-operator")
+    env = {"PATH": os.environ["PATH"], "MODELSERVE_STARTUP_SECONDS": "an hour"}
+    result = subprocess.run([str(program)], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "modelserve-operator: invalid configuration: MODELSERVE_STARTUP_SECONDS='an hour'" in result.stderr
+
+
+def test_the_help_lists_every_variable() -> None:
+    program = Path(sys.executable).with_name("modelserve-operator")
+    result = subprocess.run([str(program), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for name in variables(Settings):
+        assert name in result.stdout
+
+
+def test_the_gateway_pod_namespace_is_read_under_its_old_name_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        assert Settings.from_env({OLD_NAME: "gateways"}).gateway_pod_namespace == "gateways"
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert OLD_NAME in warning and NEW_NAME in warning and "deprecated" in warning
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        settings = Settings.from_env({OLD_NAME: "old", NEW_NAME: "new"})
+    assert settings.gateway_pod_namespace == "new"
+    assert not caplog.records  # the new name set: the old one is not read, nothing to warn about
+
+
+def test_the_operator_and_the_gateway_name_their_namespaces_apart() -> None:
+    assert NEW_NAME in variables(Settings) and OLD_NAME not in variables(Settings)
+    assert "MODELSERVE_GATEWAY_NAMESPACES" in variables(GatewaySettings)
+    assert not set(variables(Settings)) & set(variables(GatewaySettings))
+
+
+def test_every_engine_has_its_image_variable() -> None:
+    names = {engine.name for engine in ENGINES.values()}
+    settings = Settings.from_env({f"MODELSERVE_ENGINE_IMAGE_{name.upper()}": f"mirror/{name}:1" for name in names})
+    assert settings.engine_images == {name: f"mirror/{name}:1" for name in names}
