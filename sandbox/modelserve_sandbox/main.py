@@ -20,7 +20,8 @@ import urllib.request
 from pathlib import Path
 
 from .cluster import Cluster
-from .processes import free_ports, start_process, stop_process, tail, wait_until
+from .host_programs import HostPrograms, host_programs
+from .processes import tail, wait_until
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -89,82 +90,61 @@ def main(argv: list[str] | None = None) -> int:
         print(cluster.kubectl("get", "nodes", "-L", "type", "-o", "wide").stdout, flush=True)
         cluster.kubectl("apply", "--server-side", "-f", str(args.crds))
         cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-        (gateway_port,) = free_ports(1)
-        gateway_address = f"127.0.0.1:{gateway_port}"
-        gateway_url = f"http://{gateway_address}/v1"
-        # The gateway on the host reaches the real node's pods over its bridge; the operator reads
-        # the requests it holds from its address (a pod gateway, the chart's, is found by label).
-        gateway = start_process(
-            "modelserve-gateway",
-            [str(Path(sys.executable).with_name("modelserve-gateway"))],
-            cluster.log_dir,
-            env={
-                **cluster.env,
-                "MODELSERVE_GATEWAY_LISTEN_HOST": "127.0.0.1",
-                "MODELSERVE_GATEWAY_LISTEN_PORT": str(gateway_port),
-            },
-        )
-        operator = start_process(
-            "modelserve-operator",
-            [str(Path(sys.executable).with_name("modelserve-operator"))],
-            cluster.log_dir,
-            env={
-                **cluster.operator_env,
-                "MODELSERVE_GATEWAY_URL": gateway_url,
-                "MODELSERVE_GATEWAY_ADDRESSES": gateway_address,
-            },
-        )
         try:
-            cluster.kubectl("apply", "-f", str(args.examples))
-            try:
-                wait_until(
-                    lambda: operator.poll() is not None or _settled(cluster),
-                    args.settle_timeout,
-                    "the examples to become Ready or Degraded",
-                    interval=1.0,
-                )
-            except TimeoutError as error:
-                print(f"warning: {error}", flush=True)
-            if operator.poll() is not None:
-                print(
-                    f"the operator exited with {operator.returncode}:\n"
-                    f"{tail(cluster.log_dir / 'modelserve-operator.log')}",
-                    flush=True,
-                )
-                return 1
-            print(cluster.kubectl("get", "ms", "-A").stdout, flush=True)
-            print(cluster.kubectl("get", "pods", "-A", "-o", "wide").stdout, flush=True)
-            print(
-                cluster.kubectl(
-                    "get",
-                    "ms",
-                    "-A",
-                    "-o",
-                    "custom-columns=NAME:.metadata.name,READY:.status.conditions[?(@.type=='Ready')].reason,"
-                    "WHY:.status.conditions[?(@.type=='Degraded')].message",
-                ).stdout,
-                flush=True,
-            )
-            print(f"gateway: {gateway_url} (one base URL for every model)", flush=True)
-            print(f"models the gateway lists without a key: {_gateway_models(gateway_url)}", flush=True)
-            if args.exit_when_settled:
-                return 0
-            print(
-                f"sandbox running; use it with:\n  export KUBECONFIG={cluster.kubeconfig} "
-                f"PATH={cluster.bin_dir}:$PATH\nlogs: {cluster.log_dir}\nCtrl-C stops it.",
-                flush=True,
-            )
-            while not stop.wait(1.0):
-                for name, process in (("operator", operator), ("gateway", gateway)):
-                    if process.poll() is not None:
-                        print(f"the {name} exited; see its log", flush=True)
-                        return 1
-            return 0
+            with host_programs(cluster) as programs:
+                return _serve(args, cluster, programs, stop)
         finally:
-            stop_process(operator)
-            stop_process(gateway)
             if args.workdir is None:
                 shutil.rmtree(workdir / "etcd", ignore_errors=True)
+
+
+def _serve(args: argparse.Namespace, cluster: Cluster, programs: HostPrograms, stop: threading.Event) -> int:
+    """Apply the examples, say where they stand, then run until interrupted (or one program exits)."""
+    operator, gateway, gateway_url = programs.operator, programs.gateway, programs.gateway_url
+    cluster.kubectl("apply", "-f", str(args.examples))
+    try:
+        wait_until(
+            lambda: operator.poll() is not None or _settled(cluster),
+            args.settle_timeout,
+            "the examples to become Ready or Degraded",
+            interval=1.0,
+        )
+    except TimeoutError as error:
+        print(f"warning: {error}", flush=True)
+    if operator.poll() is not None:
+        print(
+            f"the operator exited with {operator.returncode}:\n{tail(cluster.log_dir / 'modelserve-operator.log')}",
+            flush=True,
+        )
+        return 1
+    print(cluster.kubectl("get", "ms", "-A").stdout, flush=True)
+    print(cluster.kubectl("get", "pods", "-A", "-o", "wide").stdout, flush=True)
+    print(
+        cluster.kubectl(
+            "get",
+            "ms",
+            "-A",
+            "-o",
+            "custom-columns=NAME:.metadata.name,READY:.status.conditions[?(@.type=='Ready')].reason,"
+            "WHY:.status.conditions[?(@.type=='Degraded')].message",
+        ).stdout,
+        flush=True,
+    )
+    print(f"gateway: {gateway_url} (one base URL for every model)", flush=True)
+    print(f"models the gateway lists without a key: {_gateway_models(gateway_url)}", flush=True)
+    if args.exit_when_settled:
+        return 0
+    print(
+        f"sandbox running; use it with:\n  export KUBECONFIG={cluster.kubeconfig} "
+        f"PATH={cluster.bin_dir}:$PATH\nlogs: {cluster.log_dir}\nCtrl-C stops it.",
+        flush=True,
+    )
+    while not stop.wait(1.0):
+        for name, process in (("operator", operator), ("gateway", gateway)):
+            if process.poll() is not None:
+                print(f"the {name} exited; see its log", flush=True)
+                return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+"""The sandbox's own wiring, as `make dev` runs it: the gateway and the operator as host processes
+(started by the sandbox's host_programs, as its main does), a `min: 0` cpu ModelServer on the real
+node, and one request held at that host gateway waking it. The chart's in-cluster gateway is
+tested in test_gateway_on_node.py; this one is found by address (MODELSERVE_GATEWAY_ADDRESSES).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.host_programs import HostPrograms, host_programs
+from tests.helpers.node_view import NodeView, Timeline, cpu_server
+
+HELLO = [{"role": "user", "content": "Say hello"}]
+WAKE_SECONDS_AT_MOST = 240
+AT_ZERO = {"min": 0, "max": 1, "buffer": 0, "scaleDownDelaySeconds": 600, "idleWindowSeconds": 600}
+
+
+@pytest.fixture(scope="module")
+def sandbox(node_cluster: Cluster) -> Iterator[HostPrograms]:
+    with host_programs(node_cluster) as programs:
+        yield programs
+
+
+@pytest.fixture
+def view(node_cluster: Cluster, sandbox: HostPrograms) -> Iterator[NodeView]:
+    name = f"dev-{uuid.uuid4().hex[:8]}"
+    node_cluster.create_namespace(name)
+    yield NodeView(node_cluster, name, node_cluster.log_dir / "modelserve-operator.log")
+    node_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    node_cluster.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=1", "--wait=false", check=False)
+
+
+def test_the_host_gateway_wakes_a_model_at_zero(sandbox: HostPrograms, view: NodeView) -> None:
+    view.apply(cpu_server("sleeper", public=True, replicas=AT_ZERO))
+    idle = view.wait_phase("sleeper", "Idle")
+    assert idle["status"]["replicas"] == 0 and not view.pods("sleeper")
+    assert idle["status"]["gatewayEndpoint"] == sandbox.gateway_url
+    client = openai.OpenAI(base_url=sandbox.gateway_url, api_key="none", timeout=WAKE_SECONDS_AT_MOST, max_retries=0)
+    answer: dict[str, str] = {}
+    timeline = Timeline()
+
+    def ask() -> None:
+        try:
+            reply = client.chat.completions.create(model="sleeper", messages=HELLO, max_tokens=16)
+            answer["content"] = reply.choices[0].message.content or ""
+        except openai.APIError as error:
+            answer["error"] = repr(error)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    held_seen: list[int] = []
+    deadline = time.monotonic() + WAKE_SECONDS_AT_MOST
+    while asking.is_alive() and time.monotonic() < deadline:
+        held = httpx.get(f"http://{sandbox.gateway_address}/held", timeout=5).json()["held"]
+        held_seen += [entry["requests"] for entry in held if entry["name"] == "sleeper"]
+        timeline.add(f"held {held_seen[-1:] or [0]}, pods {len(view.pods('sleeper'))}")
+        time.sleep(0.5)
+    asking.join(timeout=10)
+    assert max(held_seen, default=0) == 1, f"the host gateway's /held showed {held_seen}\n{timeline}"
+    assert answer.get("content"), f"{answer}\n{timeline}"
+    scaled = view.get("modelserver", "sleeper") or {}
+    assert scaled["status"]["readyReplicas"] == 1
+    assert "held" in scaled["status"]["scaling"]["message"], scaled["status"]["scaling"]
