@@ -33,6 +33,7 @@ from modelserve.api import manifests, spec
 from modelserve.api.validation import InvalidManifest, explain
 from modelserve.contracts.api_keys import new_api_key
 from modelserve.contracts.choices import Profile
+from modelserve.contracts.env import settings_or_exit
 from modelserve.contracts.names import KIND
 from modelserve.contracts.operator_settings import Settings
 
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     if args.command == "render":
         try:
-            objects = render(args.files, args.namespace, Settings.from_env())
+            objects = render(args.files, args.namespace, settings_or_exit(Settings, "modelserve render"))
         except (InvalidManifest, OSError, yaml.YAMLError) as error:
             print(f"modelserve render: {error}", file=sys.stderr)
             return 1

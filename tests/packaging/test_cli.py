@@ -26,8 +26,8 @@ GOLDEN_UID = "00000000-0000-4000-8000-000000000000"  # what the golden files wer
 SIDECAR_IMAGE = "ghcr.io/modelserve/modelserve:0.1.0"
 
 
-def modelserve(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MODELSERVE_SIDECAR_IMAGE": SIDECAR_IMAGE}
+def modelserve(*args: str, input: str | None = None, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MODELSERVE_SIDECAR_IMAGE": SIDECAR_IMAGE, **env_vars}
     return subprocess.run(
         [sys.executable, "-m", "modelserve.cli.main", *args],
         input=input,
@@ -50,6 +50,13 @@ def test_render_is_the_operators_golden_set(tmp_path: Path, name: str) -> None:
     result = modelserve("render", _write(tmp_path / "ms.yaml", manifest))
     assert result.returncode == 0, result.stderr
     assert result.stdout == (GOLDEN_DIR / f"{name}.yaml").read_text()
+
+
+def test_render_refuses_a_bad_operator_setting_naming_it(tmp_path: Path) -> None:
+    example = _write(tmp_path / "ms.yaml", examples()["lfm2-1.2b"])
+    result = modelserve("render", example, MODELSERVE_DRAIN_SECONDS="a minute")
+    assert result.returncode == 2 and not result.stdout
+    assert "modelserve render: invalid configuration: MODELSERVE_DRAIN_SECONDS='a minute'" in result.stderr
 
 
 def test_render_takes_many_files_documents_and_stdin(tmp_path: Path) -> None:
