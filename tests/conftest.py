@@ -2,9 +2,9 @@
 
 Markers come from what a test needs, never by hand: `cluster` for the control plane (a fixture that
 starts one, a test under tests/cluster or tests/realnode, or a module named *_cluster.py, which starts
-its own), `engine` for a real engine process (the llama-server or model fixtures, tests/realnode),
-`realnode` for the real node (tests/realnode). `pytest -m "not cluster and not engine"` is the fast
-unit subset.
+its own), `engine` for a real engine process (the llama-server or model fixtures) or the real node,
+`realnode` for the real node (tests/realnode, and `make dev`'s own test, which starts the sandbox
+with its node). `pytest -m "not cluster and not engine"` is the fast unit subset.
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ TESTS = Path(__file__).parent
 CLUSTER_FIXTURES = frozenset({"cluster", "node_cluster"})
 ENGINE_FIXTURES = frozenset({"engine", "gguf_model", "llama_server", "node_cluster"})
 CLUSTER_DIRECTORIES = frozenset({"cluster", "realnode"})
+# Whole directories, or single modules, whose tests run pods on the real node.
+REAL_NODE_PATHS = (Path("realnode"), Path("cluster/test_sandbox_command.py"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         path = Path(item.path).relative_to(TESTS)
-        realnode = path.parts[0] == "realnode"
+        realnode = any(path.is_relative_to(where) for where in REAL_NODE_PATHS)
         if used & CLUSTER_FIXTURES or path.parts[0] in CLUSTER_DIRECTORIES or path.stem.endswith("_cluster"):
             item.add_marker(pytest.mark.cluster)
         if used & ENGINE_FIXTURES or realnode:
