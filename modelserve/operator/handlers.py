@@ -42,7 +42,17 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     caches = watch_caches(kube, tuple(memo.get("namespaces", ())), queue, API_RETRY_BACKOFFS)
     by_kind = caches.by_kind
     gateways = gateway_pods(kube, operator_settings.gateway_pod_namespace)
-    memo.autoscaling = Autoscaling(kube, caches.modelservers, by_kind["Pod"], by_kind["Deployment"], queue, gateways)
+    # Gateway pods (the chart's) are found by label; gateways that are not pods (make dev's, on the
+    # host) by address: the requests either holds are the demand that wakes a model at zero.
+    memo.autoscaling = Autoscaling(
+        kube,
+        caches.modelservers,
+        by_kind["Pod"],
+        by_kind["Deployment"],
+        queue,
+        gateways,
+        operator_settings.gateway_addresses,
+    )
     memo.reconciler = Reconciler(kube, operator_settings, caches, memo.autoscaling)
     memo.queue = queue
     memo.caches = caches
