@@ -283,5 +283,4 @@ def refusal_class(path: str) -> str:
 def _canonical(path: str) -> str:
     """The path a lenient server might route `path` to: dot segments resolved, `//` collapsed,
     trailing slash dropped, lower case."""
-    normal = posixpath.normpath("/" + path.lstrip("/")) if path else "/"
-    return normal.lower()
+    return posixpath.normpath("/" + path.lstrip("/")).lower()
