@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from modelserve_sandbox.processes import (
     tail,
     wait_until,
 )
+from modelserve_sidecar import routes
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu"  # how they were recorded: its README.md
@@ -103,6 +105,67 @@ def _dechunk(data: bytes) -> bytes:
             break
         out, data = out + data[:size], data[size + 2 :]
     return out
+
+
+# --- refusals and path spellings, for the sidecar's and the gateway's allowlist tests ------------
+
+
+def assert_refused_here(answer: RawAnswer, method: str, path: str) -> None:
+    """The allowlist's 404, in the protocol's shape (HEAD: the status alone)."""
+    assert answer.status == 404, (method, path, answer)
+    if method == "HEAD":
+        return
+    body = answer.json()
+    if routes.error_shape(path) == routes.OLLAMA:
+        assert set(body) == {"error"} and isinstance(body["error"], str), (path, body)
+        assert body["error"].startswith(f"Invalid URL ({method} ")
+    else:
+        assert body["error"]["code"] == "unknown_route" and body["error"]["type"] == "invalid_request_error", body
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+
+
+def refused_counts(metrics_text: str, program: str = "sidecar") -> Counter[str]:
+    """The refusal counter of the sidecar's or the gateway's metrics, by route class."""
+    sample = f'modelserve_{program}_refused_requests_total{{{{route_class="{{}}"}}}}'
+    return Counter({c: int(metric_value(metrics_text, sample.format(c))) for c in routes.REFUSAL_CLASSES})
+
+
+def spellings(path: str) -> list[str]:
+    """Other spellings of a path: a table of the usual tricks, and each letter percent-encoded."""
+    head, _, tail = path[1:].partition("/")
+    tricks = [
+        path + "/",
+        "/" + path,
+        path.replace("/", "//"),
+        path.upper(),
+        path.title(),
+        f"/{head}/./{tail}",
+        f"/{head}/x/../{tail}",
+        f"/{head}/%2e/{tail}",
+        f"/{head}/x/%2e%2e/{tail}",
+        path + "/.",
+        path + "/..",
+        path + "%2F",
+        path + "%00",
+        path + "%20",
+        path + ";x",
+        path + "\\",
+        "/" + path[1:].replace("/", "%2F"),
+        "/" + path[1:].replace("/", "%2f"),
+        "/" + path[1:].replace("/", "%252F"),
+        "/" + path[1:].replace("/", "\\"),
+        path + "%2F..%2F..%2Fslots",
+        path + "/../../slots",
+        f"/{head}/%2E%2E/%2E%2E/update_weights_from_disk",
+        path + "?x=1",
+    ]
+    encoded = [path[:i] + f"%{ord(c):02X}" + path[i + 1 :] for i, c in enumerate(path) if c.isalpha()]
+    return tricks + encoded
+
+
+# Every allowed path in every other spelling (a few hundred request targets).
+SPELLED = sorted({target for path in routes.ALLOWED_PATHS for target in spellings(path)})
+METHODS = ("GET", "HEAD", "OPTIONS", "PUT", "DELETE", "PATCH", "POST", "TRACE")
 
 
 # --- a Kubernetes Secret volume, as the kubelet writes it ----------------------------------------

@@ -18,13 +18,17 @@ from sidecar_harness import (
     API_KEY,
     ENGINE_TABLES,
     MARK_HEADER,
+    METHODS,
+    SPELLED,
     RawAnswer,
     ReplayEngine,
     SecretDir,
     Sidecar,
+    assert_refused_here,
     launch_sidecar,
     metric_value,
     raw_request,
+    refused_counts,
     refused_routes,
     start_replay,
     stop_process,
@@ -38,7 +42,6 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 HELLO = [{"role": "user", "content": "hello"}]
 # A body every allowed POST route takes (chat, completions, responses, embeddings, tokenize, Ollama's).
 ANY_BODY = json.dumps({"model": "tiny", "messages": HELLO, "prompt": "hi", "input": "hi"}).encode()
-METHODS = ("GET", "HEAD", "OPTIONS", "PUT", "DELETE", "PATCH", "POST", "TRACE")
 
 
 @pytest.fixture(scope="module")
@@ -72,25 +75,6 @@ def send(base: str, method: str, target: str, mark: str) -> RawAnswer:
     return raw_request(base, method, target, headers, body)
 
 
-def assert_refused_here(answer: RawAnswer, method: str, path: str) -> None:
-    """The allowlist's 404, in the protocol's shape (HEAD: the status alone)."""
-    assert answer.status == 404, (method, path, answer)
-    if method == "HEAD":
-        return
-    body = answer.json()
-    if routes.error_shape(path) == routes.OLLAMA:
-        assert set(body) == {"error"} and isinstance(body["error"], str), (path, body)
-        assert body["error"].startswith(f"Invalid URL ({method} ")
-    else:
-        assert body["error"]["code"] == "unknown_route" and body["error"]["type"] == "invalid_request_error", body
-        assert set(body["error"]) == {"message", "type", "param", "code"}
-
-
-def refused_counts(metrics_text: str) -> Counter[str]:
-    sample = 'modelserve_sidecar_refused_requests_total{{route_class="{}"}}'
-    return Counter({c: int(metric_value(metrics_text, sample.format(c))) for c in routes.REFUSAL_CLASSES})
-
-
 @pytest.mark.parametrize("table", ENGINE_TABLES)
 def test_every_engine_route_outside_the_allowlist_is_the_sidecars_404(
     table: str, engine: ReplayEngine, sidecar: Sidecar
@@ -112,42 +96,6 @@ def test_a_refused_route_needs_no_key_and_an_allowed_one_does(engine: ReplayEngi
     assert raw_request(sidecar.url, "GET", "/slots", mark).status == 404
     assert raw_request(sidecar.url, "GET", "/v1/models", mark).status == 401
     assert engine.marked("no-key") == []
-
-
-def spellings(path: str) -> list[str]:
-    """Other spellings of a path: a table of the usual tricks, and each letter percent-encoded."""
-    head, _, tail = path[1:].partition("/")
-    tricks = [
-        path + "/",
-        "/" + path,
-        path.replace("/", "//"),
-        path.upper(),
-        path.title(),
-        f"/{head}/./{tail}",
-        f"/{head}/x/../{tail}",
-        f"/{head}/%2e/{tail}",
-        f"/{head}/x/%2e%2e/{tail}",
-        path + "/.",
-        path + "/..",
-        path + "%2F",
-        path + "%00",
-        path + "%20",
-        path + ";x",
-        path + "\\",
-        "/" + path[1:].replace("/", "%2F"),
-        "/" + path[1:].replace("/", "%2f"),
-        "/" + path[1:].replace("/", "%252F"),
-        "/" + path[1:].replace("/", "\\"),
-        path + "%2F..%2F..%2Fslots",
-        path + "/../../slots",
-        f"/{head}/%2E%2E/%2E%2E/update_weights_from_disk",
-        path + "?x=1",
-    ]
-    encoded = [path[:i] + f"%{ord(c):02X}" + path[i + 1 :] for i, c in enumerate(path) if c.isalpha()]
-    return tricks + encoded
-
-
-SPELLED = sorted({target for path in routes.ALLOWED_PATHS for target in spellings(path)})
 
 
 @pytest.mark.parametrize("method", METHODS)
