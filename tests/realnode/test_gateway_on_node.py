@@ -4,8 +4,9 @@ sidecars in front of the real llama.cpp engine — through the gateway's one Ser
 
 In order: a model at `min: 0` wakes on its first requests (one stream, one not, both held while
 the operator scales it up from the gateway's held count); `GET /v1/models` shows each key what it
-opens; a slow request on one replica sends the next ones to the other; a replica deleted under
-load loses no request.
+opens; llama.cpp's own routes are the sidecar's (or the gateway's) 404 and never reach the engine;
+a slow request on one replica sends the next ones to the other; a replica deleted under load loses
+no request.
 """
 
 from __future__ import annotations
@@ -128,6 +129,38 @@ def test_models_are_listed_per_key(installed: Installed) -> None:
     with pytest.raises(openai.NotFoundError) as unknown:
         _client(installed.base, key).chat.completions.create(model="gamma", messages=HELLO, max_tokens=8)
     assert unknown.value.body["param"] == "model"  # type: ignore[index]
+
+
+# llama.cpp's own routes that a key holder (anyone, for a public model) reached before the allowlist.
+ENGINE_ROUTES = [
+    ("GET", "/slots"),
+    ("GET", "/props"),
+    ("POST", "/completion"),
+    ("POST", "/chat/completions"),
+    ("POST", "/apply-template"),
+    ("POST", "/lora-adapters"),
+    ("GET", "/"),
+    ("GET", "/metrics/anything"),
+]
+
+
+def test_the_engines_own_routes_are_refused_through_the_service_and_the_gateway(installed: Installed) -> None:
+    view = installed.view
+    view.wait_phase("alpha", "Ready")
+    body = {"model": "alpha", "messages": HELLO, "prompt": "hi", "n_predict": 1, "max_tokens": 1}
+    for base in (f"http://{view.cluster_ip('alpha')}", installed.base):
+        for method, path in ENGINE_ROUTES:
+            answer = httpx.request(method, base + path, json=body if method == "POST" else None, timeout=30)
+            assert answer.status_code == 404, (base, method, path, answer.text)
+            assert answer.json()["error"]["code"] == "unknown_route", (base, method, path, answer.text)
+        # The consumer route still answers, through the same address.
+        chat = httpx.post(base + "/v1/chat/completions", json=body, timeout=120)
+        assert chat.status_code == 200 and chat.json()["choices"], chat.text
+    # llama-server logs each request it serves (but its polled /health, /props, /metrics, /v1/models).
+    logs = "".join(view.kubectl("logs", pod["metadata"]["name"], "-c", "engine").stdout for pod in view.pods("alpha"))
+    assert "done request: POST /v1/chat/completions" in logs
+    for method, path in ENGINE_ROUTES:
+        assert f"done request: {method} {path} " not in logs, (method, path)
 
 
 def test_a_slow_request_sends_the_next_ones_to_the_other_replica(installed: Installed) -> None:
