@@ -85,18 +85,8 @@ TAGS_ROUTE = routes.OLLAMA_TAGS.path
 SHOW_ROUTE = routes.OLLAMA_SHOW.path
 VERSION_ROUTE = routes.OLLAMA_VERSION.path
 PS_ROUTE = routes.OLLAMA_PS.path
-# Each route and the method Ollama serves it with (the allowlist's entries under /api/).
-ROUTES: Mapping[str, str] = {
-    route.path: route.method
-    for route in (
-        routes.OLLAMA_CHAT,
-        routes.OLLAMA_GENERATE,
-        routes.OLLAMA_TAGS,
-        routes.OLLAMA_SHOW,
-        routes.OLLAMA_VERSION,
-        routes.OLLAMA_PS,
-    )
-}
+# The routes this module translates: the allowlist's entries under /api/ (each with its one method).
+ROUTES = frozenset(path for _, path in routes.CONSUMER_ROUTES if path.startswith(routes.OLLAMA_PREFIX))
 # What /api/ps says a loaded model stays loaded until: the engine never unloads it (Ollama's own
 # answer for keep_alive -1, which clients show as "Forever").
 LOADED_FOREVER = "2318-01-01T00:00:00Z"
