@@ -47,7 +47,7 @@ class Proxy:
         self.metrics = metrics
         self.demand = Demand()
         self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
-        self._targets = {path: URL(settings.upstream_url + path, encoded=True) for path in routes.ALLOWED_PATHS}
+        self._targets = {path: URL(settings.upstream_url + path, encoded=True) for _, path in routes.FORWARDED}
 
     def key_refusal(self, headers: Iterable[tuple[bytes, bytes]]) -> errors.ErrorResponse | None:
         """The 401 for a request whose key is refused (and counted), or None when it may pass."""
@@ -85,8 +85,13 @@ class Proxy:
         if body is None:
             return
 
-        # The dispatcher let only consumer routes through (allowlist.py), the Ollama adapter sends its own.
-        route = routes.CONSUMER_ROUTES[(scope["method"], scope["path"])]
+        route = routes.FORWARDED.get((scope["method"], scope["path"]))
+        if route is None:
+            # The dispatcher's allowlist (allowlist.py) sends only these, and so does the Ollama
+            # adapter but for the requests it hands over to be refused (bad key, body too large),
+            # which a key reloaded in between could let through to here: nothing else is forwarded.
+            exchange.status = await respond(send, errors.unknown_route(scope["method"], scope["path"]))
+            return
         if route.method == "POST":
             settings = self.settings
             checked = check_body(

@@ -84,6 +84,10 @@ CONSUMER_ROUTES: Mapping[tuple[str, str], Route] = MappingProxyType(
     }
 )
 ALLOWED_PATHS = frozenset(path for _, path in CONSUMER_ROUTES)
+# The consumer routes sent to the engine as they are (Ollama's are translated into these first).
+FORWARDED: Mapping[tuple[str, str], Route] = MappingProxyType(
+    {key: route for key, route in CONSUMER_ROUTES.items() if not route.path.startswith(OLLAMA_PREFIX)}
+)
 
 # Why a request was refused: the `route_class` label of the refusal counters.
 WRONG_METHOD = "method"  # an allowed path with another method (HEAD, OPTIONS, PUT, ...)

@@ -67,6 +67,18 @@ def test_allowed_needs_the_exact_method_and_path() -> None:
         assert routes.allowed(method, path) is None, (method, path)
 
 
+def test_only_openai_routes_are_forwarded_as_they_are() -> None:
+    assert {path for _, path in routes.FORWARDED} == {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+    }
+
+
 def test_errors_under_api_are_ollamas_in_any_spelling() -> None:
     assert routes.error_shape("/api/chat") == routes.OLLAMA
     assert routes.error_shape("/API//pull") == routes.OLLAMA
