@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
-from modelserve_sidecar.metrics import DURATION_BUCKETS, TTFT_BUCKETS
+from modelserve_sidecar.metrics import DURATION_BUCKETS, TTFT_BUCKETS, refusal_counter
 
 from .contract import Key
 
@@ -66,6 +66,7 @@ class GatewayMetrics:
             [*MODEL, "kind"],
             registry=r,
         )
+        self.refused = refusal_counter(PREFIX, r)
         self.replicas = Gauge(f"{PREFIX}_ready_replicas", "Replicas the gateway routes to.", MODEL, registry=r)
 
     def forget(self, key: Key) -> None:

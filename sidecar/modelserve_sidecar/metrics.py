@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
+from . import routes
+
 PREFIX = "modelserve_sidecar"
 # Both halves of a scrape are in this format; the engine's is requested as text/plain.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -63,34 +65,25 @@ DURATION_BUCKETS = (
     7680.0,
 )
 
-# Route labels are this closed set (plus "other"), so arbitrary paths cannot blow up cardinality.
-KNOWN_ROUTES = frozenset(
-    {
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/embeddings",
-        "/v1/responses",
-        "/v1/models",
-        "/v1/audio/transcriptions",
-        "/v1/audio/translations",
-        "/v1/rerank",
-        "/v1/score",
-        "/tokenize",
-        "/detokenize",
-        "/health",
-        "/version",
-        "/generate",
-        # Ollama's API, translated by the sidecar (ollama.py)
-        "/api/chat",
-        "/api/generate",
-        "/api/tags",
-        "/api/show",
-        "/api/version",
-    }
-)
+# Route labels are the consumer routes (plus "other"), so arbitrary paths cannot blow up cardinality.
+KNOWN_ROUTES = routes.ALLOWED_PATHS
 # Set in the ASGI scope by an adapter that rewrote the request's path (ollama_asgi): the route the
 # client called, which the metrics label instead of the engine path.
 ROUTE_SCOPE_KEY = "modelserve.route"
+
+
+def refusal_counter(prefix: str, registry: CollectorRegistry) -> Counter:
+    """Requests outside the consumer routes (routes.py) by why, every class present from the start."""
+    counter = Counter(
+        f"{prefix}_refused_requests",
+        "Requests outside the consumer routes, answered 404 and never forwarded, by route class (method, "
+        "spelling, engine_alias, engine_admin, unknown).",
+        ["route_class"],
+        registry=registry,
+    )
+    for route_class in routes.REFUSAL_CLASSES:
+        counter.labels(route_class)
+    return counter
 
 
 def route_label(path: str) -> str:
@@ -135,6 +128,7 @@ class SidecarMetrics:
             ["reason"],
             registry=r,
         )
+        self.refused = refusal_counter(PREFIX, r)
         self.upstream_errors = Counter(
             f"{PREFIX}_upstream_errors",
             "Failures talking to the engine by kind (connect, disconnected, timeout, status_5xx, metrics).",

@@ -40,13 +40,9 @@ class OllamaAdapter:
         ):
             # The proxy refuses these before it reads anything (and counts them as on /v1): the
             # caller learns nothing from the translation.
-            await self.proxy({**scope, ROUTE_SCOPE_KEY: route}, receive, _ErrorReply(send))
+            await self.proxy({**scope, ROUTE_SCOPE_KEY: route}, receive, OllamaErrors(send))
             return
 
-        if scope["method"] != ollama.ROUTES[route]:
-            allow = ((b"allow", ollama.ROUTES[route].encode()),)
-            await self._answer_here(send, route, start, ollama.Refusal(405, "method not allowed"), allow)
-            return
         try:
             body = await read_body(receive, limit)
         except ClientGone:
@@ -68,8 +64,6 @@ class OllamaAdapter:
             **scope,
             "method": planned.method,
             "path": planned.path,
-            "raw_path": planned.path.encode(),
-            "query_string": b"",
             "headers": kept,
             ROUTE_SCOPE_KEY: route,
         }
@@ -119,8 +113,10 @@ def _ndjson(objects: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(o, separators=(",", ":")).encode() + b"\n" for o in objects)
 
 
-class _ErrorReply:
-    """Sends the proxy's own refusals (401, 413) in Ollama's error shape."""
+class OllamaErrors:
+    """A `send` that gives every error answer (status >= 400) in Ollama's shape, `{"error": "<text>"}`,
+    whoever wrote it (the proxy's refusals, the gateway's, a replica's sidecar, an engine), and
+    passes other answers through as they come."""
 
     def __init__(self, send: Any) -> None:
         self.send = send
@@ -131,6 +127,11 @@ class _ErrorReply:
     async def __call__(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             self.status, self.headers = message["status"], message["headers"]
+            if self.status < 400:
+                await self.send(message)
+            return
+        if self.status < 400:
+            await self.send(message)
             return
         self.body += message.get("body", b"")
         if not message.get("more_body", False):
@@ -142,7 +143,7 @@ class _ErrorReply:
         await _send_whole(self.send, self.status, body, b"application/json", kept)
 
 
-class _Reply(_ErrorReply):
+class _Reply(OllamaErrors):
     """Translates the proxy's answer as it is sent: an SSE stream line by line into NDJSON, a whole
     answer (JSON, or an error) once it is complete."""
 
@@ -199,6 +200,8 @@ class _Reply(_ErrorReply):
             result = ollama.load_answer(plan.route, plan.model, now, plan.done_reason)
         elif plan.route == ollama.TAGS_ROUTE:
             result = ollama.tags_answer(answer, served)
+        elif plan.route == ollama.PS_ROUTE:
+            result = ollama.ps_answer(answer, served)
         elif plan.route == ollama.SHOW_ROUTE:
             result = ollama.show_answer(answer, served, self.adapter.settings.vision)
         elif plan.route == ollama.VERSION_ROUTE:
