@@ -12,9 +12,11 @@ import aiohttp
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from modelserve.contracts import routes
 from modelserve.contracts.gateway import HEALTH_ROUTE, HELD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, held_to_json
 from modelserve.contracts.names import PACKAGE_VERSION, Key
 from modelserve.http import ollama
+from modelserve.http.allowlist import in_error_shape, refuse
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.relay import authorization_header
 from modelserve.http.upstream import open_session
@@ -28,8 +30,8 @@ from .proxy import GatewayProxy
 from .settings import GatewaySettings
 
 MODELS_ROUTE = "/v1/models"
-# Ollama's listing and version, answered here like /v1/models (its other routes carry a model).
-OLLAMA_GETS = frozenset({ollama.TAGS_ROUTE, ollama.VERSION_ROUTE})
+# Ollama's listing, loaded models and version, answered here like /v1/models (its other routes carry a model).
+OLLAMA_GETS = frozenset({ollama.TAGS_ROUTE, ollama.PS_ROUTE, ollama.VERSION_ROUTE})
 
 
 class Discovery(Protocol):
@@ -42,15 +44,23 @@ class Discovery(Protocol):
 
 
 class Dispatcher:
+    """The gateway's own routes and model lists to FastAPI; requests outside the consumer routes
+    refused as a sidecar refuses them (allowlist.py), before any routing; the rest to the proxy.
+    Every answer under /api/ is worded Ollama's way, whoever wrote it."""
+
     def __init__(self, api: FastAPI, proxy: GatewayProxy) -> None:
         self.api = api
         self.proxy = proxy
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] not in OWN_ROUTES and not _model_list(scope):
-            await self.proxy(scope, receive, send)
-        else:
+        if scope["type"] != "http" or scope["path"] in OWN_ROUTES:
             await self.api(scope, receive, send)
+        elif _model_list(scope):
+            await self.api(scope, receive, in_error_shape(send, scope["path"]))
+        elif routes.allowed(scope["method"], scope["path"]) is None:
+            await refuse(scope, send, self.proxy.metrics.refused)
+        else:
+            await self.proxy(scope, receive, in_error_shape(send, scope["path"]))
 
 
 def _model_list(scope: dict[str, Any]) -> bool:
@@ -135,6 +145,11 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
     async def ollama_tags(request: Request) -> dict[str, Any]:
         visible = await catalog.visible(_authorization(request))
         return {"models": [ollama_entry(directory, model) for model in visible]}
+
+    @api.get(ollama.PS_ROUTE)
+    async def ollama_ps(request: Request) -> dict[str, Any]:
+        visible = await catalog.visible(_authorization(request))
+        return {"models": [ollama.loaded(ollama_entry(directory, model)) for model in visible if model.replicas]}
 
     @api.get(ollama.VERSION_ROUTE)
     async def ollama_version() -> dict[str, str]:

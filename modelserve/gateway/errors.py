@@ -37,16 +37,6 @@ def ambiguous_model(name: str, namespaces: list[str]) -> ErrorResponse:
     )
 
 
-def no_model_in(method: str, path: str) -> ErrorResponse:
-    return ErrorResponse(
-        404,
-        f"{method} {path} is not routed by the gateway: it routes POST requests by their JSON 'model' "
-        "(and answers GET /v1/models itself).",
-        INVALID_REQUEST_ERROR,
-        "unknown_route",
-    )
-
-
 def hold_timeout(name: str, seconds: float) -> ErrorResponse:
     return ErrorResponse(
         503,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from modelserve.contracts.names import Key
-from modelserve.http.metrics import DURATION_BUCKETS, TTFT_BUCKETS
+from modelserve.http.metrics import DURATION_BUCKETS, TTFT_BUCKETS, refusal_counter
 
 PREFIX = "modelserve_gateway"
 # From an instant to a GPU cold start of many minutes.
@@ -65,6 +65,7 @@ class GatewayMetrics:
             [*MODEL, "kind"],
             registry=r,
         )
+        self.refused = refusal_counter(PREFIX, r)
         self.replicas = Gauge(f"{PREFIX}_ready_replicas", "Replicas the gateway routes to.", MODEL, registry=r)
 
     def forget(self, key: Key) -> None:

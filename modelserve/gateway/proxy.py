@@ -80,9 +80,6 @@ class GatewayProxy:
                 self.metrics.ttfb.labels(*key).observe(exchange.ttfb)
 
     async def _handle(self, scope: dict[str, Any], receive: Any, send: Any, exchange: Exchange) -> Key:
-        if scope["method"] != "POST":
-            exchange.status = await respond(send, gateway_errors.no_model_in(scope["method"], scope["path"]))
-            return NO_MODEL
         body = await read_limited_body(scope["headers"], receive, send, self.settings.max_body_bytes, exchange)
         if body is None:
             return NO_MODEL
@@ -164,8 +161,9 @@ class GatewayProxy:
         headers = [
             (n.decode("latin-1"), v.decode("latin-1")) for n, v in filter_headers(scope["headers"], DROP_TO_REPLICA)
         ]
-        query = scope["query_string"]
-        path = scope["raw_path"].decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+        # The consumer route the dispatcher checked, as it is spelt there: never the client's raw path
+        # or query (allowlist.py).
+        path = scope["path"]
         key = model.key
         tried: list[str] = []
         chosen: list[tuple[str, str]] = []  # (address, pod): the replica holding this request's count

@@ -71,3 +71,14 @@ def engine_unavailable(retry_after_seconds: int) -> ErrorResponse:
 
 def upstream_timeout(seconds: float) -> ErrorResponse:
     return ErrorResponse(504, f"The model engine sent nothing for {seconds:g} s.", SERVER_ERROR, "engine_timeout")
+
+
+def unknown_route(method: str, path: str) -> ErrorResponse:
+    """A request outside the consumer routes (routes.py), in OpenAI's words for an unknown URL."""
+    shown = path if len(path) <= 200 else path[:200] + "..."
+    return ErrorResponse(
+        404,
+        f"Invalid URL ({method} {shown}): not an inference route of this model.",
+        INVALID_REQUEST_ERROR,
+        "unknown_route",
+    )

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry, Counter
+
+from modelserve.contracts import routes
+
 # Both halves of a scrape are in this format; the engine's is requested as text/plain.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # The status label of a request whose client went away before its answer ended.
@@ -65,3 +69,17 @@ DURATION_BUCKETS = (
 
 def status_class(status: int) -> str:
     return f"{status // 100}xx"
+
+
+def refusal_counter(prefix: str, registry: CollectorRegistry) -> Counter:
+    """Requests outside the consumer routes (routes.py) by why, every class present from the start."""
+    counter = Counter(
+        f"{prefix}_refused_requests",
+        "Requests outside the consumer routes, answered 404 and never forwarded, by route class (method, "
+        "spelling, engine_alias, engine_admin, unknown).",
+        ["route_class"],
+        registry=registry,
+    )
+    for route_class in routes.REFUSAL_CLASSES:
+        counter.labels(route_class)
+    return counter

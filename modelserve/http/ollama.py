@@ -11,6 +11,7 @@ Routes:
     GET  /api/tags      -> GET  /v1/models  (the served model in Ollama's list shape)
     POST /api/show      -> GET  /v1/models  (the served model's details)
     GET  /api/version   -> GET  /v1/models  (answers once the key passes and the engine is up)
+    GET  /api/ps        -> GET  /v1/models  (the served model, loaded, when the engine lists it)
 
 A chat with no messages, or a generate with an empty prompt (Ollama: "load the model"), is also a
 `GET /v1/models`: the model is always loaded here, so it answers `done_reason: "load"` (or
@@ -76,19 +77,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-CHAT_ROUTE = "/api/chat"
-GENERATE_ROUTE = "/api/generate"
-TAGS_ROUTE = "/api/tags"
-SHOW_ROUTE = "/api/show"
-VERSION_ROUTE = "/api/version"
-# Each route and the method Ollama serves it with.
-ROUTES: Mapping[str, str] = {
-    CHAT_ROUTE: "POST",
-    GENERATE_ROUTE: "POST",
-    TAGS_ROUTE: "GET",
-    SHOW_ROUTE: "POST",
-    VERSION_ROUTE: "GET",
-}
+from modelserve.contracts import routes
+
+CHAT_ROUTE = routes.OLLAMA_CHAT.path
+GENERATE_ROUTE = routes.OLLAMA_GENERATE.path
+TAGS_ROUTE = routes.OLLAMA_TAGS.path
+SHOW_ROUTE = routes.OLLAMA_SHOW.path
+VERSION_ROUTE = routes.OLLAMA_VERSION.path
+PS_ROUTE = routes.OLLAMA_PS.path
+# The routes this module translates: the allowlist's entries under /api/ (each with its one method).
+ROUTES = frozenset(path for _, path in routes.CONSUMER_ROUTES if path.startswith(routes.OLLAMA_PREFIX))
+# What /api/ps says a loaded model stays loaded until: the engine never unloads it (Ollama's own
+# answer for keep_alive -1, which clients show as "Forever").
+LOADED_FOREVER = "2318-01-01T00:00:00Z"
 ENGINE_CHAT = "/v1/chat/completions"
 ENGINE_MODELS = "/v1/models"
 NDJSON = "application/x-ndjson"
@@ -161,7 +162,7 @@ def version_string(modelserve_version: str) -> str:
 
 def plan(route: str, body: bytes, served: str) -> Plan | Refusal:
     """The engine request for an Ollama request body, or the refusal to answer with."""
-    if route in (TAGS_ROUTE, VERSION_ROUTE):
+    if route in (TAGS_ROUTE, VERSION_ROUTE, PS_ROUTE):
         return Plan(route, "GET", ENGINE_MODELS, b"", listed_name(served))
     try:
         request = json.loads(body) if body.strip() else {}
@@ -531,6 +532,19 @@ def tags_answer(models: Any, served: str) -> dict[str, Any]:
             }
         ]
     }
+
+
+def ps_answer(models: Any, served: str) -> dict[str, Any]:
+    """The served model in Ollama's list of loaded models when the engine lists it (it is loaded
+    then), else an empty list."""
+    if not _engine_entry(models, served):
+        return {"models": []}
+    return {"models": [loaded(entry) for entry in tags_answer(models, served)["models"]]}
+
+
+def loaded(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """An /api/tags entry as an /api/ps one: loaded for good, its size (if known) all in memory."""
+    return {**entry, "expires_at": LOADED_FOREVER, "size_vram": entry["size"]}
 
 
 def show_answer(models: Any, served: str, vision: bool) -> dict[str, Any]:

@@ -14,10 +14,14 @@ _WHITESPACE = " \t\r\n"
 
 
 def usage_counts(usage: Any) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) from a `usage` object, if it is one."""
+    """(prompt_tokens, completion_tokens) from a `usage` object, if it is one: chat and completions
+    name them so (embeddings have no completion), the Responses API input_tokens and output_tokens."""
     if not isinstance(usage, dict):
         return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
+    if "input_tokens" in usage:
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens", 0)
+    else:
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
     return prompt, completion

@@ -11,7 +11,9 @@ import aiohttp
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from modelserve.contracts import routes
 from modelserve.contracts.sidecar import HEALTH_ROUTE, LOAD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Settings
+from modelserve.http.allowlist import refuse
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.ollama import ROUTES as OLLAMA_ROUTES
 from modelserve.http.upstream import METRICS_TIMEOUT, open_session
@@ -26,7 +28,8 @@ from .readiness import Readiness
 class Dispatcher:
     """Sends proxied paths straight to the raw ASGI proxy, so FastAPI's routing (which doubled the
     per-request cost in measurements) only ever sees the sidecar's own routes and the lifespan.
-    Ollama's routes go to their adapter, which wraps the same proxy."""
+    Anything else that is not a consumer route is refused here (allowlist.py); Ollama's routes go to
+    their adapter, which wraps the same proxy."""
 
     def __init__(self, api: FastAPI, proxy: Proxy, ollama: OllamaAdapter) -> None:
         self.api = api
@@ -34,12 +37,14 @@ class Dispatcher:
         self.ollama = ollama
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] in OLLAMA_ROUTES:
-            await self.ollama(scope, receive, send)
-        elif scope["type"] == "http" and scope["path"] not in OWN_ROUTES:
-            await self.proxy(scope, receive, send)
-        else:
+        if scope["type"] != "http" or scope["path"] in OWN_ROUTES:
             await self.api(scope, receive, send)
+        elif routes.allowed(scope["method"], scope["path"]) is None:
+            await refuse(scope, send, self.proxy.metrics.refused)
+        elif scope["path"] in OLLAMA_ROUTES:
+            await self.ollama(scope, receive, send)
+        else:
+            await self.proxy(scope, receive, send)
 
 
 def build_app(settings: Settings) -> Dispatcher:

@@ -4,36 +4,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
-from modelserve.http.metrics import DURATION_BUCKETS, TTFT_BUCKETS
+from modelserve.contracts import routes
+from modelserve.http.metrics import DURATION_BUCKETS, TTFT_BUCKETS, refusal_counter
 
 PREFIX = "modelserve_sidecar"
 
-
-# Route labels are this closed set (plus "other"), so arbitrary paths cannot blow up cardinality.
-KNOWN_ROUTES = frozenset(
-    {
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/embeddings",
-        "/v1/responses",
-        "/v1/models",
-        "/v1/audio/transcriptions",
-        "/v1/audio/translations",
-        "/v1/rerank",
-        "/v1/score",
-        "/tokenize",
-        "/detokenize",
-        "/health",
-        "/version",
-        "/generate",
-        # Ollama's API, translated by the sidecar (ollama.py)
-        "/api/chat",
-        "/api/generate",
-        "/api/tags",
-        "/api/show",
-        "/api/version",
-    }
-)
+# Route labels are the consumer routes (plus "other"), so arbitrary paths cannot blow up cardinality.
+KNOWN_ROUTES = routes.ALLOWED_PATHS
 # Set in the ASGI scope by an adapter that rewrote the request's path (ollama_asgi): the route the
 # client called, which the metrics label instead of the engine path.
 ROUTE_SCOPE_KEY = "modelserve.route"
@@ -77,6 +54,7 @@ class SidecarMetrics:
             ["reason"],
             registry=r,
         )
+        self.refused = refusal_counter(PREFIX, r)
         self.upstream_errors = Counter(
             f"{PREFIX}_upstream_errors",
             "Failures talking to the engine by kind (connect, disconnected, timeout, status_5xx, metrics).",

@@ -12,14 +12,13 @@ from modelserve.contracts.names import PACKAGE_VERSION
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import ollama
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
+from modelserve.http.ollama_errors import OllamaErrors, send_whole
 from modelserve.http.relay import ClientGone, content_length, read_body
 
 from .auth import refusal_reason
 from .metrics import ROUTE_SCOPE_KEY, route_label
 from .proxy import Proxy
 
-# Headers of an error answer worth keeping when its body is translated.
-_KEPT_ON_ERRORS = frozenset({b"www-authenticate", b"retry-after", b"connection"})
 # Request headers replaced for the rewritten body; Accept-Encoding is dropped so the engine
 # answers uncompressed bytes the translation can read.
 _REWRITTEN = frozenset({b"content-length", b"content-type", b"accept-encoding", b"transfer-encoding"})
@@ -43,13 +42,9 @@ class OllamaAdapter:
         ):
             # The proxy refuses these before it reads anything (and counts them as on /v1): the
             # caller learns nothing from the translation.
-            await self.proxy({**scope, ROUTE_SCOPE_KEY: route}, receive, _ErrorReply(send))
+            await self.proxy({**scope, ROUTE_SCOPE_KEY: route}, receive, OllamaErrors(send))
             return
 
-        if scope["method"] != ollama.ROUTES[route]:
-            allow = ((b"allow", ollama.ROUTES[route].encode()),)
-            await self._answer_here(send, route, start, ollama.Refusal(405, "method not allowed"), allow)
-            return
         try:
             body = await read_body(receive, limit)
         except ClientGone:
@@ -71,8 +66,6 @@ class OllamaAdapter:
             **scope,
             "method": planned.method,
             "path": planned.path,
-            "raw_path": planned.path.encode(),
-            "query_string": b"",
             "headers": kept,
             ROUTE_SCOPE_KEY: route,
         }
@@ -89,7 +82,7 @@ class OllamaAdapter:
     ) -> None:
         """Refusals after the key check, counted like the proxy counts its own."""
         body = refusal.body()
-        await _send_whole(send, refusal.status, body, b"application/json", list(extra))
+        await send_whole(send, refusal.status, body, b"application/json", list(extra))
         self._count_here(route, status_class(refusal.status), start)
 
     def _count_here(self, route: str, label: str, start: float) -> None:
@@ -112,40 +105,11 @@ def _replay(body: bytes, receive: Any) -> Any:
     return replayed
 
 
-async def _send_whole(send: Any, status: int, body: bytes, content_type: bytes, headers: list) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *headers]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
 def _ndjson(objects: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(o, separators=(",", ":")).encode() + b"\n" for o in objects)
 
 
-class _ErrorReply:
-    """Sends the proxy's own refusals (401, 413) in Ollama's error shape."""
-
-    def __init__(self, send: Any) -> None:
-        self.send = send
-        self.status = 500
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.body = b""
-
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self.status, self.headers = message["status"], message["headers"]
-            return
-        self.body += message.get("body", b"")
-        if not message.get("more_body", False):
-            await self.send_error()
-
-    async def send_error(self) -> None:
-        body = ollama.error_body(ollama.error_message(self.body, self.status))
-        kept = [(n, v) for n, v in self.headers if n.lower() in _KEPT_ON_ERRORS]
-        await _send_whole(self.send, self.status, body, b"application/json", kept)
-
-
-class _Reply(_ErrorReply):
+class _Reply(OllamaErrors):
     """Translates the proxy's answer as it is sent: an SSE stream line by line into NDJSON, a whole
     answer (JSON, or an error) once it is complete."""
 
@@ -192,7 +156,7 @@ class _Reply(_ErrorReply):
         try:
             answer = json.loads(self.body)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            await _send_whole(
+            await send_whole(
                 self.send, 502, ollama.error_body("the engine's answer is not JSON"), b"application/json", []
             )
             return
@@ -202,6 +166,8 @@ class _Reply(_ErrorReply):
             result = ollama.load_answer(plan.route, plan.model, now, plan.done_reason)
         elif plan.route == ollama.TAGS_ROUTE:
             result = ollama.tags_answer(answer, served)
+        elif plan.route == ollama.PS_ROUTE:
+            result = ollama.ps_answer(answer, served)
         elif plan.route == ollama.SHOW_ROUTE:
             result = ollama.show_answer(answer, served, self.adapter.settings.vision)
         elif plan.route == ollama.VERSION_ROUTE:
@@ -210,8 +176,8 @@ class _Reply(_ErrorReply):
             clock = ollama.Clock(self.start, self.first, perf_counter())
             result = ollama.chat_answer(plan.route, answer, plan.model, now, clock)
         if plan.stream:  # asked for a stream, got one object: one NDJSON line
-            await _send_whole(self.send, 200, _ndjson([result]), ollama.NDJSON.encode(), [])
+            await send_whole(self.send, 200, _ndjson([result]), ollama.NDJSON.encode(), [])
         else:
-            await _send_whole(
+            await send_whole(
                 self.send, 200, json.dumps(result, separators=(",", ":")).encode(), b"application/json", []
             )

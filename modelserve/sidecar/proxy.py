@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from modelserve.contracts import routes
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import errors
 from modelserve.http.metrics import status_class
@@ -30,7 +31,7 @@ from .auth import refusal_reason
 from .demand import Demand
 from .keys import KeyStore
 from .metrics import ROUTE_SCOPE_KEY, SidecarMetrics, route_label
-from .request_checks import SAMPLING_ROUTES, check_body
+from .request_checks import check_body
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,6 @@ log = logging.getLogger(__name__)
 DROP_TO_ENGINE = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authorization"}
 RETRY_AFTER_SECONDS = 5
 CLIENT_CLOSED = "client_closed"
-# Bounded, so clients sending endless distinct paths cannot grow the cache.
-MAX_CACHED_TARGETS = 256
 
 
 class Proxy:
@@ -51,8 +50,7 @@ class Proxy:
         self.metrics = metrics
         self.demand = Demand()
         self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
-        self._base = settings.upstream_url
-        self._targets: dict[tuple[bytes, bytes], URL] = {}
+        self._targets = {path: URL(settings.upstream_url + path, encoded=True) for _, path in routes.FORWARDED}
 
     def key_refusal(self, headers: Iterable[tuple[bytes, bytes]]) -> errors.ErrorResponse | None:
         """The 401 for a request whose key is refused (and counted), or None when it may pass."""
@@ -90,11 +88,17 @@ class Proxy:
         if body is None:
             return
 
-        path = scope["path"]
-        if scope["method"] == "POST":
+        route = routes.FORWARDED.get((scope["method"], scope["path"]))
+        if route is None:
+            # The dispatcher's allowlist (allowlist.py) sends only these, and so does the Ollama
+            # adapter but for the requests it hands over to be refused (bad key, body too large),
+            # which a key reloaded in between could let through to here: nothing else is forwarded.
+            exchange.status = await respond(send, errors.unknown_route(scope["method"], scope["path"]))
+            return
+        if route.method == "POST":
             settings = self.settings
             checked = check_body(
-                path,
+                route,
                 body,
                 settings.served_model,
                 settings.vision,
@@ -106,12 +110,14 @@ class Proxy:
                 exchange.status = await respond(send, checked)
                 return
             body = checked
-        await self._forward(scope, receive, send, body, exchange, count_usage=path in SAMPLING_ROUTES)
+        await self._forward(scope, receive, send, route, body, exchange)
 
     async def _forward(
-        self, scope: dict[str, Any], receive: Any, send: Any, body: bytes, exchange: Exchange, count_usage: bool
+        self, scope: dict[str, Any], receive: Any, send: Any, route: routes.Route, body: bytes, exchange: Exchange
     ) -> None:
-        target = self._target(scope["raw_path"], scope["query_string"])
+        # The route's own path, the one that was checked: never the raw path the client spelt, and no
+        # query (no consumer route takes one; an engine might read one).
+        target = self._targets[route.path]
         to_engine = [
             (n.decode("latin-1"), v.decode("latin-1")) for n, v in filter_headers(scope["headers"], DROP_TO_ENGINE)
         ]
@@ -119,9 +125,9 @@ class Proxy:
             receive,
             send,
             exchange,
-            lambda: self._open(scope["method"], target, to_engine, body),
+            lambda: self._open(route.method, target, to_engine, body),
             self._failure,
-            count_usage,
+            route.metered,
         )
         if error is not None:
             kind = upstream_error_kind(error)
@@ -145,17 +151,6 @@ class Proxy:
             # advertising keep-alive), which the request never reached: once more, on a new
             # connection. An engine that is really gone then refuses it, which answers 503.
             return await self.session.request(method, target, headers=headers, data=body or None, allow_redirects=False)
-
-    def _target(self, raw_path: bytes, query: bytes) -> URL:
-        """The engine URL for a request path; parsed URLs of the common paths are reused."""
-        key = (raw_path, query)
-        url = self._targets.get(key)
-        if url is None:
-            text = self._base + raw_path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
-            url = URL(text, encoded=True)  # as the client encoded it, not re-quoted
-            if len(self._targets) < MAX_CACHED_TARGETS:
-                self._targets[key] = url
-        return url
 
     def _failure(self, exc: BaseException) -> errors.ErrorResponse:
         if isinstance(exc, asyncio.TimeoutError):

@@ -7,17 +7,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from modelserve.contracts.routes import Route
 from modelserve.http.errors import ErrorResponse, bad_request
 
-# Routes whose body is JSON; others (e.g. multipart audio uploads) pass through untouched.
-JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"})
-# Routes that sample tokens, where sampling defaults apply.
-SAMPLING_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 IMAGE_PART_TYPES = frozenset({"image_url"})
 
 
 def check_body(
-    path: str,
+    route: Route,
     body: bytes,
     served_model: str,
     vision: bool,
@@ -25,11 +22,10 @@ def check_body(
     sampling_aliases: Mapping[str, str] = MappingProxyType({}),
     upstream_model: str = "",
 ) -> bytes | ErrorResponse:
-    """The body to send to the engine (the same bytes when nothing changes), or the error to
-    answer with. `sampling_aliases`: OpenAI name -> the engine's own name of a sampling field;
+    """The body to send to the engine for a POST consumer route (the same bytes when nothing
+    changes), or the error to answer with. Every such route takes a JSON object and gets the same
+    checks; `sampling_aliases`: OpenAI name -> the engine's own name of a sampling field;
     `upstream_model`: the upstream's own model id, sent instead of the client's (the served name)."""
-    if path not in JSON_ROUTES:
-        return body
     try:
         request = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -43,10 +39,19 @@ def check_body(
     if upstream_model and request.get("model") != upstream_model:
         # An external server knows its model by its own id; this ModelServer serves only that one.
         changes["model"] = upstream_model
-    if path in SAMPLING_ROUTES:
-        changes.update(missing_sampling(request, sampling_defaults))
+    if route.samples:
+        changes.update(missing_sampling(request, _named_for(route, sampling_defaults)))
         changes.update(engine_names({**request, **changes}, sampling_aliases))
+    changes.update({name: value for name, value in route.forced if request.get(name) is not value})
     return json.dumps({**request, **changes}).encode() if changes else body
+
+
+def _named_for(route: Route, defaults: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The defaults under the route's own field names (the Responses API's max_output_tokens)."""
+    if "max_tokens" not in defaults or route.max_tokens_field == "max_tokens":
+        return defaults
+    named = {name: value for name, value in defaults.items() if name != "max_tokens"}
+    return {**named, route.max_tokens_field: defaults["max_tokens"]}
 
 
 def missing_sampling(request: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,29 +6,44 @@ real engine and the operator's side are proven in tests/realnode/test_gateway_on
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import httpx
 import pytest
 import uvicorn
 
+from modelserve.contracts import routes
+from modelserve.contracts.gateway import OWN_ROUTES
 from modelserve.gateway.app import build_app
 from modelserve.gateway.directory import Model
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
+from modelserve.http import ollama
 from modelserve_sandbox.processes import wait_until
 from tests.helpers.sidecar_harness import (
     API_KEY,
+    ENGINE_TABLES,
+    MARK_HEADER,
+    METHODS,
+    SPELLED,
+    RawAnswer,
     ReplayEngine,
     SecretDir,
     Sidecar,
+    assert_refused_here,
     free_ports,
     launch_sidecar,
     metric_value,
+    raw_request,
+    refused_counts,
+    refused_routes,
     start_replay,
     stop_process,
     wait_ready,
@@ -45,6 +60,7 @@ class Setup:
     discovery: FixedDiscovery
     public: list[str]  # addresses of the public sidecars
     private: str  # address of the private one
+    replay: ReplayEngine  # the engine behind every sidecar
 
 
 def _model(namespace: str, replicas: list[str], public: bool = True) -> Model:
@@ -86,7 +102,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         thread.start()
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: _up(url), 15, "the gateway to listen")
-        yield Setup(url, discovery, public, private)
+        yield Setup(url, discovery, public, private, replay)
     finally:
         if server is not None and thread is not None:
             server.should_exit = True
@@ -142,7 +158,7 @@ def test_refusals_are_openai_shaped(setup: Setup) -> None:
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
     too_big = httpx.post(f"{setup.base}/v1/chat/completions", content=b"x" * 5000, timeout=10)
     assert too_big.status_code == 413
-    route = httpx.get(f"{setup.base}/v1/whatever", timeout=10)
+    route = httpx.post(f"{setup.base}/v1/whatever", json={"model": "a/tiny"}, timeout=10)
     assert route.status_code == 404 and route.json()["error"]["code"] == "unknown_route"
     # The key is the replica sidecar's business: a wrong one is its 401, passed through.
     wrong = httpx.post(
@@ -222,3 +238,84 @@ def test_ollama_clients_reach_models_through_the_gateway(setup: Setup) -> None:
     with pytest.raises(ollama.ResponseError) as refused:
         anonymous.chat(model="b/tiny", messages=HELLO, stream=False)
     assert refused.value.status_code == 401
+
+
+# --- the allowlist: the gateway refuses what a sidecar would, before routing ------------------------
+
+ANY_BODY = json.dumps({"model": "a/tiny", "messages": HELLO, "prompt": "hi", "input": "hi"}).encode()
+
+
+def _send(setup: Setup, method: str, target: str, mark: str) -> RawAnswer:
+    body = ANY_BODY if method in ("POST", "PUT", "PATCH", "DELETE") else b""
+    return raw_request(setup.base, method, target, {"Content-Type": "application/json", MARK_HEADER: mark}, body)
+
+
+def _answered_by_the_gateway(method: str, path: str) -> bool:
+    """Its own routes, and one model by id (`GET /v1/models/<name>`), which it looks up itself."""
+    return path in OWN_ROUTES or (method == "GET" and path.startswith("/v1/models/"))
+
+
+@pytest.mark.parametrize("table", ENGINE_TABLES)
+def test_every_engine_route_outside_the_allowlist_is_the_gateways_404(setup: Setup, table: str) -> None:
+    refused = [r for r in refused_routes(table) if not _answered_by_the_gateway(r["method"], r["path"])]
+    before = refused_counts(httpx.get(setup.base + "/metrics", timeout=10).text, "gateway")
+    for route in refused:
+        assert_refused_here(_send(setup, route["method"], route["path"], table), route["method"], route["path"])
+    assert setup.replay.marked(table) == []
+    counted = refused_counts(httpx.get(setup.base + "/metrics", timeout=10).text, "gateway")
+    counted.subtract(before)
+    assert +counted == Counter(route["class"] for route in refused)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_any_method_and_spelling_is_refused_or_routed_as_checked(setup: Setup, method: str) -> None:
+    for i, target in enumerate(SPELLED):
+        mark = f"gateway-{method}-{i}"
+        answer = _send(setup, method, target, mark)
+        decoded = unquote(target.partition("?")[0])
+        arrived = setup.replay.marked(mark)
+        if _answered_by_the_gateway(method, decoded):
+            assert answer.status == 404 and arrived == [], (method, target, answer)
+        elif routes.allowed(method, decoded) is None:
+            assert_refused_here(answer, method, decoded)
+            assert arrived == [], (method, target)
+        else:
+            assert answer.status < 500, (method, target, answer)
+            assert all(path in routes.ALLOWED_PATHS for _, path in arrived), (method, target, arrived)
+            if method == "POST" and not decoded.startswith(routes.OLLAMA_PREFIX):
+                assert arrived == [(method, decoded)], (method, target, arrived)
+
+
+def test_every_api_answer_is_in_ollamas_shape(setup: Setup) -> None:
+    chat = f"{setup.base}/api/chat"
+    answers = {
+        "unknown model": (httpx.post(chat, json={"model": "nope", "messages": HELLO}, timeout=10), 404),
+        "no model": (httpx.post(chat, json={"messages": HELLO}, timeout=10), 400),
+        "bad JSON": (httpx.post(chat, content=b'{"model": ', timeout=10), 400),
+        "ambiguous": (httpx.post(chat, json={"model": "tiny", "messages": HELLO}, timeout=10), 400),
+        "too big": (httpx.post(chat, content=b"x" * 5000, timeout=10), 413),
+        "not served": (httpx.post(f"{setup.base}/api/pull", json={"model": "a/tiny"}, timeout=10), 404),
+        "wrong method": (httpx.get(chat, timeout=10), 404),
+        "key": (httpx.post(chat, json={"model": "b/tiny", "messages": HELLO}, timeout=10), 401),  # b's sidecar
+        "held too long": (httpx.post(chat, json={"model": "c/tiny", "messages": HELLO}, timeout=30), 503),
+    }
+    for case, (answer, status) in answers.items():
+        assert answer.status_code == status, (case, answer.text)
+        body = answer.json()
+        assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"], (case, body)
+    assert answers["held too long"][0].headers["retry-after"]
+
+
+def test_ollama_ps_lists_the_ready_models_a_key_opens(setup: Setup) -> None:
+    import ollama as ollama_client
+
+    keyed = ollama_client.Client(host=setup.base, headers={"Authorization": f"Bearer {API_KEY}"})
+    loaded = keyed.ps().models
+    assert [m.model for m in loaded] == ["a/tiny:latest", "b/tiny:latest"]  # c has no ready replica
+    assert all(m.expires_at is not None and m.expires_at.year == 2318 for m in loaded)
+    assert [m.model for m in ollama_client.Client(host=setup.base).ps().models] == ["a/tiny:latest"]
+    with pytest.raises(ollama_client.ResponseError) as unknown:
+        keyed.chat(model="nope", messages=HELLO)
+    assert unknown.value.status_code == 404
+    assert unknown.value.error == "The model 'nope' does not exist or is not served through this gateway."
+    assert ollama.LOADED_FOREVER.startswith("2318-")

@@ -7,10 +7,12 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from pathlib import Path
 import httpx
 from aiohttp import web
 
+from modelserve.contracts import routes
 from modelserve_sandbox.llama_server import llama_server_binary
 from modelserve_sandbox.processes import (
     free_ports,
@@ -30,6 +33,10 @@ from modelserve_sandbox.processes import (
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu"  # how they were recorded: its README.md
+ENGINE_ROUTES = REPO / "tests" / "fixtures" / "engine_routes"  # one table per pinned engine
+# A test's requests carry it to the replay engine, which tells them from the sidecar's own probes.
+MARK_HEADER = "x-test-mark"
+ENGINE_TABLES = ("vllm-0.32.0", "sglang-0.5.10", "llama.cpp-b9093")
 SIDECAR_BIN = str(Path(sys.executable).parent / "modelserve-sidecar")
 API_KEY = "sk-test-3f9a1c"  # what the tests' Secret holds
 ENGINE_MODEL = "gemma-3-270m"  # the served name of the real engine
@@ -43,6 +50,122 @@ IMAGE_MESSAGES = [
         ],
     }
 ]
+
+
+# --- the pinned engines' HTTP routes, read from their source (tests/fixtures/engine_routes) ---------
+
+
+def engine_routes(table: str) -> list[dict]:
+    """Each route of an engine's table: method, path, source (file:line), class, maybe `enabled`."""
+    return json.loads((ENGINE_ROUTES / f"{table}.json").read_text())["routes"]
+
+
+def refused_routes(table: str) -> list[dict]:
+    """The routes of a table a consumer does not get."""
+    return [route for route in engine_routes(table) if route["class"] != "consumer"]
+
+
+@dataclass(frozen=True)
+class RawAnswer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+
+def raw_request(
+    base: str, method: str, target: str, headers: dict[str, str] | None = None, body: bytes = b""
+) -> RawAnswer:
+    """One HTTP/1.1 exchange with the request target sent byte for byte (HTTP clients normalise dot
+    segments and encodings; a proxy must be tried with what an attacker can send)."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Connection: close", f"Content-Length: {len(body)}"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body)
+        chunks = []
+        while chunk := connection.recv(65536):
+            chunks.append(chunk)
+    head, _, rest = b"".join(chunks).partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    answer_headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in header_lines)}
+    if answer_headers.get("transfer-encoding") == "chunked":
+        rest = _dechunk(rest)
+    return RawAnswer(int(status_line.split()[1]), answer_headers, rest)
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = b""
+    while data:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out, data = out + data[:size], data[size + 2 :]
+    return out
+
+
+# --- refusals and path spellings, for the sidecar's and the gateway's allowlist tests ------------
+
+
+def assert_refused_here(answer: RawAnswer, method: str, path: str) -> None:
+    """The allowlist's 404, in the protocol's shape (HEAD: the status alone)."""
+    assert answer.status == 404, (method, path, answer)
+    if method == "HEAD":
+        return
+    body = answer.json()
+    if routes.error_shape(path) == routes.OLLAMA:
+        assert set(body) == {"error"} and isinstance(body["error"], str), (path, body)
+        assert body["error"].startswith(f"Invalid URL ({method} ")
+    else:
+        assert body["error"]["code"] == "unknown_route" and body["error"]["type"] == "invalid_request_error", body
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+
+
+def refused_counts(metrics_text: str, program: str = "sidecar") -> Counter[str]:
+    """The refusal counter of the sidecar's or the gateway's metrics, by route class."""
+    sample = f'modelserve_{program}_refused_requests_total{{{{route_class="{{}}"}}}}'
+    return Counter({c: int(metric_value(metrics_text, sample.format(c))) for c in routes.REFUSAL_CLASSES})
+
+
+def spellings(path: str) -> list[str]:
+    """Other spellings of a path: a table of the usual tricks, and each letter percent-encoded."""
+    head, _, tail = path[1:].partition("/")
+    tricks = [
+        path + "/",
+        "/" + path,
+        path.replace("/", "//"),
+        path.upper(),
+        path.title(),
+        f"/{head}/./{tail}",
+        f"/{head}/x/../{tail}",
+        f"/{head}/%2e/{tail}",
+        f"/{head}/x/%2e%2e/{tail}",
+        path + "/.",
+        path + "/..",
+        path + "%2F",
+        path + "%00",
+        path + "%20",
+        path + ";x",
+        path + "\\",
+        "/" + path[1:].replace("/", "%2F"),
+        "/" + path[1:].replace("/", "%2f"),
+        "/" + path[1:].replace("/", "%252F"),
+        "/" + path[1:].replace("/", "\\"),
+        path + "%2F..%2F..%2Fslots",
+        path + "/../../slots",
+        f"/{head}/%2E%2E/%2E%2E/update_weights_from_disk",
+        path + "?x=1",
+    ]
+    encoded = [path[:i] + f"%{ord(c):02X}" + path[i + 1 :] for i, c in enumerate(path) if c.isalpha()]
+    return tricks + encoded
+
+
+# Every allowed path in every other spelling (a few hundred request targets).
+SPELLED = sorted({target for path in routes.ALLOWED_PATHS for target in spellings(path)})
+METHODS = ("GET", "HEAD", "OPTIONS", "PUT", "DELETE", "PATCH", "POST", "TRACE")
 
 
 # --- a Kubernetes Secret volume, as the kubelet writes it ----------------------------------------
@@ -206,6 +329,8 @@ class ReplayEngine:
 
     port: int
     received: list[dict] = field(default_factory=list)  # JSON bodies of the POSTs that arrived
+    # (method, raw path, x-test-mark header) of every request, the sidecar's own probes included
+    seen: list[tuple[str, str, str]] = field(default_factory=list)
     streams: list[str] = field(default_factory=list)  # "complete" or "client_gone", per stream
     healthy: bool = True
     health_delay: float = 0.0
@@ -229,16 +354,34 @@ class ReplayEngine:
         self._loop.close()
 
     async def _start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self._record])
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._fixed("models.http"))
         app.router.add_get("/version", self._fixed("version.http"))
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
+        # Any other method and path answers 200, as an open engine route does: a request that
+        # got here shows, whatever it asked for.
+        app.router.add_route("*", "/{anything:.*}", self._reached)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        self.seen.append((request.method, request.raw_path, request.headers.get(MARK_HEADER, "")))
+        return await handler(request)
+
+    async def _reached(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.content_type == "application/json" and body:
+            self.received.append(json.loads(body))
+        return web.json_response({"reached": "engine", "path": request.raw_path})
+
+    def marked(self, mark: str) -> list[tuple[str, str]]:
+        """(method, raw path) of the requests that arrived with the test's mark."""
+        return [(method, path) for method, path, seen_mark in self.seen if seen_mark == mark]
 
     def _fixed(self, name: str) -> Callable[[web.Request], object]:
         async def handler(request: web.Request) -> web.StreamResponse:

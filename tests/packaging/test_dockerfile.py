@@ -160,5 +160,6 @@ def test_install_holds_no_sandbox_tests_or_simulators(image_venv: Path) -> None:
     assert not [line for line in sources if "sandbox" in line or "load_traces" in line]
     assert not (image_venv / "bin" / "modelserve-sandbox").exists()
     for package in ("modelserve_sandbox", "tests", "bench"):
-        found = subprocess.run([python, "-c", f"import {package}"], capture_output=True, timeout=60, cwd="/")
+        # -I: isolated, as the image runs it (no PYTHONPATH, no current directory on the path).
+        found = subprocess.run([python, "-I", "-c", f"import {package}"], capture_output=True, timeout=60, cwd="/")
         assert found.returncode != 0, f"{package} is importable from the image's environment"

@@ -4,8 +4,9 @@ sidecars in front of the real llama.cpp engine — through the gateway's one Ser
 
 In order: a model at `min: 0` wakes on its first requests (one stream, one not, both held while
 the operator scales it up from the gateway's held count); `GET /v1/models` shows each key what it
-opens; a slow request on one replica sends the next ones to the other; a replica deleted under
-load loses no request.
+opens; llama.cpp's own routes are the sidecar's (or the gateway's) 404 and never reach the engine;
+a slow request on one replica sends the next ones to the other; a replica deleted under load loses
+no request.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import openai
@@ -23,6 +25,8 @@ import pytest
 
 from modelserve_sandbox.cluster import Cluster
 from tests.helpers.node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server, install_chart
+
+REPO = Path(__file__).resolve().parents[2]
 
 RELEASE = "modelserve"
 GATEWAY = f"{RELEASE}-gateway"
@@ -128,6 +132,36 @@ def test_models_are_listed_per_key(installed: Installed) -> None:
     with pytest.raises(openai.NotFoundError) as unknown:
         _client(installed.base, key).chat.completions.create(model="gamma", messages=HELLO, max_tokens=8)
     assert unknown.value.body["param"] == "model"  # type: ignore[index]
+
+
+# llama.cpp's own routes, from its source (tests/fixtures/engine_routes), but the consumer ones and
+# /metrics (the sidecar's and the gateway's own); before the allowlist a key holder (anyone, for a
+# public model) reached those that are on by default: /slots, /props, /completion, /apply-template,
+# /lora-adapters, the web UI, ...
+ENGINE_ROUTES = [
+    (route["method"], route["path"])
+    for route in json.loads((REPO / "tests/fixtures/engine_routes/llama.cpp-b9093.json").read_text())["routes"]
+    if route["class"] != "consumer" and route["path"] != "/metrics"
+] + [("GET", "/metrics/anything"), ("GET", "//slots"), ("GET", "/v1/../slots")]
+
+
+def test_the_engines_own_routes_are_refused_through_the_service_and_the_gateway(installed: Installed) -> None:
+    view = installed.view
+    view.wait_phase("alpha", "Ready")
+    body = {"model": "alpha", "messages": HELLO, "prompt": "hi", "n_predict": 1, "max_tokens": 1}
+    for base in (f"http://{view.cluster_ip('alpha')}", installed.base):
+        for method, path in ENGINE_ROUTES:
+            answer = httpx.request(method, base + path, json=body if method == "POST" else None, timeout=30)
+            assert answer.status_code == 404, (base, method, path, answer.text)
+            assert answer.json()["error"]["code"] == "unknown_route", (base, method, path, answer.text)
+        # The consumer route still answers, through the same address.
+        chat = httpx.post(base + "/v1/chat/completions", json=body, timeout=120)
+        assert chat.status_code == 200 and chat.json()["choices"], chat.text
+    # llama-server logs each request it serves (but its polled /health, /props, /metrics, /v1/models).
+    logs = "".join(view.kubectl("logs", pod["metadata"]["name"], "-c", "engine").stdout for pod in view.pods("alpha"))
+    assert "done request: POST /v1/chat/completions" in logs
+    for method, path in ENGINE_ROUTES:
+        assert f"done request: {method} {path} " not in logs, (method, path)
 
 
 def test_a_slow_request_sends_the_next_ones_to_the_other_replica(installed: Installed) -> None:

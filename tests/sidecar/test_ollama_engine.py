@@ -142,6 +142,9 @@ def test_tags_show_and_version(sidecar: Sidecar) -> None:
     assert shown.capabilities == ["completion"] and shown.modelinfo["general.parameter_count"] > 0
     version = httpx.get(sidecar.url + "/api/version", headers=AUTH, timeout=30)
     assert version.status_code == 200 and version.json()["version"].startswith("0.6.0+modelserve.")
+    (running,) = c.ps().models  # the one model, always loaded
+    assert (running.model, running.size, running.size_vram) == (listed.model, listed.size, listed.size)
+    assert running.expires_at is not None and running.expires_at.year == 2318
 
 
 def test_an_unknown_model_is_not_found(sidecar: Sidecar) -> None:
@@ -184,8 +187,13 @@ def test_refusals_over_raw_http(sidecar: Sidecar) -> None:
         timeout=30,
     )
     assert raw.status_code == 400 and raw.json()["error"].startswith("raw is not supported")
+    # Outside the allowlist, as Ollama's own server answers it: 404, in Ollama's shape.
     wrong_method = httpx.get(chat, headers=AUTH, timeout=30)
-    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert wrong_method.status_code == 404 and wrong_method.json() == {
+        "error": "Invalid URL (GET /api/chat): not an inference route of this model."
+    }
+    pull = httpx.post(sidecar.url + "/api/pull", json={"model": ENGINE_MODEL}, headers=AUTH, timeout=30)
+    assert pull.status_code == 404 and isinstance(pull.json()["error"], str)
     unauthenticated = httpx.post(chat, content=b'{"model": ', timeout=30)  # 401 before the body is looked at
     assert unauthenticated.status_code == 401 and unauthenticated.headers["www-authenticate"].startswith("Bearer")
     # No "stream" field: Ollama streams by default (its Python client always sends one).

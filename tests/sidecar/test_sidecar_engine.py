@@ -13,15 +13,19 @@ import httpx
 import openai
 import pytest
 
+from modelserve.contracts.sidecar import OWN_ROUTES
 from tests.helpers.sidecar_harness import (
     API_KEY,
     ENGINE_MODEL,
     Engine,
     Sidecar,
+    assert_refused_here,
     free_ports,
     launch_engine,
     metric_value,
     private_sidecar,
+    raw_request,
+    refused_routes,
     stop_process,
     wait_ready,
     wait_until,
@@ -30,6 +34,7 @@ from tests.helpers.sidecar_harness import (
 DEFAULT_MAX_TOKENS = 4  # the sidecar's sampling default: short answers keep the tests fast
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+JSON = {"Content-Type": "application/json"}
 # Gemma 3's end tokens (<eos> 1, <end_of_turn> 106) banned, so a generation runs to max_tokens.
 NO_END = {"1": -100, "106": -100}
 
@@ -240,3 +245,37 @@ def test_readyz_follows_a_real_engine_starting(
         10,
         "readiness to drop with the engine gone",
     )
+
+
+# Takes every route of llama-server that needs a body, with one token at most to generate.
+ANY_BODY = json.dumps(
+    {
+        "model": ENGINE_MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "prompt": "hi",
+        "content": "hi",
+        "input": "hi",
+        "max_tokens": 1,
+        "n_predict": 1,
+        "max_output_tokens": 1,
+    }
+).encode()
+
+
+def test_llama_cpp_routes_outside_the_allowlist_are_the_sidecars_404(engine: Engine, sidecar: Sidecar) -> None:
+    refused = [route for route in refused_routes("llama.cpp-b9093") if route["path"] not in OWN_ROUTES]
+    # Straight to the engine, the routes open by default answer: the holes the allowlist closes.
+    for route in refused:
+        if "enabled" not in route:
+            direct = raw_request(engine.url, route["method"], route["path"], JSON, ANY_BODY)
+            assert direct.status != 404, (route, direct)
+    logged = len(engine.logs())
+    for route in refused:
+        answer = raw_request(sidecar.url, route["method"], route["path"], {**AUTH, **JSON}, ANY_BODY)
+        assert_refused_here(answer, route["method"], route["path"])
+    # llama-server logs every request it serves but its polled ones (tools/server/server-http.cpp:36-50).
+    reached = [line for line in engine.logs()[logged:].splitlines() if "done request:" in line]
+    assert reached == []
+    allowed = raw_request(sidecar.url, "POST", "/tokenize", {**AUTH, **JSON}, ANY_BODY)
+    assert allowed.status == 200 and allowed.json()["tokens"]
+    assert "done request: POST /tokenize" in engine.logs()[logged:]  # the log shows what arrives

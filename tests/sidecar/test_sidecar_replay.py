@@ -518,3 +518,14 @@ def test_external_upstream_is_asked_for_its_own_model_and_has_no_metrics_to_scra
     assert metric_value(after, 'modelserve_sidecar_upstream_errors_total{kind="metrics"}') == metric_value(
         before, 'modelserve_sidecar_upstream_errors_total{kind="metrics"}'
     )
+
+
+def test_ollama_ps_lists_the_served_model_while_the_engine_lists_it(
+    replay: ReplayEngine, start_sidecar: StartSidecar
+) -> None:
+    listed = httpx.get(start_sidecar(replay.url, "tiny", MODELSERVE_AUTH="public").url + "/api/ps", timeout=10)
+    assert listed.status_code == 200
+    (entry,) = listed.json()["models"]
+    assert (entry["model"], entry["expires_at"]) == ("tiny:latest", "2318-01-01T00:00:00Z")
+    absent = httpx.get(start_sidecar(replay.url, "LiquidAI/LFM2-1.2B", MODELSERVE_AUTH="public").url + "/api/ps")
+    assert absent.status_code == 200 and absent.json() == {"models": []}

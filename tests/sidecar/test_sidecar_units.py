@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from modelserve.contracts import routes
 from modelserve.contracts.env import ConfigError
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import errors
@@ -173,7 +174,7 @@ def test_unauthorized_is_openai_shaped_with_a_challenge() -> None:
 
 # --- request checks --------------------------------------------------------------------------------
 
-CHAT = "/v1/chat/completions"
+CHAT = routes.CHAT
 
 
 def test_check_body_refuses_invalid_json_and_non_objects() -> None:
@@ -184,9 +185,7 @@ def test_check_body_refuses_invalid_json_and_non_objects() -> None:
     assert isinstance(check_body(CHAT, b"\xff\xfe", "tiny", False, {}), errors.ErrorResponse)
 
 
-def test_check_body_leaves_other_routes_and_unchanged_bodies_alone() -> None:
-    upload = b"--boundary\r\nnot json"
-    assert check_body("/v1/audio/transcriptions", upload, "tiny", False, {"temperature": 0.1}) is upload
+def test_check_body_leaves_unchanged_bodies_alone() -> None:
     body = b'{"model": "tiny", "messages": [], "temperature": 1}'
     assert check_body(CHAT, body, "tiny", False, {"temperature": 0.1}) is body  # byte-for-byte
 
@@ -208,13 +207,13 @@ def test_image_part_to_a_text_model_is_refused_in_vllms_words() -> None:
 def test_sampling_defaults_fill_only_what_is_left_out() -> None:
     defaults = {"temperature": 0.1, "top_k": 50, "max_tokens": 512}
     body = json.dumps({"model": "tiny", "prompt": "hi", "temperature": 0.7, "top_k": None}).encode()
-    sent = json.loads(check_body("/v1/completions", body, "tiny", False, defaults))
+    sent = json.loads(check_body(routes.COMPLETIONS, body, "tiny", False, defaults))
     assert sent == {"model": "tiny", "prompt": "hi", "temperature": 0.7, "top_k": 50, "max_tokens": 512}
     # max_completion_tokens is the newer name of max_tokens: the client's choice stands.
     assert missing_sampling({"max_completion_tokens": 10}, defaults) == {"temperature": 0.1, "top_k": 50}
     # Embeddings do not sample.
     embed = b'{"model": "tiny", "input": "hi"}'
-    assert check_body("/v1/embeddings", embed, "tiny", False, defaults) is embed
+    assert check_body(routes.EMBEDDINGS, embed, "tiny", False, defaults) is embed
 
 
 def test_a_stop_default_fills_only_a_request_without_stop() -> None:
@@ -233,7 +232,7 @@ def test_an_upstream_model_replaces_the_clients_model_on_every_json_route() -> N
     chat_body = b'{"model": "qwen3-mlx", "messages": []}'
     sent = json.loads(check_body(CHAT, chat_body, "qwen3-mlx", False, {}, {}, "llama3.2:1b"))
     assert sent == {"model": "llama3.2:1b", "messages": []}
-    embed = json.loads(check_body("/v1/embeddings", b'{"input": "hi"}', "qwen3-mlx", False, {}, {}, "nomic"))
+    embed = json.loads(check_body(routes.EMBEDDINGS, b'{"input": "hi"}', "qwen3-mlx", False, {}, {}, "nomic"))
     assert embed["model"] == "nomic"
     same = b'{"model": "llama3.2:1b", "messages": []}'
     assert check_body(CHAT, same, "qwen3-mlx", False, {}, {}, "llama3.2:1b") is same
@@ -270,6 +269,36 @@ def test_aliases_copy_a_default_and_never_overwrite_the_engines_name() -> None:
     assert check_body(CHAT, plain, "tiny", False, {}, LLAMA_CPP_ALIASES) is plain
 
 
+def test_every_post_consumer_route_gets_the_same_json_and_image_checks() -> None:
+    posts = [route for route in routes.CONSUMER_ROUTES.values() if route.method == "POST" and route.path[:5] != "/api/"]
+    assert {route.path for route in posts} == {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/tokenize",
+        "/detokenize",
+    }
+    image = json.dumps({"model": "tiny", "messages": IMAGE_MESSAGES}).encode()
+    for route in posts:
+        for refused in (b"[1]", b"not json", image):
+            answer = check_body(route, refused, "tiny", False, {})
+            assert isinstance(answer, errors.ErrorResponse) and answer.status == 400, (route, refused)
+
+
+def test_responses_get_defaults_under_their_own_names_and_are_never_stored() -> None:
+    defaults = {"temperature": 0.1, "max_tokens": 64}
+    sent = json.loads(check_body(routes.RESPONSES, b'{"model": "tiny", "input": "hi"}', "tiny", False, defaults))
+    assert sent == {"model": "tiny", "input": "hi", "temperature": 0.1, "max_output_tokens": 64, "store": False}
+    stored = json.loads(
+        check_body(routes.RESPONSES, b'{"input": "hi", "store": true, "max_output_tokens": 5}', "t", False, defaults)
+    )
+    assert (stored["store"], stored["max_output_tokens"]) == (False, 5)
+    # Tokenizing neither samples nor stores: the body passes as sent.
+    tokenize = b'{"model": "tiny", "prompt": "hi"}'
+    assert check_body(routes.TOKENIZE, tokenize, "tiny", False, defaults) is tokenize
+
+
 # --- usage, headers, models, metrics ---------------------------------------------------------------
 
 
@@ -291,6 +320,16 @@ def test_usage_from_tail_takes_the_last_real_usage_object() -> None:
     assert usage_from_tail(stream) == (14, 6)
     assert usage_from_tail(b'{"usage": {"prompt_tokens": "many"}}') is None
     assert usage_from_tail(b"{not json") is None
+
+
+def test_usage_of_responses_and_embeddings() -> None:
+    completed = (
+        b'event: response.completed\ndata: {"type": "response.completed", "response": {"id": "resp_1", '
+        b'"usage": {"input_tokens": 11, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 7, '
+        b'"total_tokens": 18}}}\n\n'
+    )
+    assert usage_from_tail(completed) == (11, 7)
+    assert usage_from_tail(b'{"data": [], "usage": {"prompt_tokens": 4, "total_tokens": 4}}') == (4, 0)
 
 
 def test_response_tail_keeps_the_end_of_a_long_stream() -> None:
@@ -330,6 +369,7 @@ def test_listed_models_reads_vllms_answer() -> None:
 def test_metrics_render_appends_the_engine_text_and_keeps_labels_bounded() -> None:
     assert route_label("/v1/chat/completions") == "/v1/chat/completions"
     assert route_label("/v1/chat/completions/../../etc") == "other"
+    assert {route_label(path) for path in routes.ALLOWED_PATHS} == set(routes.ALLOWED_PATHS)
     metrics = SidecarMetrics()
     metrics.observe("/v1/models", "2xx", 0.01, 0.005)
     text = metrics.render(b"vllm:num_requests_running 0.0")
