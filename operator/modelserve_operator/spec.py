@@ -99,10 +99,6 @@ NAME_MAX_LENGTH = 63
 GPU_PROFILES = (Profile.HIGH_THROUGHPUT, Profile.LOW_LATENCY)
 
 
-def _sets_flag(arg: str, flags: tuple[str, ...]) -> bool:
-    return any(arg == flag or arg.startswith(f"{flag}=") for flag in flags)
-
-
 def _owned_flag_rules() -> tuple[Rule, ...]:
     """engineArgs must not set a flag the pod's wiring owns (the engine listens on 127.0.0.1 behind
     the sidecar, which checks keys itself and probes the engine under the ModelServer's name), in
@@ -110,17 +106,62 @@ def _owned_flag_rules() -> tuple[Rule, ...]:
     rules = []
     for profile, engine in ENGINES.items():
         flags = engine.owned_flags
-        # Prefix tests cost the API server less than a regex.
-        sets_flag = " || ".join(f"a == '{flag}' || a.startsWith('{flag}=')" for flag in flags)
         rules.append(
             Rule(
-                f"self.profile != '{profile}' || !has(self.engineArgs) || !self.engineArgs.exists(a, {sets_flag})",
-                f"engineArgs must not set {', '.join(flags)} with profile {profile} ({engine.title}): "
-                "the operator wires them to the sidecar",
+                f"self.profile != '{profile}' || !has(self.engineArgs) || "
+                f"!{engine.any_sets_flag_cel('self.engineArgs', flags)}",
+                f"engineArgs must not set {', '.join(flags)} with profile {profile} ({engine.title}; "
+                f"{engine.spelling}): the operator wires them to the sidecar",
                 "engineArgs",
-                lambda s, profile=profile, flags=flags: (
-                    s.profile != profile or not any(_sets_flag(a, flags) for a in s.engine_args)
+                lambda s, profile=profile, engine=engine, flags=flags: (
+                    s.profile != profile or not any(engine.sets_flag(a, flags) for a in s.engine_args)
                 ),
+            )
+        )
+    return tuple(rules)
+
+
+def _admin_flag_rules() -> tuple[Rule, ...]:
+    """engineArgs must not turn on an engine's administration routes: only the sidecar's allowlist
+    would then stand between them and every key holder. From each engine's own table."""
+    rules = []
+    for profile, engine in ENGINES.items():
+        flags = tuple(switch.name for switch in engine.admin_flags)
+        if not flags:
+            continue
+        rules.append(
+            Rule(
+                f"self.profile != '{profile}' || !has(self.engineArgs) || "
+                f"!{engine.any_sets_flag_cel('self.engineArgs', flags)}",
+                f"engineArgs must not set these {engine.title} {engine.version} flags with profile {profile} "
+                f"({engine.spelling}), which open routes no API key holder may reach: "
+                + "; ".join(switch.describe() for switch in engine.admin_flags),
+                "engineArgs",
+                lambda s, profile=profile, engine=engine, flags=flags: (
+                    s.profile != profile or not any(engine.sets_flag(a, flags) for a in s.engine_args)
+                ),
+            )
+        )
+    return tuple(rules)
+
+
+def _admin_env_rules() -> tuple[Rule, ...]:
+    """env must not name a variable that turns on an engine's administration routes. Refused with
+    every profile, not only the engine's own: another engine ignores the name, so nobody needs it,
+    and one rule per engine is simpler than a matrix (and survives an `image` of another engine)."""
+    rules = []
+    for engine in ENGINES.values():
+        names = [switch.name for switch in engine.admin_env]
+        if not names:
+            continue
+        cel_names = ", ".join(f"'{name}'" for name in names)
+        rules.append(
+            Rule(
+                f"!has(self.env) || !self.env.exists(e, e.name in [{cel_names}])",
+                f"env must not name these {engine.title} {engine.version} variables, which open routes no API "
+                "key holder may reach: " + "; ".join(switch.describe() for switch in engine.admin_env),
+                "env",
+                lambda s, names=names: not any(var.name in names for var in s.env),
             )
         )
     return tuple(rules)
@@ -597,6 +638,8 @@ class ModelServerSpec(WireModel):
         ),
         *_external_rules(),
         *_owned_flag_rules(),
+        *_admin_flag_rules(),
+        *_admin_env_rules(),
     )
 
     @field_validator("env")
