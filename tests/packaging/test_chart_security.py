@@ -45,26 +45,36 @@ def test_the_policy_guards_every_model_pod_in_each_namespace(helm: Helm) -> None
         assert ports == {"http"}  # the sidecar's, the pod's only port
 
 
-def test_the_policy_lets_in_the_gateway_monitoring_and_chosen_namespaces_only(helm: Helm) -> None:
+def _pod_labels(rendered: str, name: str) -> dict[str, str]:
+    deployment = next(d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == name)
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_policy_lets_in_the_operator_gateway_monitoring_and_chosen_namespaces_only(helm: Helm) -> None:
     sets = (*POLICY_ON, "networkPolicy.allowedNamespaces={apps}")
     rendered = helm(*template_args("ms", "modelserve-system", *sets)).stdout
     (rule,) = by_kind(rendered, "NetworkPolicy")[0]["spec"]["ingress"]
-    gateway = next(d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "ms-modelserve-gateway")
-    gateway_source, monitoring, apps = rule["from"]
-    assert gateway_source["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "modelserve-system"}
-    assert _selects(gateway_source["podSelector"]["matchLabels"], gateway["spec"]["template"]["metadata"]["labels"])
-    operator = next(d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == "ms-modelserve")
-    assert not _selects(
-        gateway_source["podSelector"]["matchLabels"], operator["spec"]["template"]["metadata"]["labels"]
-    )
+    operator, gateway, monitoring, apps = rule["from"]
+    release_namespace = {"kubernetes.io/metadata.name": "modelserve-system"}
+    operator_labels = _pod_labels(rendered, "ms-modelserve")
+    gateway_labels = _pod_labels(rendered, "ms-modelserve-gateway")
+    # The operator's autoscaler reads each sidecar's /load; the gateway routes requests.
+    assert operator["namespaceSelector"]["matchLabels"] == release_namespace
+    assert _selects(operator["podSelector"]["matchLabels"], operator_labels)
+    assert not _selects(operator["podSelector"]["matchLabels"], gateway_labels)
+    assert gateway["namespaceSelector"]["matchLabels"] == release_namespace
+    assert _selects(gateway["podSelector"]["matchLabels"], gateway_labels)
+    assert not _selects(gateway["podSelector"]["matchLabels"], operator_labels)
     assert monitoring == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     assert apps == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
 
 
-def test_no_source_means_nothing_gets_in_not_everything(helm: Helm) -> None:
+def test_without_gateway_or_monitoring_only_the_operator_gets_in(helm: Helm) -> None:
     sets = (*POLICY_ON, "gateway.enabled=false", "networkPolicy.monitoringNamespace=")
-    (policy,) = by_kind(helm(*template_args("ms", "x", *sets)).stdout, "NetworkPolicy")[:1]
-    assert policy["spec"]["ingress"] == []
+    policy = by_kind(helm(*template_args("ms", "x", *sets)).stdout, "NetworkPolicy")[0]
+    (rule,) = policy["spec"]["ingress"]
+    components = [source["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for source in rule["from"]]
+    assert components == ["operator"]
 
 
 def test_the_policy_defaults_to_the_watched_namespaces_and_needs_some(helm: Helm) -> None:
