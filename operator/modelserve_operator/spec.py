@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
@@ -20,7 +20,7 @@ from pydantic.alias_generators import to_camel
 
 from .choices import Dtype, Profile
 from .engines import ENGINES
-from .engines.base import Engine
+from .engines.base import Engine, cel_list
 
 GROUP = "serving.modelserve.dev"
 VERSION = "v1alpha1"
@@ -100,10 +100,6 @@ NAME_MAX_LENGTH = 63
 GPU_PROFILES = (Profile.HIGH_THROUGHPUT, Profile.LOW_LATENCY)
 
 
-def _cel_list(names: Iterable[str]) -> str:
-    return "[" + ", ".join(f"'{name}'" for name in names) + "]"
-
-
 def _flag_rule(profile: Profile, engine: Engine, flags: tuple[str, ...], message: str) -> Rule:
     """engineArgs must not set one of `flags` with `profile`, in any spelling its engine's parser reads."""
     return Rule(
@@ -153,7 +149,7 @@ def _admin_env_rules() -> tuple[Rule, ...]:
     and one rule per engine is simpler than a matrix (and survives an `image` of another engine)."""
     return tuple(
         Rule(
-            f"!has(self.env) || !self.env.exists(e, e.name in {_cel_list(s.name for s in engine.admin_env)})",
+            f"!has(self.env) || !self.env.exists(e, e.name in {cel_list(s.name for s in engine.admin_env)})",
             f"env must not name these {engine.title} {engine.version} variables, which open routes no API "
             "key holder may reach: " + "; ".join(switch.describe() for switch in engine.admin_env),
             "env",
@@ -176,7 +172,7 @@ def _tool_call_parser_rules() -> tuple[Rule, ...]:
         rules.append(
             Rule(
                 f"self.profile != '{profile}' || !has(self.toolCallParser) || "
-                f"self.toolCallParser in {_cel_list(parsers)}",
+                f"self.toolCallParser in {cel_list(parsers)}",
                 f"toolCallParser must be a parser {engine.title} {engine.version} knows for profile {profile}: "
                 + ", ".join(parsers),
                 "toolCallParser",

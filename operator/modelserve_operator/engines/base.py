@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +101,7 @@ class Engine:
     def any_sets_flag_cel(self, args: str, flags: tuple[str, ...]) -> str:
         """`sets_flag` for any item of the list `args`, in CEL."""
         name = "a.split('=')[0]" + (".replace('_', '-')" if self.underscored_flags else "")
-        listed = "[" + ", ".join(f"'{flag}'" for flag in flags) + "]"
+        listed = cel_list(flags)
         test = f"n in {listed}"
         if self.abbreviated_flags:
             test += f" || (n.size() > 2 && {listed}.exists(f, f.startsWith(n)))"
@@ -180,6 +181,11 @@ class Engine:
         if self.run_as_user is None:
             return []
         return [{"name": HOME_VOLUME, "mountPath": HOME_PATH}, {"name": TMP_VOLUME, "mountPath": TMP_PATH}]
+
+
+def cel_list(names: Iterable[str]) -> str:
+    """Names as a CEL list of string literals (names hold no quote)."""
+    return "[" + ", ".join(f"'{name}'" for name in names) + "]"
 
 
 def _common_env(spec: ModelServerSpec, hub_endpoint: str) -> list[dict[str, Any]]:
