@@ -48,6 +48,8 @@ ADMIN_ENV = (
     Switch("LLAMA_SERVER_SLOTS_DEBUG", "every user's prompt and output in /slots"),
     Switch("LLAMA_ARG_TOOLS", "/tools, as --tools: shell commands"),
     Switch("LLAMA_ARG_WEBUI_MCP_PROXY", "/cors-proxy, as --webui-mcp-proxy"),
+    Switch("LLAMA_ARG_WEBUI", "the web UI, as --webui"),
+    Switch("LLAMA_ARG_ENDPOINT_PROPS", "POST /props, as --props"),
     Switch("AIP_MODE", "POST /predict (AIP_PREDICT_ROUTE), which dispatches to any route, admin ones included"),
 )
 # A UID of no account in the image: llama-server needs no user, only its writable paths.
