@@ -43,7 +43,12 @@ def enforcing(cluster: Cluster) -> Iterator[dict[str, str]]:
 def _pod(name: str) -> dict[str, Any]:
     """The pod the Deployment's ReplicaSet would create for an example."""
     template = deployment(ModelServer.from_manifest(examples()[name]), SETTINGS)["spec"]["template"]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "psa", **template["metadata"]}, **template}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {**template["metadata"], "name": "psa"},
+        "spec": template["spec"],
+    }
 
 
 def _admit(cluster: Cluster, namespace: str, pod: dict[str, Any]) -> Any:
