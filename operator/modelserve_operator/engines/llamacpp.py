@@ -44,6 +44,8 @@ ADMIN_FLAGS = (
     Switch("--props", "POST /props"),
 )
 ADMIN_ENV = (
+    # The operator's --no-slots and --no-webui win over these two (llama-server warns so); refused
+    # anyway: either can only mean the routes it turns off.
     Switch("LLAMA_ARG_ENDPOINT_SLOTS", "/slots, as --slots"),
     Switch("LLAMA_SERVER_SLOTS_DEBUG", "every user's prompt and output in /slots"),
     Switch("LLAMA_ARG_TOOLS", "/tools, as --tools: shell commands"),
