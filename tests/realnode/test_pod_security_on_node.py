@@ -43,7 +43,12 @@ def test_cpu_engine_serves_in_a_restricted_namespace(node: NodeView) -> None:
     assert reply.json()["choices"][0]["message"]["content"]
 
     pod = node.ready_pods(NAME)[0]["metadata"]["name"]
-    seen = node.kubectl("exec", pod, "-c", "engine", "--", "sh", "-c", PROBE).stdout.splitlines()
+
+    def run_in(container: str, *command: str) -> str:
+        # -n before the command: NodeView.kubectl would append it after `--`, into the command.
+        return node.cluster.kubectl("exec", "-n", node.namespace, pod, "-c", container, "--", *command).stdout
+
+    seen = run_in("engine", "sh", "-c", PROBE).splitlines()
     assert seen[:4] == [
         "Uid: 65532 65532 65532 65532",
         "Gid: 65532 65532 65532 65532",
@@ -58,10 +63,10 @@ def test_cpu_engine_serves_in_a_restricted_namespace(node: NodeView) -> None:
     ], seen
     # The model came down into the hub cache volume, owned by the engine's user.
     find = ["find", "/root/.cache/huggingface", "-type", "f", "-user", "65532", "-path", "*gemma*"]
-    assert node.kubectl("exec", pod, "-c", "engine", "--", *find).stdout.strip()
+    assert run_in("engine", *find).strip()
 
     def engine_status(path: str) -> str:
-        return node.kubectl("exec", pod, "-c", "sidecar", "--", "python", "-c", ENGINE_GET, path).stdout.strip()
+        return run_in("sidecar", "python", "-c", ENGINE_GET, path).strip()
 
     assert engine_status("/health") == "200"
     assert engine_status("/slots") == "501"  # --no-slots
