@@ -7,6 +7,7 @@ import re
 from chart import REPO
 
 from modelserve_operator import spec_table
+from modelserve_operator.engines import ENGINES
 from modelserve_sidecar.metrics import SidecarMetrics
 
 README = (REPO / "README.md").read_text()
@@ -46,3 +47,11 @@ def test_every_status_reason_has_troubleshooting() -> None:
     troubleshooting = _section("Troubleshooting")
     for reason in reasons:
         assert f"`{reason}`" in troubleshooting, reason
+
+
+def test_the_security_section_lists_every_refused_flag_and_variable() -> None:
+    security = _section("Security")
+    for engine in ENGINES.values():
+        row = next(line for line in security.splitlines() if f"({engine.title} {engine.version})" in line)
+        for switch in (*engine.admin_flags, *engine.admin_env):
+            assert f"`{switch.name}`" in row, (engine.name, switch.name)
