@@ -184,6 +184,7 @@ def _volumes(ms: ModelServer, engine: Engine | None) -> list[dict[str, Any]]:
         claim = cache_claim_name(ms)
         cache = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
         volumes += [{"name": SHM_VOLUME, "emptyDir": shm}, {"name": CACHE_VOLUME, **cache}]
+        volumes += [{"name": mount["name"], "emptyDir": {}} for mount in engine.writable_mounts()]
     if ms.spec.chat_template is not None:
         config_map = {"name": chat_template_name(ms), "items": [{"key": CHAT_TEMPLATE_KEY, "path": CHAT_TEMPLATE_KEY}]}
         volumes.append({"name": CHAT_TEMPLATE_VOLUME, "configMap": config_map})
@@ -215,6 +216,10 @@ def _containers(ms: ModelServer, settings: Settings) -> tuple[list[dict[str, Any
     return [engine_container, sidecar], engine, sidecar_done_seconds + ENGINE_SHUTDOWN_SECONDS
 
 
+def _engine_pod_security(engine: Engine | None) -> dict[str, Any]:
+    return engine.pod_security_context() if engine else {}
+
+
 def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None) -> dict[str, Any]:
     """`replicas`: the autoscaler's count (None: where it starts, min + buffer)."""
     spec = ms.spec
@@ -224,6 +229,8 @@ def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None)
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": grace_seconds,
+        # Each container also sets its own; restricted Pod Security accepts either.
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}, **_engine_pod_security(engine)},
         "containers": containers,
         "volumes": _volumes(ms, engine),
     }

@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 
 from modelserve.contracts.choices import Dtype, Profile
 from modelserve.engines import ENGINES
+from modelserve.engines.base import Engine, cel_list
 
 GROUP = "serving.modelserve.dev"
 VERSION = "v1alpha1"
@@ -99,31 +100,64 @@ NAME_MAX_LENGTH = 63
 GPU_PROFILES = (Profile.HIGH_THROUGHPUT, Profile.LOW_LATENCY)
 
 
-def _sets_flag(arg: str, flags: tuple[str, ...]) -> bool:
-    return any(arg == flag or arg.startswith(f"{flag}=") for flag in flags)
+def _flag_rule(profile: Profile, engine: Engine, flags: tuple[str, ...], message: str) -> Rule:
+    """engineArgs must not set one of `flags` with `profile`, in any spelling its engine's parser reads."""
+    return Rule(
+        f"self.profile != '{profile}' || !has(self.engineArgs) || "
+        f"!{engine.any_sets_flag_cel('self.engineArgs', flags)}",
+        message,
+        "engineArgs",
+        lambda s: s.profile != profile or not any(engine.sets_flag(a, flags) for a in s.engine_args),
+    )
 
 
 def _owned_flag_rules() -> tuple[Rule, ...]:
     """engineArgs must not set a flag the pod's wiring owns (the engine listens on 127.0.0.1 behind
-    the sidecar, which checks keys itself and probes the engine under the ModelServer's name), in
-    any spelling the profile's engine takes: alone, as `--flag=value`, short, with underscores."""
-    rules = []
-    for profile, engine in ENGINES.items():
-        flags = engine.owned_flags
-        # Prefix tests cost the API server less than a regex.
-        sets_flag = " || ".join(f"a == '{flag}' || a.startsWith('{flag}=')" for flag in flags)
-        rules.append(
-            Rule(
-                f"self.profile != '{profile}' || !has(self.engineArgs) || !self.engineArgs.exists(a, {sets_flag})",
-                f"engineArgs must not set {', '.join(flags)} with profile {profile} ({engine.title}): "
-                "the operator wires them to the sidecar",
-                "engineArgs",
-                lambda s, profile=profile, flags=flags: (
-                    s.profile != profile or not any(_sets_flag(a, flags) for a in s.engine_args)
-                ),
-            )
+    the sidecar, which checks keys itself and probes the engine under the ModelServer's name)."""
+    return tuple(
+        _flag_rule(
+            profile,
+            engine,
+            engine.owned_flags,
+            f"engineArgs must not set {', '.join(engine.owned_flags)} with profile {profile} ({engine.title}; "
+            f"{engine.spelling}): the operator wires them to the sidecar",
         )
-    return tuple(rules)
+        for profile, engine in ENGINES.items()
+    )
+
+
+def _admin_flag_rules() -> tuple[Rule, ...]:
+    """engineArgs must not turn on an engine's administration routes: only the sidecar's allowlist
+    would then stand between them and every key holder. From each engine's own table."""
+    return tuple(
+        _flag_rule(
+            profile,
+            engine,
+            tuple(switch.name for switch in engine.admin_flags),
+            f"engineArgs must not set these {engine.title} {engine.version} flags with profile {profile} "
+            f"({engine.spelling}), which open routes no API key holder may reach: "
+            + "; ".join(switch.describe() for switch in engine.admin_flags),
+        )
+        for profile, engine in ENGINES.items()
+        if engine.admin_flags
+    )
+
+
+def _admin_env_rules() -> tuple[Rule, ...]:
+    """env must not name a variable that turns on an engine's administration routes. Refused with
+    every profile, not only the engine's own: another engine ignores the name, so nobody needs it,
+    and one rule per engine is simpler than a matrix (and survives an `image` of another engine)."""
+    return tuple(
+        Rule(
+            f"!has(self.env) || !self.env.exists(e, e.name in {cel_list(s.name for s in engine.admin_env)})",
+            f"env must not name these {engine.title} {engine.version} variables, which open routes no API "
+            "key holder may reach: " + "; ".join(switch.describe() for switch in engine.admin_env),
+            "env",
+            lambda s, names={switch.name for switch in engine.admin_env}: not any(var.name in names for var in s.env),
+        )
+        for engine in ENGINES.values()
+        if engine.admin_env
+    )
 
 
 def _tool_call_parser_rules() -> tuple[Rule, ...]:
@@ -135,10 +169,10 @@ def _tool_call_parser_rules() -> tuple[Rule, ...]:
         parsers = engine.tool_call_parsers
         if not parsers:
             continue
-        cel_list = ", ".join(f"'{name}'" for name in parsers)
         rules.append(
             Rule(
-                f"self.profile != '{profile}' || !has(self.toolCallParser) || self.toolCallParser in [{cel_list}]",
+                f"self.profile != '{profile}' || !has(self.toolCallParser) || "
+                f"self.toolCallParser in {cel_list(parsers)}",
                 f"toolCallParser must be a parser {engine.title} {engine.version} knows for profile {profile}: "
                 + ", ".join(parsers),
                 "toolCallParser",
@@ -597,6 +631,8 @@ class ModelServerSpec(WireModel):
         ),
         *_external_rules(),
         *_owned_flag_rules(),
+        *_admin_flag_rules(),
+        *_admin_env_rules(),
     )
 
     @field_validator("env")

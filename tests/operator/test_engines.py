@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,20 +10,22 @@ from modelserve.api.spec import ModelServer, Profile
 from modelserve.contracts.sidecar import LISTEN_PORT
 from modelserve.engines import ENGINES, engine_for
 from modelserve.engines.base import CHAT_TEMPLATE_PATH, command_line
+from modelserve_sandbox.llama_server import llama_server_help
 from tests.helpers.operator_testdata import examples
 
 EXPECTED = {
     "lfm2-1.2b": "vllm serve LiquidAI/LFM2-1.2B --served-model-name lfm2-1-2b --host 127.0.0.1 --port 8000 "
-    "--dtype auto --max-model-len 8192 --gpu-memory-utilization 0.9 --tensor-parallel-size 1",
+    "--dtype auto --disable-fastapi-docs --max-model-len 8192 --gpu-memory-utilization 0.9 --tensor-parallel-size 1",
     "lfm2-vl-1.6b": "vllm serve LiquidAI/LFM2-VL-1.6B --served-model-name lfm2-vl-1-6b --host 127.0.0.1 --port 8000 "
-    "--dtype auto --max-model-len 1024 --tensor-parallel-size 1 --limit-mm-per-prompt '{\"image\":1}'",
+    "--dtype auto --disable-fastapi-docs --max-model-len 1024 --tensor-parallel-size 1 "
+    "--limit-mm-per-prompt '{\"image\":1}'",
     "lfm2-24b-a2b-16gpu": "vllm serve LiquidAI/LFM2-24B-A2B --served-model-name lfm2-24b-a2b-16gpu --host 127.0.0.1 "
-    "--port 8000 --dtype auto --tensor-parallel-size 16",
+    "--port 8000 --dtype auto --disable-fastapi-docs --tensor-parallel-size 16",
     "lfm2-8b-a1b": "python3 -m sglang.launch_server --model-path LiquidAI/LFM2-8B-A1B --served-model-name lfm2-8b-a1b "
     "--host 127.0.0.1 --port 30000 --tp-size 1 --dtype float16 --tool-call-parser lfm2 --enable-torch-compile "
     "--chunked-prefill-size -1 --enable-metrics",
     "gemma3-270m-cpu": "/app/llama-server -hf unsloth/gemma-3-270m-it-GGUF:Q4_K_M --alias gemma3-270m-cpu "
-    "--host 127.0.0.1 --port 8081 -c 4096 --metrics --jinja",
+    "--host 127.0.0.1 --port 8081 -c 4096 --metrics --jinja --no-slots --no-webui",
 }
 
 
@@ -130,10 +130,50 @@ def test_llama_cpp_reads_the_template_file_after_jinja() -> None:
     assert args.index("--jinja") < args.index("--chat-template-file")
 
 
-def test_the_real_llama_server_knows_every_flag_the_operator_writes(llama_server: Path) -> None:
-    help_text = subprocess.run([str(llama_server), "--help"], capture_output=True, text=True, timeout=60).stdout
+@pytest.mark.usefixtures("llama_server")  # needs the built llama-server: an engine test
+def test_the_real_llama_server_knows_every_flag_the_operator_writes() -> None:
+    help_text = llama_server_help()
     ms = _ms(examples()["gemma3-270m-cpu"], chatTemplate=TEMPLATE, maxModelLen=2048)
     flags = [arg for arg in _container(ms)["args"] if arg.startswith("-")]
     assert "--chat-template-file" in flags
     for flag in flags:
         assert f"{flag} " in help_text or f"{flag}," in help_text, flag
+
+
+HARDENED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+@pytest.mark.parametrize("name", ["lfm2-1.2b", "lfm2-8b-a1b"])
+def test_gpu_engines_keep_their_images_root_user_and_nothing_else(name: str) -> None:
+    # vLLM's and SGLang's images run as root and write under /root and /tmp: no user, no read-only root.
+    container = _container(_ms(examples()[name]))
+    assert container["securityContext"] == HARDENED
+    assert {mount["mountPath"] for mount in container["volumeMounts"]} == {"/dev/shm", "/root/.cache/huggingface"}
+    assert "HOME" not in {var["name"] for var in container["env"]}
+
+
+def test_llama_cpp_runs_non_root_on_a_read_only_root_with_writable_home_and_tmp() -> None:
+    container = _container(_ms(examples()["gemma3-270m-cpu"]))
+    context = container["securityContext"]
+    assert context == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "readOnlyRootFilesystem": True,
+        **HARDENED,
+    }
+    mounts = [(mount["name"], mount["mountPath"]) for mount in container["volumeMounts"]]
+    # HOME (/root) before the hub cache inside it: the volume makes /root reachable for a non-root user.
+    assert mounts == [
+        ("dshm", "/dev/shm"),
+        ("engine-home", "/root"),
+        ("engine-tmp", "/tmp"),
+        ("hub-cache", "/root/.cache/huggingface"),
+    ]
+    env = {var["name"]: var.get("value") for var in container["env"]}
+    assert env["HOME"] == "/root" and env["LLAMA_CACHE"].startswith("/root/.cache/huggingface/")
+    assert ENGINES[Profile.CPU].pod_security_context() == {"fsGroup": 65532, "fsGroupChangePolicy": "OnRootMismatch"}

@@ -98,7 +98,7 @@ def test_what_the_spec_no_longer_asks_for_leaves_the_deployment(ops: OperatorVie
     assert "nodeSelector" not in pod and [volume["name"] for volume in pod["volumes"]] == ["dshm", "hub-cache"]
     # The user's VLLM_LOGGING_LEVEL is gone; what remains is the operator's own for SGLang.
     engine_env = [var["name"] for var in pod["containers"][0]["env"]]
-    assert engine_env == ["HF_HOME", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"]
+    assert engine_env == ["HF_HOME", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "DISABLE_OPENAPI_DOC"]
     assert "MODELSERVE_KEYS_DIR" not in {var["name"] for var in pod["containers"][1]["env"]}
     ops.wait_ready("small", generation=2)
 

@@ -26,9 +26,13 @@ def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str,
         "tolerations[0].operator=Exists",
         "operator.extraEnv[0].name=HTTPS_PROXY",
         "operator.extraEnv[0].value=http://proxy:3128",
+        "networkPolicy.enabled=true",
+        "networkPolicy.allowedNamespaces={default}",
     ]
     if scope == "watched-namespaces":
         sets.append(f"operator.watchNamespaces={{{namespace},default}}")
+    else:
+        sets.append(f"networkPolicy.namespaces={{{namespace}}}")
     rendered = cluster.helm(
         *template_args("dry", namespace, *sets, kube_version=server_version(cluster)), "--include-crds"
     ).stdout
@@ -39,6 +43,7 @@ def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str,
         "ConfigMap",
         "CustomResourceDefinition",
         "Deployment",
+        "NetworkPolicy",
         "Service",  # the gateway's
         "ServiceAccount",
     } | ({"Role", "RoleBinding"} if scope == "watched-namespaces" else set())
@@ -48,6 +53,7 @@ def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str,
     # Per watched namespace, the operator's Role and the gateway's (the release's namespace is
     # watched, so the operator needs no extra Role there to read the gateway's pods).
     assert len(by_kind(rendered, "Role")) == (4 if scope == "watched-namespaces" else 0)
+    assert len(by_kind(rendered, "NetworkPolicy")) == (2 if scope == "watched-namespaces" else 1)
 
 
 def test_install_and_uninstall(cluster: Cluster, namespace: str) -> None:

@@ -25,6 +25,7 @@ from tests.helpers.chart import CHART, REPO
 
 EXAMPLE = REPO / "examples" / "lfm2-1.2b.yaml"  # private auth: the operator must create the key Secret
 OPERATOR = Path(sys.executable).with_name("modelserve-operator")
+MODELSERVERS = "modelservers.serving.modelserve.dev"
 # RBAC refusals in the API server's words, and kopf's when it lacks a permission it wanted.
 DENIALS = ("is forbidden: User", "Not enough permissions")
 
@@ -331,6 +332,38 @@ def assert_render_is_what_was_applied(cluster: Cluster, ms: dict[str, Any]) -> N
         assert not _contained(rendered, live), _contained(rendered, live)
 
 
+# A person bound to the cluster's `view` or `edit` role in a namespace, through the chart's
+# aggregated ClusterRoles: ModelServers join what those roles already grant.
+VIEWER_CAN = [("get", MODELSERVERS), ("list", MODELSERVERS), ("watch", MODELSERVERS), ("get", f"{MODELSERVERS}/status")]
+EDITOR_CAN = [
+    *VIEWER_CAN,
+    ("create", MODELSERVERS),
+    ("patch", MODELSERVERS),
+    ("update", MODELSERVERS),
+    ("delete", MODELSERVERS),
+    ("update", f"{MODELSERVERS}/scale"),
+]
+NOBODY_CAN = [("patch", f"{MODELSERVERS}/status")]  # the operator's alone
+
+
+def assert_default_roles_reach_modelservers(cluster: Cluster, install: Install, namespace: str) -> None:
+    people = {"view": f"viewer-{namespace}", "edit": f"editor-{namespace}"}
+    for role, user in people.items():
+        cluster.kubectl("create", "rolebinding", user, f"--clusterrole={role}", f"--user={user}", "-n", namespace)
+
+    def editor_can_create() -> bool:
+        return can_i(cluster, install, "create", MODELSERVERS, namespace, people["edit"])
+
+    # The controller-manager aggregates the chart's ClusterRoles into view and edit a moment later.
+    wait_until(editor_can_create, 60, "the edit role to include ModelServers")
+    editor = {**dict.fromkeys(EDITOR_CAN, True), **dict.fromkeys(NOBODY_CAN, False)}
+    viewer = {**dict.fromkeys(VIEWER_CAN, True), **dict.fromkeys(EDITOR_CAN[len(VIEWER_CAN) :] + NOBODY_CAN, False)}
+    _assert_matrix(cluster, install, [namespace], editor, people["edit"])
+    _assert_matrix(cluster, install, [namespace], viewer, people["view"])
+    # Only where bound: elsewhere neither reaches a ModelServer.
+    _assert_matrix(cluster, install, ["default"], dict.fromkeys(EDITOR_CAN, False), people["edit"])
+
+
 def test_all_namespaces_install(rbac_cluster: Cluster, tmp_path: Path) -> None:
     cluster = rbac_cluster
     install = _install(cluster, ())
@@ -352,6 +385,7 @@ def test_all_namespaces_install(rbac_cluster: Cluster, tmp_path: Path) -> None:
     gateway = {**dict.fromkeys(GATEWAY_NEEDED, True), **dict.fromkeys(GATEWAY_NEVER, False)}
     _assert_matrix(cluster, install, [app, None], gateway, install.gateway_user)
     _assert_matrix(cluster, install, [None], dict.fromkeys(NEVER_CLUSTER, False), install.gateway_user)
+    assert_default_roles_reach_modelservers(cluster, install, app)
     run_gateway_and_route(cluster, install, app, ms, tmp_path)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from modelserve.api import spec_table
+from modelserve.engines import ENGINES
 from modelserve.sidecar.metrics import SidecarMetrics
 from tests.helpers.chart import REPO
 
@@ -45,3 +46,11 @@ def test_every_status_reason_has_troubleshooting() -> None:
     troubleshooting = _section("Troubleshooting")
     for reason in reasons:
         assert f"`{reason}`" in troubleshooting, reason
+
+
+def test_the_security_section_lists_every_refused_flag_and_variable() -> None:
+    security = _section("Security")
+    for engine in ENGINES.values():
+        row = next(line for line in security.splitlines() if f"({engine.title} {engine.version})" in line)
+        for switch in (*engine.admin_flags, *engine.admin_env):
+            assert f"`{switch.name}`" in row, (engine.name, switch.name)

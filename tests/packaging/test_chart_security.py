@@ -1,0 +1,117 @@
+"""The chart's opt-in NetworkPolicy for model pods and its ClusterRoles for the cluster's default
+user roles, rendered by helm and matched against what the operator really labels and serves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from modelserve.api import manifests
+from modelserve.api.spec import ModelServer
+from modelserve.contracts.operator_settings import Settings
+from tests.helpers.chart import REPO, Helm, by_kind, template_args
+
+POLICY_ON = ("networkPolicy.enabled=true", "networkPolicy.namespaces={team-a,team-b}")
+
+
+def _example_pod(path: str) -> dict[str, Any]:
+    example = yaml.safe_load((REPO / "examples" / path).read_text())
+    ms = ModelServer.from_manifest(example)
+    return manifests.deployment(ms, Settings(sidecar_image="s:1"))["spec"]["template"]
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def test_no_network_policy_unless_asked(helm: Helm) -> None:
+    assert not by_kind(helm(*template_args("ms", "modelserve-system")).stdout, "NetworkPolicy")
+
+
+def test_the_policy_guards_every_model_pod_in_each_namespace(helm: Helm) -> None:
+    rendered = helm(*template_args("ms", "modelserve-system", *POLICY_ON)).stdout
+    policies = by_kind(rendered, "NetworkPolicy")
+    assert [p["metadata"]["namespace"] for p in policies] == ["team-a", "team-b"]
+    policy = policies[0]["spec"]
+    assert policy["policyTypes"] == ["Ingress"]
+    for example in ("gemma3-270m-cpu.yaml", "lfm2-1.2b.yaml", "lfm2-8b-a1b.yaml", "external/qwen3-mlx.yaml"):
+        pod = _example_pod(example)
+        assert _selects(policy["podSelector"]["matchLabels"], pod["metadata"]["labels"]), example
+        ports = {port["name"] for container in pod["spec"]["containers"] for port in container.get("ports", [])}
+        assert [rule["ports"] for rule in policy["ingress"]] == [[{"port": "http", "protocol": "TCP"}]]
+        assert ports == {"http"}  # the sidecar's, the pod's only port
+
+
+def _pod_labels(rendered: str, name: str) -> dict[str, str]:
+    deployment = next(d for d in by_kind(rendered, "Deployment") if d["metadata"]["name"] == name)
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_policy_lets_in_the_operator_gateway_monitoring_and_chosen_namespaces_only(helm: Helm) -> None:
+    sets = (*POLICY_ON, "networkPolicy.allowedNamespaces={apps}")
+    rendered = helm(*template_args("ms", "modelserve-system", *sets)).stdout
+    (rule,) = by_kind(rendered, "NetworkPolicy")[0]["spec"]["ingress"]
+    operator, gateway, monitoring, apps = rule["from"]
+    release_namespace = {"kubernetes.io/metadata.name": "modelserve-system"}
+    operator_labels = _pod_labels(rendered, "ms-modelserve")
+    gateway_labels = _pod_labels(rendered, "ms-modelserve-gateway")
+    # The operator's autoscaler reads each sidecar's /load; the gateway routes requests.
+    assert operator["namespaceSelector"]["matchLabels"] == release_namespace
+    assert _selects(operator["podSelector"]["matchLabels"], operator_labels)
+    assert not _selects(operator["podSelector"]["matchLabels"], gateway_labels)
+    assert gateway["namespaceSelector"]["matchLabels"] == release_namespace
+    assert _selects(gateway["podSelector"]["matchLabels"], gateway_labels)
+    assert not _selects(gateway["podSelector"]["matchLabels"], operator_labels)
+    assert monitoring == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    assert apps == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
+
+
+def test_without_gateway_or_monitoring_only_the_operator_gets_in(helm: Helm) -> None:
+    sets = (*POLICY_ON, "gateway.enabled=false", "networkPolicy.monitoringNamespace=")
+    policy = by_kind(helm(*template_args("ms", "x", *sets)).stdout, "NetworkPolicy")[0]
+    (rule,) = policy["spec"]["ingress"]
+    components = [source["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for source in rule["from"]]
+    assert components == ["operator"]
+
+
+def test_the_policy_defaults_to_the_watched_namespaces_and_needs_some(helm: Helm) -> None:
+    sets = ("networkPolicy.enabled=true", "operator.watchNamespaces={team-a}")
+    (policy,) = by_kind(helm(*template_args("ms", "x", *sets)).stdout, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "team-a"
+    refused = helm(*template_args("ms", "x", "networkPolicy.enabled=true"), check=False)
+    assert refused.returncode != 0 and "networkPolicy.enabled needs networkPolicy.namespaces" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"networkPolicy": {"namespace": ["a"]}}, "at '/networkPolicy': additional properties 'namespace' not allowed"),
+        ({"networkPolicy": {"allowedNamespaces": ["Apps"]}}, "at '/networkPolicy/allowedNamespaces/0'"),
+        ({"rbac": {"aggregateToDefaultRoles": "yes"}}, "at '/rbac/aggregateToDefaultRoles': got string, want boolean"),
+    ],
+    ids=["unknown-key", "bad-namespace", "bool-as-string"],
+)
+def test_schema_refuses_bad_security_values(helm: Helm, tmp_path: Path, values: dict[str, Any], complaint: str) -> None:
+    bad = tmp_path / "values.yaml"
+    bad.write_text(yaml.safe_dump(values))
+    result = helm(*template_args("bad", "default"), "--values", str(bad), check=False)
+    assert result.returncode != 0 and complaint in result.stderr
+
+
+def test_modelservers_join_the_default_view_and_edit_roles(helm: Helm) -> None:
+    roles = {r["metadata"]["name"]: r for r in by_kind(helm(*template_args("ms", "x")).stdout, "ClusterRole")}
+    view, edit = roles["ms-modelserve-view"], roles["ms-modelserve-edit"]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert {"aggregate-to-edit", "aggregate-to-admin"} <= {
+        key.removeprefix("rbac.authorization.k8s.io/") for key in edit["metadata"]["labels"]
+    }
+    assert all(rule["verbs"] == ["get", "list", "watch"] for rule in view["rules"])
+    assert {verb for rule in edit["rules"] for verb in rule["verbs"]} >= {"create", "delete", "patch", "update"}
+    # Neither reaches anything but ModelServers: no Secret, no pod, nothing of the operator's.
+    for role in (view, edit):
+        assert {group for rule in role["rules"] for group in rule["apiGroups"]} == {"serving.modelserve.dev"}
+    off = helm(*template_args("ms", "x", "rbac.aggregateToDefaultRoles=false")).stdout
+    assert {r["metadata"]["name"] for r in by_kind(off, "ClusterRole")} == {"ms-modelserve", "ms-modelserve-gateway"}

@@ -1,0 +1,113 @@
+"""checkov (the pinned version, hack/install-checkov.sh) over what a user deploys: `modelserve render`
+of every example and `helm template` of the chart (NetworkPolicy and watched namespaces on).
+
+The checks it must pass are chosen below, each a container or pod hardening rule, RBAC rule or
+host-isolation rule. Checks left out, and why:
+- CKV_K8S_43 image digests, CKV_K8S_15 imagePullPolicy Always: images are pinned by tag (the chart
+  takes a digest for the operator); multi-GB engine images must not be pulled on every start.
+- CKV_K8S_21 default namespace: `modelserve render` writes the namespace a manifest names, default.
+- CKV_K8S_11 CPU limits: throttling adds latency to every token; CKV_K8S_13 memory limits: an
+  engine's memory follows its model and GPU, so spec.resources sets it (the sidecar has a limit).
+- CKV_K8S_8/9 probes on every container: the sidecar's probes cover the engine (its readiness is
+  the engine's), on purpose.
+- CKV_K8S_38 service-account tokens: the operator and the gateway call the API server; model pods
+  mount none (automountServiceAccountToken false).
+- CKV2_K8S_6 a NetworkPolicy per pod: opt-in in the chart (networkPolicy.*), since the chart cannot
+  know every namespace; the graph check cannot join a chart's policy to rendered model pods.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from modelserve_sandbox.checkov import checkov_binary
+from tests.helpers.chart import REPO, Helm, template_args
+
+HARDENING = (
+    "CKV_K8S_16",  # not privileged
+    "CKV_K8S_17",  # no host PID
+    "CKV_K8S_18",  # no host IPC
+    "CKV_K8S_19",  # no host network
+    "CKV_K8S_20",  # allowPrivilegeEscalation false
+    "CKV_K8S_25",  # no added capabilities
+    "CKV_K8S_26",  # no hostPort
+    "CKV_K8S_27",  # no docker socket
+    "CKV_K8S_28",  # NET_RAW dropped
+    "CKV_K8S_29",  # a pod securityContext
+    "CKV_K8S_30",  # a container securityContext
+    "CKV_K8S_31",  # seccomp RuntimeDefault
+    "CKV_K8S_35",  # Secrets as files rather than env (HF_TOKEN from a secretKeyRef passes)
+    "CKV_K8S_37",  # capabilities drop ALL
+    "CKV_K8S_39",  # no SYS_ADMIN
+    "CKV_K8S_41",  # not the default ServiceAccount
+    "CKV_K8S_49",  # no wildcards in Roles and ClusterRoles
+    "CKV_K8S_155",  # no admission webhook control
+    "CKV_K8S_157",  # no bind
+    "CKV_K8S_158",  # no escalate
+    "CKV2_K8S_1",  # no RoleBinding escalation to a ServiceAccount
+    "CKV2_K8S_3",  # no impersonate
+    "CKV2_K8S_5",  # no reading every Secret
+)
+NON_ROOT = (
+    "CKV_K8S_22",  # read-only root filesystem
+    "CKV_K8S_23",  # runAsNonRoot
+    "CKV_K8S_40",  # a high UID
+)
+# vLLM's and SGLang's images run as root and write under it (their caches, /tmp): these examples'
+# engines pass every check above but the non-root ones. The cpu (llama.cpp) and external ones pass all.
+ROOT_ENGINE_DEPLOYMENTS = ("lfm2-1-2b", "lfm2-24b-a2b-16gpu", "lfm2-8b-a1b", "lfm2-vl-1-6b")
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml")) + sorted((REPO / "examples").glob("external/*.yaml"))
+MODELSERVE = Path(sys.executable).with_name("modelserve")
+
+
+def _write_manifests(helm: Helm, out: Path) -> None:
+    for path in EXAMPLES:
+        render = subprocess.run(
+            [str(MODELSERVE), "render", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        (out / f"example-{path.stem}.yaml").write_text(render.stdout)
+    sets = ("networkPolicy.enabled=true", "operator.watchNamespaces={team-a}", "dashboard.enabled=true")
+    (out / "chart.yaml").write_text(helm(*template_args("ms", "modelserve-system", *sets)).stdout)
+
+
+def _results(out: Path) -> dict[str, Any]:
+    checks = ",".join(HARDENING + NON_ROOT)
+    command = [str(checkov_binary()), "--directory", str(out), "--framework", "kubernetes", "--check", checks]
+    result = subprocess.run(
+        [*command, "--output", "json", "--compact", "--skip-download"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(result.stdout)
+    assert isinstance(report, dict) and report["check_type"] == "kubernetes", result.stdout[:500]
+    return report["results"]
+
+
+def _resource(check: dict[str, Any]) -> str:
+    kind, namespace, name = check["resource"].split(".")[:3]
+    return f"{kind}/{namespace}/{name}"
+
+
+def test_checkov_finds_only_the_root_engines(helm: Helm, tmp_path: Path) -> None:
+    _write_manifests(helm, tmp_path)
+    results = _results(tmp_path)
+    failed = {(check["check_id"], _resource(check)) for check in results["failed_checks"]}
+    expected = {(check, f"Deployment/default/{name}") for check in NON_ROOT for name in ROOT_ENGINE_DEPLOYMENTS}
+    assert failed == expected, sorted(failed ^ expected)
+    # Every chosen check ran on something (a misspelt id or an unread file passes nothing).
+    passed = {(check["check_id"], _resource(check)) for check in results["passed_checks"]}
+    assert {check for check, _ in passed | failed} == set(HARDENING + NON_ROOT)
+    deployments = {resource for _, resource in passed if resource.startswith("Deployment/")}
+    assert {"Deployment/default/gemma3-270m-cpu", "Deployment/default/qwen3-mlx"} <= deployments
+    assert {"Deployment/modelserve-system/ms-modelserve", "Deployment/modelserve-system/ms-modelserve-gateway"} <= (
+        deployments
+    )
