@@ -100,7 +100,7 @@ def measure_pause_pod(cluster: Cluster, namespace: str) -> float:
 
 
 def measure_engine_alone(workdir: Path) -> float:
-    (model,) = [f.path for f in hub_files() if f.name.endswith(".gguf")]
+    (model,) = [f.path for f in hub_files(workdir) if f.name.endswith(".gguf")]
     port = free_ports(1)[0]
     argv = [
         str(llama_server_binary()),
