@@ -156,6 +156,7 @@ class Cluster:
             else None
         )
         self._servers: list[Forwarder | HubMirror] = []
+        self.hub_files: list[HubFile] = []  # what the hub mirror serves (beside a real node)
 
     @property
     def has_real_node(self) -> bool:
@@ -431,7 +432,8 @@ class Cluster:
         self._servers.append(
             Forwarder(realnode.GATEWAY, self.ports.apiserver, "127.0.0.1", self.ports.apiserver).start()
         )
-        self._servers.append(HubMirror(hub_files(self.workdir), realnode.GATEWAY, self.ports.hub).start())
+        self.hub_files = hub_files(self.workdir)
+        self._servers.append(HubMirror(self.hub_files, realnode.GATEWAY, self.ports.hub).start())
         # The kubelet checks callers through SubjectAccessReviews; the Node authorizer leaves
         # those to RBAC, and no default binding gives nodes the system:node role any more.
         self.kubectl(
