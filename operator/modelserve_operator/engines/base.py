@@ -86,6 +86,9 @@ class Engine:
                 {"name": CHAT_TEMPLATE_VOLUME, "mountPath": CHAT_TEMPLATE_DIR, "readOnly": True}
             )
         container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain_seconds}}}
+        # An engine that refuses its arguments says why on its last log line: keep it in the
+        # container's status, where the operator's CrashLoop condition reads it.
+        container["terminationMessagePolicy"] = "FallbackToLogsOnError"
         return container
 
 
