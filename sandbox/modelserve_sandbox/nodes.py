@@ -2,7 +2,7 @@
 
 Beside a real node every fake node carries KWOK's own taint too, so a pod that does not ask for
 a fake node runs for real: a cpu ModelServer, the chart's operator, and a one-GPU vLLM pod (the
-real node advertises one `nvidia.com/gpu`). A pod that wants a fake node tolerates
+real node advertises two `nvidia.com/gpu`). A pod that wants a fake node tolerates
 `kwok.x-k8s.io/node` and selects `type: kwok`; without a real node nothing is needed.
 """
 

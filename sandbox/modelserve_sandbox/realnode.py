@@ -4,9 +4,9 @@ containerd, runc and the CNI plugins come from Debian; kubelet and kube-proxy fr
 (same module and pins as the control plane). They run as the sandbox's own processes with
 their own config, sockets and state under the sandbox directory, never as system services.
 The node is untainted and labelled `type=real`; KWOK's nodes are tainted instead, so pods
-that do not ask for a fake node land here and nowhere else. It advertises one `nvidia.com/gpu`
-(an extended resource with no device behind it), so a one-GPU vLLM pod lands here exactly as the
-operator generates it and runs vLLM's CPU build. Pods get 10.88.0.0/24 on a bridge of our own,
+that do not ask for a fake node land here and nowhere else. It advertises two `nvidia.com/gpu`
+(an extended resource with no device behind it), so one-GPU vLLM pods land here exactly as the
+operator generates them and run vLLM's CPU build. Pods get 10.88.0.0/24 on a bridge of our own,
 apart from KWOK's 10.244.0.0/16. Stopping puts the host back (`hoststate`).
 """
 
@@ -27,7 +27,7 @@ from .processes import start_process, stop_process, tail, wait_until
 
 NODE_NAME = "real-0"
 NODE_LABELS = {"type": "real", "modelserve.dev/node": "real"}
-GPUS = 1  # what the node advertises: one vLLM pod at a time fits two shared cores
+GPUS = 2  # what the node advertises: room for a vLLM ModelServer's second replica (autoscaling)
 POD_CIDR = "10.88.0.0/24"
 GATEWAY = "10.88.0.1"  # the bridge's address: the node's InternalIP and the API forwarder's
 BRIDGE = "msbr0"
