@@ -13,6 +13,7 @@ metrics, never the text.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -43,6 +44,11 @@ def code(path):
         return "closed"
 print("health", code("/health"), "models", code("/v1/models"))
 """
+
+
+def in_pod(view: NodeView, pod: str, container: str, *command: str) -> subprocess.CompletedProcess:
+    """`kubectl exec` (the namespace before `--`, where kubectl reads it)."""
+    return view.cluster.kubectl("exec", "-n", view.namespace, pod, "-c", container, "--", *command, check=False)
 
 
 def metric(text: str, name: str, model: str) -> float:
@@ -109,17 +115,7 @@ def served(node_cluster: Cluster, host_operator: Path) -> Iterator[tuple[NodeVie
                     if "running" in c.get("state", {})
                 }
                 if "sidecar" in running and "engine" in running:
-                    probe = view.kubectl(
-                        "exec",
-                        pod["metadata"]["name"],
-                        "-c",
-                        "sidecar",
-                        "--",
-                        "python",
-                        "-c",
-                        ENGINE_PROBE,
-                        check=False,
-                    )
+                    probe = in_pod(view, pod["metadata"]["name"], "sidecar", "python", "-c", ENGINE_PROBE)
                     if probe.returncode == 0:
                         timeline.add(f"engine {probe.stdout.strip()}")
             time.sleep(1)
@@ -154,9 +150,7 @@ def test_the_generated_pod_runs_on_the_real_node_and_turns_ready_honestly(served
     assert closed is not None and serving is not None and loading is not None, str(timeline)
     assert loading < ready and closed < serving < ready, str(timeline)
     # The model came from the hub mirror into the hub-cache volume, as from the hub.
-    listing = view.kubectl(
-        "exec", pod["metadata"]["name"], "-c", "engine", "--", "ls", "/root/.cache/huggingface/hub"
-    ).stdout.split()
+    listing = in_pod(view, pod["metadata"]["name"], "engine", "ls", "/root/.cache/huggingface/hub").stdout.split()
     assert "models--modelserve--tiny-random-chatml" in listing, listing
 
 
