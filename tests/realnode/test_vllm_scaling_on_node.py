@@ -67,6 +67,17 @@ def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView) -
 def test_a_flag_vllm_refuses_shows_as_crash_loop_in_vllms_words(node: NodeView) -> None:
     name = "tiny-refused"
     node.apply(vllm_example(name, engineArgs=["--no-such-flag"]))
-    condition = node.wait_reason(name, "Degraded", "True", "CrashLoop", timeout=VLLM_READY_SECONDS)
+    # vLLM runs ~20 s before it reads its arguments, so the pod is in CrashLoopBackOff only between
+    # restarts: keep the condition as first seen.
+    seen: dict = {}
+
+    def crash_loop() -> bool:
+        condition = node.condition(name, "Degraded")
+        if not seen and (condition.get("status"), condition.get("reason")) == ("True", "CrashLoop"):
+            seen.update(condition)
+        return bool(seen)
+
+    node.wait(crash_loop, f"ModelServer {name} Degraded=True (CrashLoop)", VLLM_READY_SECONDS)
+    condition = seen
     assert "engine" in condition["message"], condition
     assert "unrecognized arguments: --no-such-flag" in condition["message"], condition
