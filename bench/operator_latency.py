@@ -90,7 +90,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="operator-latency-") as tmp, Cluster(Path(tmp)) as cluster:
+    with tempfile.TemporaryDirectory(prefix="operator-latency-") as tmp, Cluster(Path(tmp), real_node=False) as cluster:
         cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "modelserver.yaml"))
         cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         kube = Kube(cluster.api_client())

@@ -6,6 +6,8 @@
 #   - ghcr.io/modelserve/modelserve:<version>, from the project's own Dockerfile on that base;
 #   - ghcr.io/ggml-org/llama.cpp:server-b<N>, the llama-server of hack/build-llama-server.sh at
 #     /app/llama-server, the layout of the official image;
+#   - vllm/vllm-openai:v<V>, a stand-in for vLLM's CUDA image: the same release's CPU build
+#     from PyPI (hack/images/vllm/Dockerfile says what differs and why);
 #   - registry.k8s.io/pause:3.10, a static pause binary FROM scratch.
 # Images carry the exact names the operator and chart use by default, so the manifests that
 # run in the sandbox are the ones a user gets. A private dockerd (no iptables, no bridge, its
@@ -16,6 +18,7 @@ cd "$(dirname "$0")/.."
 CACHE=${MODELSERVE_CACHE:-$HOME/.cache/modelserve}
 IMAGES=$CACHE/images
 LLAMA_BUILD=${LLAMA_BUILD:-9093}
+VLLM_VERSION=${VLLM_VERSION:-0.32.0}  # the operator's pin (engines/vllm.py); a test keeps them equal
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' modelserve/__init__.py)
 DOCKER_SOCK=/run/modelserve-docker.sock
 DOCKER=(/usr/bin/docker -H "unix://$DOCKER_SOCK")
@@ -122,7 +125,20 @@ if [[ ! -f $IMAGES/llama-server-$llama_hash.tar ]]; then
   save "$LLAMA" "$IMAGES/llama-server-$llama_hash.tar"
 fi
 
+# --- vLLM's CPU build, standing in for vllm/vllm-openai ------------------------------------
+vllm_hash=$(echo "$base_hash $VLLM_VERSION" | cat - <(hash_files hack/images/vllm/*) | sha256sum | cut -c1-16)
+VLLM=vllm/vllm-openai:v$VLLM_VERSION
+if [[ ! -f $IMAGES/vllm-$vllm_hash.tar ]]; then
+  start_dockerd
+  "${DOCKER[@]}" image inspect "$BASE" >/dev/null 2>&1 || "${DOCKER[@]}" load -q -i "$IMAGES/base-$base_hash.tar"
+  "${DOCKER[@]}" build -q --network host --build-arg BASE_IMAGE="$BASE" --build-arg VLLM_VERSION="$VLLM_VERSION" \
+    -t "$VLLM" hack/images/vllm >/dev/null
+  rm -f "$IMAGES"/vllm-*.tar
+  save "$VLLM" "$IMAGES/vllm-$vllm_hash.tar"
+  "${DOCKER[@]}" rmi -f "$VLLM" >/dev/null  # the archive is the cache: keep the build's disk once, not twice
+fi
+
 # What the sandbox imports into its node's containerd: one archive a line.
 printf '%s\n' "modelserve-$project_hash.tar" \
-  "llama-server-$llama_hash.tar" "pause-$pause_hash.tar" >"$IMAGES/current"
+  "llama-server-$llama_hash.tar" "vllm-$vllm_hash.tar" "pause-$pause_hash.tar" >"$IMAGES/current"
 echo "images up to date in $IMAGES"

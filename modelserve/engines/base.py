@@ -162,6 +162,9 @@ class Engine:
             )
         container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain_seconds}}}
         container["securityContext"] = self.security_context()
+        # An engine that refuses its arguments says why on its last log line: keep it in the
+        # container's status, where the operator's CrashLoop condition reads it.
+        container["terminationMessagePolicy"] = "FallbackToLogsOnError"
         return container
 
     def _home_env(self) -> list[dict[str, Any]]:

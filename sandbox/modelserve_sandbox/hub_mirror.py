@@ -6,6 +6,7 @@ pointed at a mirror instead (`HF_ENDPOINT`, and llama.cpp's `MODEL_ENDPOINT`; th
 their hub repository names, so the examples' `model: unsloth/gemma-3-270m-it-GGUF:Q4_K_M`
 downloads for real, the way it would from the hub:
 
+- `GET /api/models/<repo>[/revision/<revision>]`: the repository's commit and files (model info);
 - `GET /api/models/<repo>/refs`: the `main` branch and its commit;
 - `GET /api/models/<repo>/tree/<commit>`: the files, with their LFS sha256 and size;
 - `HEAD|GET /<repo>/resolve/<revision>/<file>`: the bytes (X-Linked-Etag, ranges).
@@ -66,6 +67,25 @@ def build_app(files: list[HubFile]) -> web.Application:
             }
         )
 
+    async def info(request: web.Request) -> web.Response:
+        repo = repo_of(request)
+        if request.match_info.get("revision", "main") not in (commits[repo], "main"):
+            raise web.HTTPNotFound(text='{"error": "Invalid rev id"}', content_type="application/json")
+        # The fields huggingface_hub's ModelInfo reads; snapshot_download lists `siblings`.
+        return web.json_response(
+            {
+                "_id": commits[repo],
+                "id": repo,
+                "modelId": repo,
+                "sha": commits[repo],
+                "private": False,
+                "gated": False,
+                "disabled": False,
+                "tags": [],
+                "siblings": [{"rfilename": f.name} for f in repos[repo]],
+            }
+        )
+
     async def tree(request: web.Request) -> web.Response:
         repo = repo_of(request)
         if request.match_info["revision"] not in (commits[repo], "main"):
@@ -101,6 +121,8 @@ def build_app(files: list[HubFile]) -> web.Application:
         )
 
     app = web.Application()
+    app.router.add_get("/api/models/{org}/{name}", info)
+    app.router.add_get("/api/models/{org}/{name}/revision/{revision}", info)
     app.router.add_get("/api/models/{org}/{name}/refs", refs)
     app.router.add_get("/api/models/{org}/{name}/tree/{revision}", tree)
     app.router.add_get("/{org}/{name}/resolve/{revision}/{file:.+}", resolve)  # GET also answers HEAD

@@ -19,6 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 from .cluster import Cluster
 from .host_programs import HostPrograms, host_programs
 from .processes import tail, wait_until
@@ -61,6 +63,27 @@ def _settled(cluster: Cluster) -> bool:
     return bool(items) and all(decided(i) for i in items)
 
 
+def examples_to_apply(directory: Path, hub_repos: set[str] | None) -> tuple[list[Path], dict[Path, str]]:
+    """The example manifests to apply (as `kubectl apply -f DIR` reads a directory) and those left
+    out with why. Beside a real node (`hub_repos`: what the sandbox's hub serves) an example runs
+    for real or not at all: one whose model is not on the hub would take the real node's GPU and
+    fail its download, so it is left to a GPU cluster (or to KWOK alone, `--no-real-node`)."""
+    chosen: list[Path] = []
+    left_out: dict[Path, str] = {}
+    for path in sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json")):
+        models = [
+            doc["spec"]["model"]
+            for doc in yaml.safe_load_all(path.read_text())
+            if doc and doc.get("kind") == "ModelServer" and "model" in doc.get("spec", {})
+        ]
+        missing = sorted({m for m in models if hub_repos is not None and m.split(":", 1)[0] not in hub_repos})
+        if missing:
+            left_out[path] = f"{', '.join(missing)} is not on the sandbox's hub"
+        else:
+            chosen.append(path)
+    return chosen, left_out
+
+
 def _gateway_models(base: str) -> str:
     """GET /v1/models through the gateway, anonymously: the public models, or why not."""
     try:
@@ -101,7 +124,11 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace, cluster: Cluster, programs: HostPrograms, stop: threading.Event) -> int:
     """Apply the examples, say where they stand, then run until interrupted (or one program exits)."""
     operator, gateway, gateway_url = programs.operator, programs.gateway, programs.gateway_url
-    cluster.kubectl("apply", "-f", str(args.examples))
+    hub_repos = {f.repo for f in cluster.hub_files} if cluster.has_real_node else None
+    chosen, left_out = examples_to_apply(args.examples, hub_repos)
+    for path, why in left_out.items():
+        print(f"not applied beside the real node: {path} ({why}; it needs a GPU cluster)", flush=True)
+    cluster.kubectl("apply", *(arg for path in chosen for arg in ("-f", str(path))))
     try:
         wait_until(
             lambda: operator.poll() is not None or _settled(cluster),

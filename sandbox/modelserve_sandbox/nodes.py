@@ -1,8 +1,9 @@
 """The fake nodes KWOK manages: GPU nodes tainted as GPU clouds do, and plain CPU nodes.
 
-Beside a real node the fake CPU nodes carry KWOK's own taint, so a pod that does not ask for
-a fake node (a cpu ModelServer, the chart's operator) runs for real; a test that wants a fake
-CPU pod tolerates `kwok.x-k8s.io/node`.
+Beside a real node every fake node carries KWOK's own taint too, so a pod that does not ask for
+a fake node runs for real: a cpu ModelServer, the chart's operator, and a one-GPU vLLM pod (the
+real node advertises two `nvidia.com/gpu`). A pod that wants a fake node tolerates
+`kwok.x-k8s.io/node` and selects `type: kwok`; without a real node nothing is needed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ class NodeShape:
     gpu_nodes: int = 2
     gpus_per_node: int = 8
     cpu_nodes: int = 1
-    taint_fake_cpu: bool = False  # True beside a real node
+    taint_fakes: bool = False  # True beside a real node
     pods_per_node: int = 110  # the kubelet's default; benchmarks with thousands of pods raise it
 
 
@@ -55,7 +56,7 @@ def node_manifests(shape: NodeShape) -> list[dict]:
                 "pods": str(shape.pods_per_node),
                 "nvidia.com/gpu": str(shape.gpus_per_node),
             },
-            [dict(GPU_TAINT)],
+            [dict(GPU_TAINT), dict(FAKE_TAINT)] if shape.taint_fakes else [dict(GPU_TAINT)],
         )
         for i in range(shape.gpu_nodes)
     ]
@@ -64,7 +65,7 @@ def node_manifests(shape: NodeShape) -> list[dict]:
             f"cpu-{i}",
             {},
             {"cpu": "16", "memory": "64Gi", "pods": str(shape.pods_per_node)},
-            [dict(FAKE_TAINT)] if shape.taint_fake_cpu else [],
+            [dict(FAKE_TAINT)] if shape.taint_fakes else [],
         )
         for i in range(shape.cpu_nodes)
     ]

@@ -3,9 +3,11 @@
 containerd, runc and the CNI plugins come from Debian; kubelet and kube-proxy from our Go build
 (same module and pins as the control plane). They run as the sandbox's own processes with
 their own config, sockets and state under the sandbox directory, never as system services.
-The node is untainted and labelled `type=real`; KWOK's CPU node is tainted instead, so pods
-that do not ask for a fake node land here and nowhere else. Pods get 10.88.0.0/24 on a bridge
-of our own, apart from KWOK's 10.244.0.0/16. Stopping puts the host back (`hoststate`).
+The node is untainted and labelled `type=real`; KWOK's nodes are tainted instead, so pods
+that do not ask for a fake node land here and nowhere else. It advertises two `nvidia.com/gpu`
+(an extended resource with no device behind it), so one-GPU vLLM pods land here exactly as the
+operator generates them and run vLLM's CPU build. Pods get 10.88.0.0/24 on a bridge of our own,
+apart from KWOK's 10.244.0.0/16. Stopping puts the host back (`hoststate`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .processes import start_process, stop_process, tail, wait_until
 
 NODE_NAME = "real-0"
 NODE_LABELS = {"type": "real", "modelserve.dev/node": "real"}
+GPUS = 2  # what the node advertises: room for a vLLM ModelServer's second replica (autoscaling)
 POD_CIDR = "10.88.0.0/24"
 GATEWAY = "10.88.0.1"  # the bridge's address: the node's InternalIP and the API forwarder's
 BRIDGE = "msbr0"
@@ -144,6 +147,12 @@ def kube_proxy_config(kubeconfig: Path, healthz_port: int, metrics_port: int) ->
         "iptables": {"localhostNodePorts": False, "masqueradeAll": False},
         "nodePortAddresses": [f"{GATEWAY}/32"],
     }
+
+
+def gpu_capacity_patch(gpus: int) -> list[dict]:
+    """The node-status JSON patch Kubernetes documents for advertising an extended resource
+    (`/` in the name is `~1`); the kubelet copies capacity into allocatable."""
+    return [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": str(gpus)}]
 
 
 def host_problem(bin_dir: Path, image_archives: list[Path]) -> str | None:

@@ -7,11 +7,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tests.helpers.operator_cluster import OperatorView
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "modelserve"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 REAL_WAIT_SECONDS = 180  # image unpack, the model's download from the sandbox hub, its load
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+VLLM_READY_SECONDS = 600  # vLLM's image unpack, download and start on two shared cores
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 NO_END = {"1": -100, "106": -100}  # Gemma 3's end tokens banned: generations run to max_tokens
 
 
@@ -79,6 +84,14 @@ def install_chart(cluster: Any, release: str, namespace: str) -> None:
         "--timeout",
         "180s",
     )
+
+
+def vllm_example(name: str = "tiny-chatml-vllm", **spec: object) -> dict:
+    """examples/tiny-chatml-vllm.yaml (vLLM, one GPU) under `name`, with `spec` changed."""
+    manifest = yaml.safe_load((EXAMPLES / "tiny-chatml-vllm.yaml").read_text())
+    manifest["metadata"]["name"] = name
+    manifest["spec"].update(spec)
+    return manifest
 
 
 def cpu_server(name: str, public: bool = False, **spec: object) -> dict:

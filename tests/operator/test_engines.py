@@ -24,6 +24,9 @@ EXPECTED = {
     "lfm2-8b-a1b": "python3 -m sglang.launch_server --model-path LiquidAI/LFM2-8B-A1B --served-model-name lfm2-8b-a1b "
     "--host 127.0.0.1 --port 30000 --tp-size 1 --dtype float16 --tool-call-parser lfm2 --enable-torch-compile "
     "--chunked-prefill-size -1 --enable-metrics",
+    "tiny-chatml-vllm": "vllm serve modelserve/tiny-random-chatml --served-model-name tiny-chatml-vllm "
+    "--host 127.0.0.1 --port 8000 --dtype auto --max-model-len 512 --tensor-parallel-size 1 --enforce-eager "
+    "--max-num-seqs=8",
     "gemma3-270m-cpu": "/app/llama-server -hf unsloth/gemma-3-270m-it-GGUF:Q4_K_M --alias gemma3-270m-cpu "
     "--host 127.0.0.1 --port 8081 -c 4096 --metrics --jinja --no-slots --no-webui",
 }

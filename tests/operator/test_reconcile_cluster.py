@@ -214,7 +214,7 @@ def test_examples_settle_ready_but_one_short_of_gpus(ops: OperatorView) -> None:
     ops.kubectl("apply", "--recursive", "-f", str(EXAMPLES_DIR))
     by_name = {m["metadata"]["name"]: m for m in examples().values()}
     schedulable = [name for name, m in by_name.items() if m["spec"].get("gpus", 1) <= 8]
-    assert len(schedulable) == 5  # qwen3-mlx's pod is the sidecar alone, which KWOK runs like any
+    assert len(schedulable) == 6  # qwen3-mlx's pod is the sidecar alone, which KWOK runs like any
     for name in schedulable:
         ops.wait_ready(name)
     ops.wait_reason("lfm2-24b-a2b-16gpu", "Degraded", "True", "InsufficientGPU")

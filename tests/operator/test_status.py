@@ -140,6 +140,14 @@ def test_image_pull_and_crash_loop_come_from_container_statuses() -> None:
     assert degraded["reason"] == "CrashLoop" and "restarted 4 times, last Error with code 1" in degraded["message"]
 
 
+def test_a_crash_loop_carries_the_engines_last_words() -> None:
+    said = "usage: vllm serve [model_tag] [options]\nvllm: error: unrecognized arguments: --no-such-flag\n\n"
+    last = {"terminated": {"reason": "Error", "exitCode": 2, "message": said}}
+    crash = _pod(node="gpu-0", containerStatuses=_waiting("CrashLoopBackOff", restartCount=1, lastState=last))
+    degraded = _degraded(_status(_ms(), _deployment(), [crash]))
+    assert degraded["message"].endswith("last Error with code 2: vllm: error: unrecognized arguments: --no-such-flag")
+
+
 def test_a_missing_secret_is_a_container_config_error() -> None:
     pod = _pod(node="gpu-0", containerStatuses=_waiting("CreateContainerConfigError", 'secret "hf" not found'))
     degraded = _degraded(_status(_ms(), _deployment(), [pod]))

@@ -7,25 +7,30 @@ import re
 
 import yaml
 
-from modelserve.engines import ENGINES, llamacpp
+from modelserve.engines import ENGINES, llamacpp, vllm
 from modelserve_sandbox import llama_server
 from tests.helpers.chart import REPO
 
 README = (REPO / "README.md").read_text()
 
 
-def _script_default(script: str) -> int:
+def _script_default(script: str, variable: str = "LLAMA_BUILD") -> str:
     text = (REPO / "hack" / script).read_text()
-    match = re.search(r"^LLAMA_BUILD=\$\{LLAMA_BUILD:-(\d+)\}$", text, re.M)
-    assert match, f"hack/{script} sets no LLAMA_BUILD default"
-    return int(match.group(1))
+    match = re.search(rf"^{variable}=\$\{{{variable}:-([^}}]+)\}}", text, re.M)
+    assert match, f"hack/{script} sets no {variable} default"
+    return match.group(1)
 
 
 def test_the_llama_cpp_build_is_one_number() -> None:
     tag = llamacpp.ENGINE.image.rsplit(":", 1)[1]
     assert tag == f"server-b{llama_server.LLAMA_BUILD}"
-    assert _script_default("build-llama-server.sh") == llama_server.LLAMA_BUILD
-    assert _script_default("build-images.sh") == llama_server.LLAMA_BUILD
+    assert int(_script_default("build-llama-server.sh")) == llama_server.LLAMA_BUILD
+    assert int(_script_default("build-images.sh")) == llama_server.LLAMA_BUILD
+
+
+def test_the_sandbox_builds_the_vllm_release_the_operator_pins() -> None:
+    assert _script_default("build-images.sh", "VLLM_VERSION") == vllm.VERSION
+    assert vllm.ENGINE.image == f"vllm/vllm-openai:v{vllm.VERSION}"
 
 
 def test_the_readme_names_each_pinned_image() -> None:

@@ -54,3 +54,20 @@ def test_unknown_repos_files_and_revisions_are_404(mirror) -> None:
         assert client.get(f"/api/models/{REPO}/tree/{'0' * 40}").status_code == 404
         assert client.get(f"/{REPO}/resolve/main/missing.gguf").status_code == 404
         assert client.get(f"/{REPO}/resolve/{'0' * 40}/tiny-Q4_K_M.gguf").status_code == 404
+
+
+def test_model_info_lists_the_files_at_the_commit(mirror) -> None:
+    # huggingface_hub's snapshot_download (vLLM's download) reads this before any file.
+    hub, _ = mirror
+    with httpx.Client(base_url=hub.url, timeout=10) as client:
+        commit = client.get(f"/api/models/{REPO}/refs").json()["branches"][0]["targetCommit"]
+        for path in (
+            f"/api/models/{REPO}",
+            f"/api/models/{REPO}/revision/main",
+            f"/api/models/{REPO}/revision/{commit}",
+        ):
+            info = client.get(path).json()
+            assert info["id"] == REPO and info["sha"] == commit, path
+            assert info["siblings"] == [{"rfilename": "tiny-Q4_K_M.gguf"}], path
+        assert client.get(f"/api/models/{REPO}/revision/{'0' * 40}").status_code == 404
+        assert client.get("/api/models/acme/other").status_code == 404

@@ -1,0 +1,322 @@
+"""vLLM for real: the high-throughput example's pod, exactly as the operator generates it, lands on
+the real node (it advertises `nvidia.com/gpu`) and runs the vllm/vllm-openai:v0.32.0 stand-in
+(vLLM's CPU build), which downloads the sandbox's tiny ChatML model from the hub mirror through
+HF_ENDPOINT into the hub-cache volume. Callers reach it through the Service and the gateway with the
+real openai SDK; the sidecar serves vLLM's own metrics; the spec's chat template, sampling defaults
+and tool-call parser reach vLLM; a deleted pod finishes its stream; a flag vLLM refuses shows as
+a CrashLoop carrying vLLM's own words.
+
+The model's weights are random: answers are noise, so tests check shapes, counts and vLLM's own
+metrics, never the text.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from tests.helpers.node_view import EXAMPLES, QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, vllm_example
+
+from modelserve_sandbox import realnode
+from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.processes import free_ports, start_process, stop_process, wait_until
+
+EXAMPLE = EXAMPLES / "tiny-chatml-vllm.yaml"
+NAME = "tiny-chatml-vllm"
+# Asked from inside the pod (the engine listens on the pod's loopback only): /health and /v1/models.
+ENGINE_PROBE = """
+import urllib.error, urllib.request
+def code(path):
+    try:
+        return urllib.request.urlopen("http://127.0.0.1:8000" + path, timeout=3).status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return "closed"
+print("health", code("/health"), "models", code("/v1/models"))
+"""
+
+
+def in_pod(view: NodeView, pod: str, container: str, *command: str) -> subprocess.CompletedProcess:
+    """`kubectl exec` (the namespace before `--`, where kubectl reads it)."""
+    return view.cluster.kubectl("exec", "-n", view.namespace, pod, "-c", container, "--", *command, check=False)
+
+
+def metric(text: str, name: str, model: str) -> float:
+    """One vLLM series' value for `model` (summed over its other labels)."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'model_name="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+            seen = True
+    assert seen, f"no {name} for {model} in the sidecar's /metrics"
+    return total
+
+
+@pytest.fixture(scope="module")
+def host_gateway(node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`modelserve-gateway` on the host as `make dev` runs it; yields its base URL."""
+    (port,) = free_ports(1)
+    logs = tmp_path_factory.mktemp("vllm-gateway")
+    process = start_process(
+        "modelserve-gateway",
+        [str(Path(sys.executable).with_name("modelserve-gateway"))],
+        logs,
+        env={
+            **node_cluster.env,
+            "MODELSERVE_GATEWAY_LISTEN_HOST": "127.0.0.1",
+            "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
+        },
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(f"{base}/healthz"), 60, "the host gateway")
+        yield base
+    finally:
+        stop_process(process)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def served(node_cluster: Cluster, host_operator: Path) -> Iterator[tuple[NodeView, Timeline]]:
+    """The example applied as it is, watched from apply to Ready: the ModelServer's condition, the
+    pod's node, and the engine's port, /health and /v1/models asked from inside the pod."""
+    namespace = "vllm-example"
+    node_cluster.create_namespace(namespace)
+    view = NodeView(node_cluster, namespace, host_operator)
+    timeline = Timeline()
+    view.kubectl("apply", "-f", str(EXAMPLE))
+    deadline = time.monotonic() + VLLM_READY_SECONDS
+    try:
+        while time.monotonic() < deadline:
+            ready = view.condition(NAME, "Ready")
+            timeline.add(f"ms Ready={ready.get('status')} reason={ready.get('reason')}")
+            if ready.get("status") == "True":
+                break
+            for pod in view.pods(NAME):
+                running = {
+                    c["name"]
+                    for c in pod.get("status", {}).get("containerStatuses", [])
+                    if "running" in c.get("state", {})
+                }
+                if "sidecar" in running and "engine" in running:
+                    probe = in_pod(view, pod["metadata"]["name"], "sidecar", "python", "-c", ENGINE_PROBE)
+                    if probe.returncode == 0:
+                        timeline.add(f"engine {probe.stdout.strip()}")
+            time.sleep(1)
+        print(f"\nvLLM example, apply -> Ready:\n{timeline}")
+        assert timeline.first("ms Ready=True reason=Ready") is not None, f"never Ready:\n{timeline}"
+        yield view, timeline
+    finally:
+        node_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        node_cluster.kubectl(
+            "delete", "pods", "--all", "-n", namespace, "--grace-period=1", "--wait=false", check=False
+        )
+        wait_until(
+            lambda: not node_cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout.strip(),
+            120,
+            "the example's pods gone",
+        )
+
+
+def test_the_generated_pod_runs_on_the_real_node_and_turns_ready_honestly(served) -> None:
+    view, timeline = served
+    (pod,) = view.ready_pods(NAME)
+    assert pod["spec"]["nodeName"] == realnode.NODE_NAME
+    engine = next(c for c in pod["spec"]["containers"] if c["name"] == "engine")
+    assert engine["image"] == "vllm/vllm-openai:v0.32.0" and engine["command"] == ["vllm", "serve"]
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # Honest readiness: nothing listens while vLLM loads, then /health and /v1/models answer, and
+    # only then does the ModelServer (from the sidecar's readiness) say Ready.
+    closed = timeline.first("engine health closed models closed")
+    serving = timeline.first("engine health 200 models 200")
+    loading = timeline.first("ms Ready=False reason=ModelLoading")
+    ready = timeline.first("ms Ready=True reason=Ready")
+    assert closed is not None and serving is not None and loading is not None, str(timeline)
+    assert loading < ready and closed < serving < ready, str(timeline)
+    # The model came from the hub mirror into the hub-cache volume, as from the hub.
+    listing = in_pod(view, pod["metadata"]["name"], "engine", "ls", "/root/.cache/huggingface/hub").stdout.split()
+    assert "models--modelserve--tiny-random-chatml" in listing, listing
+
+
+def test_openai_sdk_through_the_service_with_key_and_bearer(served) -> None:
+    view, _ = served
+    base = f"http://{view.cluster_ip(NAME)}"
+    key = view.secret_value(f"{NAME}-api-keys", "api-key")
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)  # Bearer
+    assert [m.id for m in client.models.list().data] == [NAME]
+    reply = client.chat.completions.create(model=NAME, messages=QUESTION, max_tokens=8)
+    assert reply.model == NAME and reply.usage.completion_tokens <= 8 and reply.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model=NAME, messages=QUESTION, max_tokens=8, stream=True))
+    assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
+    with_key = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": NAME, "messages": QUESTION, "max_tokens": 4},
+        headers={"Authorization": f"Key {key}"},
+        timeout=120,
+    )
+    assert with_key.status_code == 200 and with_key.json()["usage"]["completion_tokens"] <= 4, with_key.text
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base}/v1", api_key="sk-wrong", max_retries=0).models.list()
+
+
+def test_openai_sdk_through_the_gateway_with_key_and_bearer(served, host_gateway: str) -> None:
+    view, _ = served
+    key = view.secret_value(f"{NAME}-api-keys", "api-key")
+    client = openai.OpenAI(base_url=f"{host_gateway}/v1", api_key=key, max_retries=0, timeout=120)
+    wait_until(lambda: NAME in [m.id for m in client.models.list().data], 60, "the gateway lists the model")
+    reply = client.chat.completions.create(model=NAME, messages=QUESTION, max_tokens=8)
+    assert reply.model == NAME and reply.usage.completion_tokens <= 8
+    text = "".join(
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(model=NAME, messages=QUESTION, max_tokens=8, stream=True)
+        if chunk.choices
+    )
+    assert isinstance(text, str)
+    with httpx.stream(
+        "POST",
+        f"{host_gateway}/v1/chat/completions",
+        json={"model": NAME, "messages": QUESTION, "max_tokens": 4, "stream": True},
+        headers={"Authorization": f"Key {key}"},
+        timeout=120,
+    ) as answer:
+        body = b"".join(answer.iter_raw())
+    assert answer.status_code == 200 and body.rstrip().endswith(b"data: [DONE]"), body[-300:]
+
+
+def test_sidecar_metrics_carry_vllms_series_and_sampling_defaults_reach_vllm(served) -> None:
+    view, _ = served
+    (pod,) = view.ready_pods(NAME)
+    metrics_url = f"http://{pod['status']['podIP']}:8080/metrics"
+    key = view.secret_value(f"{NAME}-api-keys", "api-key")
+    before = httpx.get(metrics_url, timeout=30).text
+    for series in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        metric(before, series, NAME)
+    # No max_tokens in the request: the spec's samplingDefaults.maxTokens (64) is what vLLM gets.
+    answer = httpx.post(
+        f"http://{view.cluster_ip(NAME)}/v1/chat/completions",
+        json={"model": NAME, "messages": QUESTION},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] <= 64
+    after = httpx.get(metrics_url, timeout=30).text
+    asked = metric(after, "vllm:request_params_max_tokens_sum", NAME) - metric(
+        before, "vllm:request_params_max_tokens_sum", NAME
+    )
+    assert asked == 64, asked
+    assert metric(after, "vllm:prompt_tokens_total", NAME) > metric(before, "vllm:prompt_tokens_total", NAME)
+    assert "modelserve_sidecar_requests_total" in after
+
+
+def test_deleting_the_pod_mid_stream_finishes_the_stream(served) -> None:
+    view, _ = served
+    (pod,) = view.ready_pods(NAME)
+    key = view.secret_value(f"{NAME}-api-keys", "api-key")
+    request = {
+        "model": NAME,
+        "messages": QUESTION,
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,  # vLLM's own field: the stream runs to max_tokens
+    }
+    outcome: dict[str, Any] = {}
+    first_chunk = threading.Event()
+
+    def stream() -> None:
+        try:
+            with httpx.stream(
+                "POST",
+                f"http://{pod['status']['podIP']}:8080/v1/chat/completions",
+                json=request,
+                headers={"Authorization": f"Key {key}"},
+                timeout=300,
+            ) as answer:
+                parts = []
+                for part in answer.iter_raw():
+                    parts.append(part)
+                    first_chunk.set()
+                outcome.update(status=answer.status_code, body=b"".join(parts))
+        except httpx.HTTPError as error:
+            outcome["error"] = repr(error)
+        finally:
+            first_chunk.set()
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    assert first_chunk.wait(120), "the stream never started"
+    view.kubectl("delete", "pod", pod["metadata"]["name"], "--wait=false")
+    thread.join(timeout=300)
+    assert "error" not in outcome and outcome.get("status") == 200, outcome
+    events = [line for line in outcome["body"].split(b"\n\n") if line.startswith(b"data: {")]
+    assert outcome["body"].rstrip().endswith(b"data: [DONE]"), outcome["body"][-300:]
+    last = json.loads(events[-1][len(b"data: ") :])
+    assert last["choices"][0]["finish_reason"] == "length", last
+    # The Deployment replaces the pod; the example serves again.
+    view.wait(lambda: len(view.ready_pods(NAME)) == 1, "a replacement pod Ready", VLLM_READY_SECONDS)
+
+
+# The model's ChatML with a fixed system turn first: what vLLM counts as the prompt shows it used it.
+PREAMBLE = "<|im_start|>system\nYou keep a lighthouse. Answer in one line.<|im_end|>\n"
+CUSTOM_TEMPLATE = (
+    "{{ '" + PREAMBLE.replace("\n", "\\n") + "' }}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def _prompt_tokens(text: str, tmp_path: Path) -> int:
+    from tokenizers import Tokenizer
+
+    from modelserve_sandbox import tiny_model
+
+    tiny_model.build(tmp_path)
+    return len(Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode(text).ids)
+
+
+def test_chat_template_and_tool_call_parser_reach_vllm(served, tmp_path: Path) -> None:
+    view, _ = served
+    name = "tiny-tools"
+    view.apply(vllm_example(name, chatTemplate=CUSTOM_TEMPLATE, toolCallParser="hermes", auth={"mode": "public"}))
+    try:
+        view.wait_phase(name, "Ready", VLLM_READY_SECONDS)
+        base = f"http://{view.cluster_ip(name)}"
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model=name, messages=QUESTION, max_tokens=4)
+        question = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+        custom = _prompt_tokens(PREAMBLE + question, tmp_path / "a")
+        default = _prompt_tokens("<|startoftext|>" + question, tmp_path / "b")
+        assert custom != default
+        assert reply.usage.prompt_tokens == custom, (reply.usage.prompt_tokens, custom, default)
+        # vLLM refuses tool_choice "auto" unless started with --enable-auto-tool-choice and a parser.
+        tooled = client.chat.completions.create(
+            model=name, messages=QUESTION, max_tokens=8, tools=[WEATHER_TOOL], tool_choice="auto"
+        )
+        assert tooled.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    finally:
+        view.kubectl("delete", "modelserver", name, "--wait=false")
+        view.wait(lambda: not view.pods(name), f"{name}'s pods gone", 120)

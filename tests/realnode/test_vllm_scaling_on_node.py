@@ -1,0 +1,83 @@
+"""vLLM's real load drives the autoscaler: concurrent streams on the example's one replica make the
+operator add a second (the real node advertises two `nvidia.com/gpu`); and a flag vLLM refuses
+shows as a CrashLoop carrying vLLM's own words. Runs after test_vllm_on_node.py has freed the GPUs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, vllm_example
+
+from modelserve_sandbox import realnode
+
+# One request in flight per replica: three concurrent streams want three, capped at max 2.
+REPLICAS = {"min": 1, "buffer": 0, "max": 2, "targetPerReplica": 1, "scaleDownDelaySeconds": 600}
+STREAMS = 3
+
+
+def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView) -> None:
+    name = "tiny-elastic"
+    node.apply(vllm_example(name, replicas=REPLICAS, auth={"mode": "public"}))
+    node.wait_phase(name, "Ready", VLLM_READY_SECONDS)
+    base = f"http://{node.cluster_ip(name)}"
+    timeline = Timeline()
+    stop = threading.Event()
+    failures: list[str] = []
+    finished = [0]
+    request = {"model": name, "messages": QUESTION, "max_tokens": 300, "stream": True, "ignore_eos": True}
+
+    def client(index: int) -> None:
+        deadline = time.monotonic() + VLLM_READY_SECONDS
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                with httpx.stream("POST", f"{base}/v1/chat/completions", json=request, timeout=300) as answer:
+                    body = b"".join(answer.iter_raw())
+                if answer.status_code == 200 and body.rstrip().endswith(b"data: [DONE]"):
+                    finished[0] += 1
+                else:
+                    failures.append(f"stream {index}: {answer.status_code} {body[-200:]!r}")
+            except httpx.HTTPError as error:
+                failures.append(f"stream {index}: {error!r}")
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(STREAMS)]
+    for thread in threads:
+        thread.start()
+    try:
+        node.wait(
+            lambda: (node.get("deployment", name) or {}).get("spec", {}).get("replicas") == 2,
+            "the operator scales to 2 under vLLM's load",
+            240,
+        )
+        timeline.add("deployment replicas 2")
+        node.wait(lambda: len(node.ready_pods(name)) == 2, "two vLLM replicas Ready", VLLM_READY_SECONDS)
+        timeline.add("two replicas ready")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=320)
+    print(f"\nvLLM autoscaling:\n{timeline}")
+    assert failures == [], failures
+    assert finished[0] >= 1
+    assert "ScaleUp" in [e["reason"] for e in node.events(name)]
+    assert {pod["spec"]["nodeName"] for pod in node.ready_pods(name)} == {realnode.NODE_NAME}
+
+
+def test_a_flag_vllm_refuses_shows_as_crash_loop_in_vllms_words(node: NodeView) -> None:
+    name = "tiny-refused"
+    node.apply(vllm_example(name, engineArgs=["--no-such-flag"]))
+    # vLLM runs ~20 s before it reads its arguments, so the pod is in CrashLoopBackOff only between
+    # restarts: keep the condition as first seen.
+    seen: dict = {}
+
+    def crash_loop() -> bool:
+        condition = node.condition(name, "Degraded")
+        if not seen and (condition.get("status"), condition.get("reason")) == ("True", "CrashLoop"):
+            seen.update(condition)
+        return bool(seen)
+
+    node.wait(crash_loop, f"ModelServer {name} Degraded=True (CrashLoop)", VLLM_READY_SECONDS)
+    condition = seen
+    assert "engine" in condition["message"], condition
+    assert "unrecognized arguments: --no-such-flag" in condition["message"], condition
