@@ -24,11 +24,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from tests.helpers.node_view import EXAMPLES, QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, vllm_example
 
 from modelserve_sandbox import realnode
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, wait_until
+from tests.helpers.node_view import EXAMPLES, QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, vllm_example
 
 EXAMPLE = EXAMPLES / "tiny-chatml-vllm.yaml"
 NAME = "tiny-chatml-vllm"

@@ -8,9 +8,9 @@ import threading
 import time
 
 import httpx
-from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, vllm_example
 
 from modelserve_sandbox import realnode
+from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, vllm_example
 
 # One request in flight per replica: three concurrent streams want three, capped at max 2.
 REPLICAS = {"min": 1, "buffer": 0, "max": 2, "targetPerReplica": 1, "scaleDownDelaySeconds": 600}
