@@ -25,8 +25,8 @@ EXPECTED = {
     "--host 127.0.0.1 --port 30000 --tp-size 1 --dtype float16 --tool-call-parser lfm2 --enable-torch-compile "
     "--chunked-prefill-size -1 --enable-metrics",
     "tiny-chatml-vllm": "vllm serve modelserve/tiny-random-chatml --served-model-name tiny-chatml-vllm "
-    "--host 127.0.0.1 --port 8000 --dtype auto --max-model-len 512 --tensor-parallel-size 1 --enforce-eager "
-    "--max-num-seqs=8",
+    "--host 127.0.0.1 --port 8000 --dtype auto --disable-fastapi-docs --max-model-len 512 --tensor-parallel-size 1 "
+    "--enforce-eager --max-num-seqs=8",
     "gemma3-270m-cpu": "/app/llama-server -hf unsloth/gemma-3-270m-it-GGUF:Q4_K_M --alias gemma3-270m-cpu "
     "--host 127.0.0.1 --port 8081 -c 4096 --metrics --jinja --no-slots --no-webui",
 }
