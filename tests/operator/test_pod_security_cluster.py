@@ -21,7 +21,7 @@ from tests.helpers.operator_testdata import examples
 
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
 RESTRICTED_EXAMPLES = ("gemma3-270m-cpu", "qwen3-mlx")  # llama.cpp and external
-ROOT_EXAMPLES = ("lfm2-1.2b", "lfm2-24b-a2b-16gpu", "lfm2-8b-a1b", "lfm2-vl-1.6b")  # vLLM and SGLang
+ROOT_EXAMPLES = ("lfm2-1.2b", "lfm2-24b-a2b-16gpu", "lfm2-8b-a1b", "lfm2-vl-1.6b", "tiny-chatml-vllm")  # vLLM, SGLang
 
 
 @pytest.fixture(scope="module")
