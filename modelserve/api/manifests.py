@@ -22,6 +22,7 @@ from modelserve.engines.base import (
     GPU_RESOURCE,
     SHM_VOLUME,
     Engine,
+    Role,
 )
 
 from .replicas import desired_replicas
@@ -39,6 +40,13 @@ ENDPOINT_PROPAGATION_SECONDS = 5
 CHAT_TEMPLATE_HASH_ANNOTATION = f"{GROUP}/chat-template-sha256"
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 NONROOT_UID = 65532
+# LeaderWorkerSet (kubernetes-sigs/lws): one per ModelServer whose replicas span nodes.
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+# Labels LeaderWorkerSet puts on every pod of a group.
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # "0": the leader
+LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"  # one value per group
 
 
 def generated_secret_name(ms: ModelServer) -> str | None:
@@ -176,8 +184,9 @@ def sidecar_container(ms: ModelServer, settings: Settings) -> dict[str, Any]:
     return container
 
 
-def _volumes(ms: ModelServer, engine: Engine | None) -> list[dict[str, Any]]:
-    """The pod's volumes; `engine` None: no engine container, so only the sidecar's keys."""
+def _volumes(ms: ModelServer, engine: Engine | None, with_keys: bool = True) -> list[dict[str, Any]]:
+    """The pod's volumes; `engine` None: no engine container, so only the sidecar's keys; `with_keys`
+    False: no sidecar (a group's worker), so no keys."""
     volumes: list[dict[str, Any]] = []
     if engine is not None:
         shm = {"medium": "Memory", "sizeLimit": ms.spec.shm_size or engine.shm_size}
@@ -189,7 +198,7 @@ def _volumes(ms: ModelServer, engine: Engine | None) -> list[dict[str, Any]]:
         config_map = {"name": chat_template_name(ms), "items": [{"key": CHAT_TEMPLATE_KEY, "path": CHAT_TEMPLATE_KEY}]}
         volumes.append({"name": CHAT_TEMPLATE_VOLUME, "configMap": config_map})
     secret = keys_secret_name(ms)
-    if secret:
+    if secret and with_keys:
         volumes.append({"name": KEYS_VOLUME, "secret": {"secretName": secret}})
     return volumes
 
@@ -220,10 +229,10 @@ def _engine_pod_security(engine: Engine | None) -> dict[str, Any]:
     return engine.pod_security_context() if engine else {}
 
 
-def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None) -> dict[str, Any]:
-    """`replicas`: the autoscaler's count (None: where it starts, min + buffer)."""
+def _pod_spec(
+    ms: ModelServer, containers: list[dict[str, Any]], engine: Engine | None, grace_seconds: int, with_keys: bool
+) -> dict[str, Any]:
     spec = ms.spec
-    containers, engine, grace_seconds = _containers(ms, settings)
     pod: dict[str, Any] = {
         # Service links would inject e.g. VLLM_PORT into the engine's environment, which vLLM reads.
         "enableServiceLinks": False,
@@ -232,7 +241,7 @@ def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None)
         # Each container also sets its own; restricted Pod Security accepts either.
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}, **_engine_pod_security(engine)},
         "containers": containers,
-        "volumes": _volumes(ms, engine),
+        "volumes": _volumes(ms, engine, with_keys),
     }
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
@@ -240,6 +249,21 @@ def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None)
     tolerations += [toleration.to_wire() for toleration in spec.tolerations]
     if tolerations:
         pod["tolerations"] = tolerations
+    return pod
+
+
+def _pod_template(ms: ModelServer, pod: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": labels(ms), "annotations": _pod_annotations(ms, pod["containers"][0]["name"])},
+        "spec": pod,
+    }
+
+
+def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None) -> dict[str, Any]:
+    """`replicas`: the autoscaler's count (None: where it starts, min + buffer)."""
+    spec = ms.spec
+    containers, engine, grace_seconds = _containers(ms, settings)
+    pod = _pod_spec(ms, containers, engine, grace_seconds, with_keys=True)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -251,15 +275,91 @@ def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None)
             "selector": {"matchLabels": {SELECTOR_LABEL: ms.name}},
             # Never take a serving replica away before its replacement can answer.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {
-                "metadata": {
-                    "labels": labels(ms),
-                    "annotations": _pod_annotations(ms, containers[0]["name"]),
-                },
-                "spec": pod,
+            "template": _pod_template(ms, pod),
+        },
+    }
+
+
+def _one_pod_per_node(ms: ModelServer) -> dict[str, Any]:
+    """No two pods of one group on the same node (a replica spans `nodes` nodes, as asked), while
+    groups may share nodes: pods of this ModelServer with the same group key repel each other."""
+    return {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {SELECTOR_LABEL: ms.name}},
+                    "matchLabelKeys": [LWS_GROUP_KEY_LABEL],
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+
+
+def leader_worker_set(ms: ModelServer, settings: Settings, replicas: int | None = None) -> dict[str, Any]:
+    """A replica spanning `nodes` nodes: one LeaderWorkerSet group of that many pods. The leader runs
+    the engine's serving side and the sidecar (the only pod that serves HTTP, the one the Service
+    selects); the workers run the engine's other ranks. `replicas` counts groups."""
+    spec = ms.spec
+    engine = engine_for(spec.profile)
+    image = settings.engine_image(engine.name, engine.image)
+    sidecar_done_seconds = ENDPOINT_PROPAGATION_SECONDS + settings.drain_seconds
+    grace_seconds = sidecar_done_seconds + ENGINE_SHUTDOWN_SECONDS
+
+    def pod(role: Role) -> dict[str, Any]:
+        engine_container = engine.container(ms, image, sidecar_done_seconds, settings.hub_endpoint, role)
+        leader = role == Role.LEADER
+        containers = [engine_container, sidecar_container(ms, settings)] if leader else [engine_container]
+        # Workers keep running until their leader's drain is over: the same grace period.
+        pod = _pod_spec(ms, containers, engine, grace_seconds, with_keys=leader)
+        pod["affinity"] = _one_pod_per_node(ms)
+        return _pod_template(ms, pod)
+
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": _metadata(ms, ms.name),
+        "spec": {
+            "replicas": desired_replicas(spec.replicas) if replicas is None else replicas,
+            # Workers start with their leader: they need only its address, not its readiness.
+            "startupPolicy": "LeaderCreated",
+            # As the Deployment's: a new group comes up before an old one goes.
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "leaderWorkerTemplate": {
+                "size": spec.node_count,
+                # A group is one engine: a pod that restarts has lost its ranks' state, so the whole
+                # group is made again (LeaderWorkerSet's default, written out).
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": pod(Role.LEADER),
+                "workerTemplate": pod(Role.WORKER),
             },
         },
     }
+
+
+def workload(ms: ModelServer, settings: Settings, replicas: int | None = None) -> dict[str, Any]:
+    """What runs the replicas: a LeaderWorkerSet when one spans nodes, else a Deployment."""
+    if ms.spec.multi_node:
+        return leader_worker_set(ms, settings, replicas)
+    return deployment(ms, settings, replicas)
+
+
+def serving_pod_template(workload: dict[str, Any]) -> dict[str, Any]:
+    """The pod template of the pods that serve HTTP: a Deployment's, a LeaderWorkerSet's leaders'."""
+    if workload["kind"] == LWS_KIND:
+        return workload["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    return workload["spec"]["template"]
+
+
+def service_selector(ms: ModelServer) -> dict[str, str]:
+    """The pods that serve: every pod of a Deployment, a LeaderWorkerSet's leaders (its workers have
+    no sidecar and serve no HTTP)."""
+    if ms.spec.multi_node:
+        return {SELECTOR_LABEL: ms.name, LWS_WORKER_INDEX_LABEL: "0"}
+    return {SELECTOR_LABEL: ms.name}
 
 
 def service(ms: ModelServer) -> dict[str, Any]:
@@ -269,7 +369,7 @@ def service(ms: ModelServer) -> dict[str, Any]:
         "metadata": _metadata(ms, ms.name),
         "spec": {
             "type": "ClusterIP",
-            "selector": {SELECTOR_LABEL: ms.name},
+            "selector": service_selector(ms),
             "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
@@ -326,9 +426,9 @@ def generated_key_secret(ms: ModelServer, key: str) -> dict[str, Any] | None:
 
 def server_side_applied(ms: ModelServer, settings: Settings, replicas: int | None = None) -> list[dict[str, Any]]:
     """The children kept in place by server-side apply, in apply order (the key Secret is not one):
-    what the pods mount comes before the Deployment."""
+    what the pods mount comes before the workload (a Deployment or a LeaderWorkerSet)."""
     mounted = [cache_claim(ms), chat_template_config_map(ms)]
-    return [obj for obj in mounted if obj] + [deployment(ms, settings, replicas), service(ms)]
+    return [obj for obj in mounted if obj] + [workload(ms, settings, replicas), service(ms)]
 
 
 def owned_objects(ms: ModelServer, settings: Settings, api_key: str) -> list[dict[str, Any]]:

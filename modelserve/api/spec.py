@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from modelserve.contracts.choices import Dtype, Profile
+from modelserve.contracts.choices import AcrossNodes, Dtype, Profile
 from modelserve.engines import ENGINES
 from modelserve.engines.base import Engine, cel_list
 
@@ -98,6 +98,8 @@ EXTERNAL_URL_PATTERN = r"^https?://[^\s/?#@]+(/[^\s?#]*)?$"
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH = 63
 GPU_PROFILES = (Profile.HIGH_THROUGHPUT, Profile.LOW_LATENCY)
+MAX_GPUS = 64
+MAX_NODES = 16
 
 
 def _flag_rule(profile: Profile, engine: Engine, flags: tuple[str, ...], message: str) -> Rule:
@@ -123,6 +125,28 @@ def _owned_flag_rules() -> tuple[Rule, ...]:
             f"{engine.spelling}): the operator wires them to the sidecar",
         )
         for profile, engine in ENGINES.items()
+    )
+
+
+def _group_flag_rules() -> tuple[Rule, ...]:
+    """With nodes above 1, engineArgs must not set the flags that size and wire the group (tensor and
+    pipeline sizes, node ranks, the rendezvous address): the operator derives them from gpus, nodes
+    and acrossNodes, and one pod of a group disagreeing with the others hangs the whole group."""
+    return tuple(
+        Rule(
+            f"!has(self.nodes) || self.nodes == 1 || self.profile != '{profile}' || !has(self.engineArgs) || "
+            f"!{engine.any_sets_flag_cel('self.engineArgs', engine.group_flags)}",
+            f"engineArgs must not set {', '.join(engine.group_flags)} with nodes above 1 and profile {profile} "
+            f"({engine.title}; {engine.spelling}): the operator sizes the group from gpus, nodes and acrossNodes",
+            "engineArgs",
+            lambda s, profile=profile, engine=engine: (
+                s.node_count == 1
+                or s.profile != profile
+                or not any(engine.sets_flag(a, engine.group_flags) for a in s.engine_args)
+            ),
+        )
+        for profile, engine in ENGINES.items()
+        if engine.group_flags
     )
 
 
@@ -511,9 +535,22 @@ class ModelServerSpec(WireModel):
     gpus: int | None = Field(
         None,
         ge=0,
-        le=64,
-        description="GPUs per replica (nvidia.com/gpu limit and tensor-parallel size); "
-        "unset: 1 for the GPU profiles, 0 for cpu.",
+        le=MAX_GPUS,
+        description="GPUs per replica, across all its nodes (with nodes N, each of its N pods gets gpus / N as "
+        "its nvidia.com/gpu limit); unset: 1 for the GPU profiles, 0 for cpu.",
+    )
+    nodes: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_NODES,
+        description="Nodes one replica spans (GPU profiles): above 1, each replica is a LeaderWorkerSet group of "
+        "this many pods, one per node (needs the LeaderWorkerSet controller); unset: 1, a Deployment.",
+    )
+    across_nodes: AcrossNodes | None = Field(
+        None,
+        description="With nodes above 1, how the model is split between nodes: pipeline (tensor parallel "
+        "within a node, pipeline parallel across nodes: the least traffic between nodes) or tensor (tensor "
+        "parallel over every GPU of the group: needs a fast interconnect); unset: pipeline.",
     )
     replicas: Replicas = Field(
         default=Replicas(),
@@ -575,6 +612,31 @@ class ModelServerSpec(WireModel):
             lambda s: s.profile not in GPU_PROFILES or s.gpus is None or s.gpus >= 1,
         ),
         Rule(
+            "!has(self.nodes) || self.nodes == 1 || self.profile in ['high-throughput', 'low-latency']",
+            "nodes above 1 needs a GPU profile (high-throughput or low-latency): profiles cpu and external "
+            "run one pod per replica",
+            "nodes",
+            lambda s: s.node_count == 1 or s.profile in GPU_PROFILES,
+        ),
+        Rule(
+            "!has(self.nodes) || self.nodes == 1 || !(self.profile in ['high-throughput', 'low-latency']) || "
+            "(has(self.gpus) && self.gpus % self.nodes == 0)",
+            "gpus (GPUs per replica, across its nodes) must be set to a multiple of nodes: each node's pod "
+            "gets gpus / nodes",
+            "gpus",
+            lambda s: (
+                s.node_count == 1
+                or s.profile not in GPU_PROFILES
+                or (s.gpus is not None and s.gpus % s.node_count == 0)
+            ),
+        ),
+        Rule(
+            "!has(self.acrossNodes) || (has(self.nodes) && self.nodes > 1)",
+            "acrossNodes only applies with nodes above 1",
+            "acrossNodes",
+            lambda s: s.across_nodes is None or s.node_count > 1,
+        ),
+        Rule(
             "!self.torchCompile || self.profile == 'low-latency'",
             "torchCompile only applies to profile low-latency",
             "torchCompile",
@@ -631,6 +693,7 @@ class ModelServerSpec(WireModel):
         ),
         *_external_rules(),
         *_owned_flag_rules(),
+        *_group_flag_rules(),
         *_admin_flag_rules(),
         *_admin_env_rules(),
     )
@@ -651,6 +714,28 @@ class ModelServerSpec(WireModel):
         if self.gpus is not None:
             return self.gpus
         return 1 if self.profile in GPU_PROFILES else 0
+
+    @property
+    def node_count(self) -> int:
+        """Nodes (pods) per replica: above 1, a LeaderWorkerSet group."""
+        return self.nodes or 1
+
+    @property
+    def multi_node(self) -> bool:
+        return self.node_count > 1
+
+    @property
+    def gpus_per_node(self) -> int:
+        """Each pod's nvidia.com/gpu limit (the rules make gpus a multiple of nodes)."""
+        return self.gpu_count // self.node_count
+
+    @property
+    def split(self) -> tuple[int, int]:
+        """(tensor, pipeline) parallel sizes: tensor within a node and pipeline across nodes, or
+        tensor over the whole group with acrossNodes tensor."""
+        if self.across_nodes == AcrossNodes.TENSOR:
+            return self.gpu_count, 1
+        return self.gpus_per_node, self.node_count
 
 
 # A rule on the whole object: the API server lets CEL see metadata.name there.

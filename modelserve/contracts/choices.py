@@ -25,3 +25,10 @@ class Dtype(StrEnum):
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
     FLOAT32 = "float32"
+
+
+class AcrossNodes(StrEnum):
+    """How a replica spanning nodes splits the model between them."""
+
+    PIPELINE = "pipeline"  # tensor parallel within each node, pipeline parallel across nodes
+    TENSOR = "tensor"  # tensor parallel over every GPU of the group

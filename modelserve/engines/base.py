@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
@@ -26,6 +27,20 @@ CHAT_TEMPLATE_PATH = f"{CHAT_TEMPLATE_DIR}/{CHAT_TEMPLATE_KEY}"
 HOME_VOLUME, HOME_PATH = "engine-home", "/root"
 TMP_VOLUME, TMP_PATH = "engine-tmp", "/tmp"
 HUB_CACHE_PATH = f"{HOME_PATH}/.cache/huggingface"
+# What LeaderWorkerSet's pod webhook puts in every container of a group's pods; Kubernetes expands
+# $(NAME) in a container's args from its environment.
+LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"  # <lws>-<group>.<lws>.<namespace>: the leader pod's DNS name
+GROUP_SIZE = "$(LWS_GROUP_SIZE)"
+WORKER_INDEX = "$(LWS_WORKER_INDEX)"  # 0 on the leader
+
+
+class Role(StrEnum):
+    """Which pod an engine container runs in: a replica of its own, or a LeaderWorkerSet group's
+    leader (the one serving HTTP, beside the sidecar) or one of its workers."""
+
+    SINGLE = "single"
+    LEADER = "leader"
+    WORKER = "worker"
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,9 @@ class Engine:
     # unambiguous prefix of a long flag; vLLM's also reads `_` as `-`. The refusals below cover both.
     abbreviated_flags: bool = False
     underscored_flags: bool = False
+    # Every spelling of the flags that size and wire a group across nodes: engineArgs may not set
+    # them with nodes above 1 (the operator does, the same on every pod of the group).
+    group_flags: tuple[str, ...] = ()
     # engineArgs flags and spec.env names that open administration routes (engine-routes tables).
     admin_flags: tuple[Switch, ...] = ()
     admin_env: tuple[Switch, ...] = ()
@@ -86,6 +104,15 @@ class Engine:
     def env(self, ms: ModelServer) -> list[dict[str, Any]]:
         """Variables this engine needs besides the common ones."""
         return []
+
+    def launch(self, ms: ModelServer, role: Role) -> tuple[list[str], list[str]]:
+        """The container's command and args for a pod of `role`: by default the engine's program with
+        its arguments and the spec's engineArgs last (an engine that spans nodes overrides it)."""
+        if role != Role.SINGLE:
+            raise ValueError(f"{self.title} does not run across nodes")
+        if ms.spec.multi_node:
+            raise ValueError(f"{ms.name} spans {ms.spec.node_count} nodes: its pods are a leader and workers")
+        return list(self.command), [*self.args(ms), *ms.spec.engine_args]
 
     def sets_flag(self, arg: str, flags: tuple[str, ...]) -> bool:
         """Whether one engineArgs item sets one of `flags` (all long, or short for llama.cpp) as this
@@ -133,16 +160,20 @@ class Engine:
     def upstream_url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
-    def container(self, ms: ModelServer, image: str, drain_seconds: int, hub_endpoint: str = "") -> dict[str, Any]:
+    def container(
+        self, ms: ModelServer, image: str, drain_seconds: int, hub_endpoint: str = "", role: Role = Role.SINGLE
+    ) -> dict[str, Any]:
         """The engine container: no ports (nothing outside the pod may reach it), no probes (the
         sidecar's readiness covers the engine), and a preStop sleep so it keeps answering while the
-        sidecar drains."""
+        sidecar drains. A group's workers get the same image, environment and volumes as its leader
+        (each loads its part of the weights)."""
         spec = ms.spec
+        command, args = self.launch(ms, role)
         container: dict[str, Any] = {
             "name": CONTAINER_NAME,
             "image": spec.image or image,
-            "command": list(self.command),
-            "args": [*self.args(ms), *spec.engine_args],
+            "command": command,
+            "args": args,
             "env": merge_env(
                 [*_common_env(spec, hub_endpoint), *self._home_env(), *self.env(ms)],
                 [var.to_wire() for var in spec.env],
@@ -211,9 +242,10 @@ def merge_env(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[
 
 def _resources(spec: ModelServerSpec) -> dict[str, Any]:
     resources = spec.resources.to_wire() if spec.resources else {}
-    if spec.gpu_count:
-        # Extended resources take limits only; the request defaults to the limit.
-        resources["limits"] = {**resources.get("limits", {}), GPU_RESOURCE: str(spec.gpu_count)}
+    if spec.gpus_per_node:
+        # Extended resources take limits only; the request defaults to the limit. Per pod: a replica
+        # spanning nodes has gpus / nodes on each of its pods.
+        resources["limits"] = {**resources.get("limits", {}), GPU_RESOURCE: str(spec.gpus_per_node)}
     return resources
 
 

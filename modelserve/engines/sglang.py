@@ -6,19 +6,25 @@ from typing import TYPE_CHECKING, Any
 
 from modelserve.contracts.choices import Dtype
 
-from .base import CHAT_TEMPLATE_PATH, LOOPBACK, Engine, Switch
+from .base import CHAT_TEMPLATE_PATH, GROUP_SIZE, LEADER_ADDRESS, LOOPBACK, WORKER_INDEX, Engine, Role, Switch
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from modelserve.api.spec import ModelServer
 
 VERSION = "0.5.10"  # LFM2 support starts here
+# Where the group's torch.distributed rendezvous listens on the leader (--dist-init-addr).
+DIST_INIT_PORT = 20000
 
 
 class SGLang(Engine):
     def args(self, ms: ModelServer) -> list[str]:
         spec = ms.spec
         out = ["--model-path", spec.model, "--served-model-name", ms.name, "--host", LOOPBACK, "--port", str(self.port)]
-        out += ["--tp-size", str(spec.gpu_count), "--dtype", spec.dtype.value]
+        tensor, pipeline = spec.split
+        out += ["--tp-size", str(tensor)]
+        if pipeline > 1:
+            out += ["--pp-size", str(pipeline)]
+        out += ["--dtype", spec.dtype.value]
         if spec.max_model_len is not None:
             out += ["--context-length", str(spec.max_model_len)]
         if spec.gpu_memory_utilization is not None:
@@ -37,6 +43,15 @@ class SGLang(Engine):
             out.append("--enable-multimodal")
         out.append("--enable-metrics")
         return out
+
+    def launch(self, ms: ModelServer, role: Role) -> tuple[list[str], list[str]]:
+        """Every pod of a group runs the same server, told the group's size, its own rank and the
+        leader's rendezvous address by LeaderWorkerSet's variables; only rank 0 serves HTTP."""
+        if role == Role.SINGLE:
+            return super().launch(ms, role)
+        group = ["--nnodes", GROUP_SIZE, "--node-rank", WORKER_INDEX]
+        group += ["--dist-init-addr", f"{LEADER_ADDRESS}:{DIST_INIT_PORT}"]
+        return list(self.command), [*self.args(ms), *group, *ms.spec.engine_args]
 
     def env(self, ms: ModelServer) -> list[dict[str, Any]]:
         # SGLang 0.5.10's /health otherwise generates a token per call and polls for it in 1 s sleeps
@@ -99,6 +114,17 @@ ENGINE = SGLang(
     probe_timeout_seconds=25.0,
     tool_call_parsers=TOOL_CALL_PARSERS,
     abbreviated_flags=True,  # argparse takes unambiguous prefixes of long flags
+    # SGLang 0.5.10's spellings (srt/server_args.py), --nccl-init-addr the old name of --dist-init-addr.
+    group_flags=(
+        "--tensor-parallel-size",
+        "--tp-size",
+        "--pipeline-parallel-size",
+        "--pp-size",
+        "--nnodes",
+        "--node-rank",
+        "--dist-init-addr",
+        "--nccl-init-addr",
+    ),
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
 )

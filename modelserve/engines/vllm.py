@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from .base import CHAT_TEMPLATE_PATH, LOOPBACK, Engine, Switch
+from .base import CHAT_TEMPLATE_PATH, LEADER_ADDRESS, LOOPBACK, Engine, Role, Switch
 
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from modelserve.api.spec import ModelServer
@@ -13,6 +13,13 @@ if TYPE_CHECKING:  # the spec imports the engines for their facts
 VERSION = "0.32.0"
 # One image per prompt keeps vLLM's start-up profiling inside short contexts such as 1024 tokens.
 IMAGES_PER_PROMPT = 1
+# Across nodes vLLM runs on a Ray cluster of the group's pods: the head on the leader (Ray's default
+# port), the workers joining it. vLLM's Ray executor waits for every GPU of the group (a placement
+# group) before it loads, so the leader needs no wait of its own.
+RAY_PORT = 6379
+# `sh -c SCRIPT NAME ARGS...`: the Ray head starts in the background, then vLLM replaces the shell
+# with the pod's ordinary `vllm serve` arguments ("$@"), which stay a list the parser tests read.
+LEADER_SCRIPT = f'ray start --head --port={RAY_PORT} --disable-usage-stats && exec vllm serve "$@"'
 
 
 class VLLM(Engine):
@@ -25,7 +32,12 @@ class VLLM(Engine):
             out += ["--max-model-len", str(spec.max_model_len)]
         if spec.gpu_memory_utilization is not None:
             out += ["--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
-        out += ["--tensor-parallel-size", str(spec.gpu_count)]
+        if spec.multi_node:
+            tensor, pipeline = spec.split
+            out += ["--tensor-parallel-size", str(tensor), "--pipeline-parallel-size", str(pipeline)]
+            out += ["--distributed-executor-backend", "ray"]
+        else:
+            out += ["--tensor-parallel-size", str(spec.gpu_count)]
         if spec.tool_call_parser:
             out += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
         if spec.chat_template is not None:
@@ -35,6 +47,13 @@ class VLLM(Engine):
             # them (config/model.py), only --language-model-only turns them off. This caps them.
             out += ["--limit-mm-per-prompt", json.dumps({"image": IMAGES_PER_PROMPT}, separators=(",", ":"))]
         return out
+
+    def launch(self, ms: ModelServer, role: Role) -> tuple[list[str], list[str]]:
+        if role == Role.LEADER:
+            return ["/bin/sh", "-c", LEADER_SCRIPT, "vllm-leader"], [*self.args(ms), *ms.spec.engine_args]
+        if role == Role.WORKER:  # no shell: an unexpanded $(LWS_LEADER_ADDRESS) fails loudly in Ray
+            return ["ray", "start", f"--address={LEADER_ADDRESS}:{RAY_PORT}", "--block", "--disable-usage-stats"], []
+        return super().launch(ms, role)
 
 
 # The names `--tool-call-parser` takes in vLLM 0.32.0: the keys of `_TOOL_PARSERS_TO_REGISTER` in
@@ -92,6 +111,14 @@ ENGINE = VLLM(
     # unambiguous prefixes.
     abbreviated_flags=True,
     underscored_flags=True,
+    # vLLM 0.32.0's spellings (engine/arg_utils.py): the short -tp and -pp are flags of their own.
+    group_flags=(
+        "--tensor-parallel-size",
+        "-tp",
+        "--pipeline-parallel-size",
+        "-pp",
+        "--distributed-executor-backend",
+    ),
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
 )

@@ -43,7 +43,7 @@ def _cases() -> list[tuple[str, dict]]:
 
 
 def _sidecar_env(ms: ModelServer) -> dict[str, str]:
-    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    pod = manifests.serving_pod_template(manifests.workload(ms, SETTINGS))["spec"]
     (sidecar,) = [c for c in pod["containers"] if c["name"] == SIDECAR_NAME]
     return {var["name"]: var["value"] for var in sidecar["env"]}
 
@@ -73,7 +73,7 @@ def test_the_sidecar_reads_back_what_the_spec_said(name: str, manifest: dict) ->
     assert dict(read.sampling_defaults) == expected_sampling
     assert all(type(value) is contract.SAMPLING_FIELDS[key] for key, value in read.sampling_defaults.items())
     assert read.drain_seconds == SETTINGS.drain_seconds
-    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    pod = manifests.serving_pod_template(manifests.workload(ms, SETTINGS))["spec"]
     sidecar = next(c for c in pod["containers"] if c["name"] == SIDECAR_NAME)
     assert sidecar["ports"][0]["containerPort"] == read.listen_port
     if read.auth_public:

@@ -9,7 +9,7 @@ import pytest
 from modelserve.api.spec import ModelServer, Profile
 from modelserve.contracts.sidecar import LISTEN_PORT
 from modelserve.engines import ENGINES, engine_for
-from modelserve.engines.base import CHAT_TEMPLATE_PATH, command_line
+from modelserve.engines.base import CHAT_TEMPLATE_PATH, Role, command_line
 from modelserve_sandbox.llama_server import llama_server_help
 from tests.helpers.operator_testdata import examples
 
@@ -19,8 +19,11 @@ EXPECTED = {
     "lfm2-vl-1.6b": "vllm serve LiquidAI/LFM2-VL-1.6B --served-model-name lfm2-vl-1-6b --host 127.0.0.1 --port 8000 "
     "--dtype auto --disable-fastapi-docs --max-model-len 1024 --tensor-parallel-size 1 "
     "--limit-mm-per-prompt '{\"image\":1}'",
-    "lfm2-24b-a2b-16gpu": "vllm serve LiquidAI/LFM2-24B-A2B --served-model-name lfm2-24b-a2b-16gpu --host 127.0.0.1 "
-    "--port 8000 --dtype auto --disable-fastapi-docs --tensor-parallel-size 16",
+    # A group's leader: the Ray head, then vLLM over the group's 16 GPUs (8 per node, 2 stages).
+    "lfm2-24b-a2b-16gpu": "/bin/sh -c 'ray start --head --port=6379 --disable-usage-stats && exec vllm serve \"$@\"' "
+    "vllm-leader LiquidAI/LFM2-24B-A2B --served-model-name lfm2-24b-a2b-16gpu --host 127.0.0.1 --port 8000 "
+    "--dtype auto --disable-fastapi-docs --tensor-parallel-size 8 --pipeline-parallel-size 2 "
+    "--distributed-executor-backend ray",
     "lfm2-8b-a1b": "python3 -m sglang.launch_server --model-path LiquidAI/LFM2-8B-A1B --served-model-name lfm2-8b-a1b "
     "--host 127.0.0.1 --port 30000 --tp-size 1 --dtype float16 --tool-call-parser lfm2 --enable-torch-compile "
     "--chunked-prefill-size -1 --enable-metrics",
@@ -37,9 +40,11 @@ def _ms(manifest: dict[str, Any], **spec_changes: Any) -> ModelServer:
     return ModelServer.from_manifest(manifest)
 
 
-def _container(ms: ModelServer) -> dict[str, Any]:
+def _container(ms: ModelServer, role: Role | None = None) -> dict[str, Any]:
+    """The engine container; of a group's leader when the replica spans nodes (unless `role` says)."""
     engine = engine_for(ms.spec.profile)
-    return engine.container(ms, engine.image, 60)
+    role = role or (Role.LEADER if ms.spec.multi_node else Role.SINGLE)
+    return engine.container(ms, engine.image, 60, role=role)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -180,3 +185,52 @@ def test_llama_cpp_runs_non_root_on_a_read_only_root_with_writable_home_and_tmp(
     env = {var["name"]: var.get("value") for var in container["env"]}
     assert env["HOME"] == "/root" and env["LLAMA_CACHE"].startswith("/root/.cache/huggingface/")
     assert ENGINES[Profile.CPU].pod_security_context() == {"fsGroup": 65532, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
+SGLANG_GROUP = ["--nnodes", "$(LWS_GROUP_SIZE)", "--node-rank", "$(LWS_WORKER_INDEX)"]
+SGLANG_GROUP += ["--dist-init-addr", "$(LWS_LEADER_ADDRESS):20000"]
+
+
+def test_a_vllm_worker_joins_the_leaders_ray_cluster_and_nothing_else() -> None:
+    ms = _ms(examples()["lfm2-24b-a2b-16gpu"], engineArgs=["--max-num-seqs", "64"])
+    worker = _container(ms, Role.WORKER)
+    assert command_line(worker) == "ray start '--address=$(LWS_LEADER_ADDRESS):6379' --block --disable-usage-stats"
+    # The user's vLLM flags go to vllm serve on the leader only.
+    assert _container(ms)["args"][-2:] == ["--max-num-seqs", "64"]
+    # Each worker loads its share of the weights: the same cache, token and /dev/shm as the leader.
+    assert worker["volumeMounts"] == _container(ms)["volumeMounts"] and worker["env"] == _container(ms)["env"]
+    assert worker["resources"] == {"limits": {"nvidia.com/gpu": "8"}}
+
+
+def test_vllm_across_nodes_in_tensor_parallel_uses_every_gpu_in_one_stage() -> None:
+    args = _container(_ms(examples()["lfm2-24b-a2b-16gpu"], acrossNodes="tensor"))["args"]
+    assert args[args.index("--tensor-parallel-size") :][:4] == [
+        "--tensor-parallel-size",
+        "16",
+        "--pipeline-parallel-size",
+        "1",
+    ]
+
+
+@pytest.mark.parametrize("role", [Role.LEADER, Role.WORKER])
+def test_every_sglang_pod_of_a_group_runs_the_server_with_its_rank(role: Role) -> None:
+    ms = _ms(examples()["lfm2-8b-a1b"], gpus=16, nodes=2, engineArgs=["--max-running-requests", "32"])
+    container = _container(ms, role)
+    assert container["command"] == ["python3", "-m", "sglang.launch_server"]
+    args = container["args"]
+    assert args[args.index("--tp-size") :][:4] == ["--tp-size", "8", "--pp-size", "2"]
+    assert args[-8:] == [*SGLANG_GROUP, "--max-running-requests", "32"]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "8"}}
+
+
+def test_sglang_across_nodes_in_tensor_parallel_has_no_pipeline() -> None:
+    args = _container(_ms(examples()["lfm2-8b-a1b"], gpus=16, nodes=2, acrossNodes="tensor"))["args"]
+    assert args[args.index("--tp-size") + 1] == "16" and "--pp-size" not in args
+
+
+def test_a_replica_spanning_nodes_has_no_single_pod_command_line() -> None:
+    ms = _ms(examples()["lfm2-24b-a2b-16gpu"])
+    with pytest.raises(ValueError, match="spans 2 nodes"):
+        _container(ms, Role.SINGLE)
+    with pytest.raises(ValueError, match=r"llama\.cpp does not run across nodes"):
+        ENGINES[Profile.CPU].launch(_ms(examples()["gemma3-270m-cpu"]), Role.WORKER)

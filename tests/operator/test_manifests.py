@@ -43,7 +43,8 @@ def render(ms: ModelServer) -> str:
 
 
 def _containers(ms: ModelServer) -> dict[str, dict[str, Any]]:
-    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    """The containers of a serving pod (a LeaderWorkerSet's leader where a replica spans nodes)."""
+    pod = manifests.serving_pod_template(manifests.workload(ms, SETTINGS))["spec"]
     return {container["name"]: container for container in pod["containers"]}
 
 
@@ -110,7 +111,7 @@ def test_public_auth_mounts_no_keys() -> None:
 
 
 def test_gpu_limits_and_toleration_follow_the_profile() -> None:
-    gpu_pod = manifests.deployment(_example("lfm2-24b-a2b-16gpu"), SETTINGS)["spec"]["template"]["spec"]
+    gpu_pod = manifests.deployment(_example("lfm2-1.2b", gpus=16), SETTINGS)["spec"]["template"]["spec"]
     assert gpu_pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "16"}}
     assert gpu_pod["tolerations"] == [manifests.GPU_TOLERATION]
     cpu_pod = manifests.deployment(_example("gemma3-270m-cpu"), SETTINGS)["spec"]["template"]["spec"]
@@ -270,3 +271,33 @@ def test_an_external_server_gets_the_sidecar_alone_pointed_at_its_url() -> None:
 def test_an_external_url_keeps_no_trailing_slash() -> None:
     ms = _example("qwen3-mlx", external={"url": "https://mlx.example.com/"})
     assert _env(_containers(ms)["sidecar"])["MODELSERVE_UPSTREAM_URL"] == "https://mlx.example.com"
+
+
+def test_a_replica_spanning_nodes_is_a_leader_worker_set_group_and_the_service_selects_leaders() -> None:
+    ms = _example("lfm2-24b-a2b-16gpu", replicas={"min": 2, "max": 3})
+    objects = manifests.server_side_applied(ms, SETTINGS)
+    assert [obj["kind"] for obj in objects] == ["LeaderWorkerSet", "Service"]
+    lws, service = objects
+    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1" and lws["spec"]["replicas"] == 2  # groups
+    template = lws["spec"]["leaderWorkerTemplate"]
+    assert (template["size"], template["restartPolicy"]) == (2, "RecreateGroupOnPodRestart")
+    assert service["spec"]["selector"] == {SELECTOR_LABEL: ms.name, "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    leader, worker = template["leaderTemplate"]["spec"], template["workerTemplate"]["spec"]
+    # Only the leader serves HTTP: the sidecar and its keys are there alone.
+    assert [c["name"] for c in leader["containers"]] == ["engine", "sidecar"]
+    assert [c["name"] for c in worker["containers"]] == ["engine"]
+    assert "api-keys" in {v["name"] for v in leader["volumes"]}
+    assert {v["name"] for v in worker["volumes"]} == {"dshm", "hub-cache"}
+    for pod in (leader, worker):
+        assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "8"}}
+        assert pod["tolerations"] == [manifests.GPU_TOLERATION]
+        (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["matchLabelKeys"] == ["leaderworkerset.sigs.k8s.io/group-key"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert template["workerTemplate"]["metadata"]["labels"][SELECTOR_LABEL] == ms.name
+
+
+def test_one_node_keeps_the_deployment_and_its_service_selects_every_pod() -> None:
+    ms = _example("lfm2-24b-a2b-16gpu", gpus=8, nodes=1)
+    assert [obj["kind"] for obj in manifests.server_side_applied(ms, SETTINGS)] == ["Deployment", "Service"]
+    assert manifests.service(ms)["spec"]["selector"] == {SELECTOR_LABEL: ms.name}
