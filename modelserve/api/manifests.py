@@ -12,7 +12,18 @@ from typing import Any
 from modelserve.api.status import Transition
 from modelserve.contracts import sidecar as contract
 from modelserve.contracts.api_keys import GENERATED_KEY_FIELD
-from modelserve.contracts.names import API_VERSION, FIELD_MANAGER, GROUP, KIND, SELECTOR_LABEL, SIDECAR_NAME
+from modelserve.contracts.names import (
+    API_VERSION,
+    FIELD_MANAGER,
+    GROUP,
+    KIND,
+    LWS_API_VERSION,
+    LWS_GROUP_KEY_LABEL,
+    LWS_KIND,
+    LWS_WORKER_INDEX_LABEL,
+    SELECTOR_LABEL,
+    SIDECAR_NAME,
+)
 from modelserve.contracts.operator_settings import Settings
 from modelserve.engines import engine_for, external
 from modelserve.engines.base import (
@@ -40,13 +51,6 @@ ENDPOINT_PROPAGATION_SECONDS = 5
 CHAT_TEMPLATE_HASH_ANNOTATION = f"{GROUP}/chat-template-sha256"
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 NONROOT_UID = 65532
-# LeaderWorkerSet (kubernetes-sigs/lws): one per ModelServer whose replicas span nodes.
-LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
-LWS_KIND = "LeaderWorkerSet"
-# Labels LeaderWorkerSet puts on every pod of a group.
-LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
-LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # "0": the leader
-LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"  # one value per group
 
 
 def generated_secret_name(ms: ModelServer) -> str | None:
@@ -352,6 +356,13 @@ def serving_pod_template(workload: dict[str, Any]) -> dict[str, Any]:
     if workload["kind"] == LWS_KIND:
         return workload["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
     return workload["spec"]["template"]
+
+
+def workload_kinds(ms: ModelServer) -> tuple[tuple[str, str], tuple[str, str]]:
+    """((apiVersion, kind) of the workload the spec asks for, that of the one it does not): a
+    ModelServer that changes between one node and several has its old workload deleted."""
+    deployment_kind, lws_kind = ("apps/v1", "Deployment"), (LWS_API_VERSION, LWS_KIND)
+    return (lws_kind, deployment_kind) if ms.spec.multi_node else (deployment_kind, lws_kind)
 
 
 def service_selector(ms: ModelServer) -> dict[str, str]:

@@ -59,9 +59,19 @@ class ModelServerStatus(BaseModel):
         None, description="Summary: Pending, Loading, Ready, Updating, Degraded or Idle (no replicas asked)."
     )
     desired_replicas: int | None = Field(None, description="Replicas the autoscaler asks for now.")
-    replicas: int | None = Field(None, description="Pods the Deployment runs.")
-    selector: str | None = Field(None, description="Label selector of the pods (for the /scale subresource).")
-    ready_replicas: int | None = Field(None, description="Pods whose sidecar reports the model ready.")
+    replicas: int | None = Field(
+        None,
+        description="Replicas the workload runs: pods of the Deployment, or groups of the LeaderWorkerSet "
+        "when a replica spans nodes.",
+    )
+    selector: str | None = Field(
+        None, description="Label selector of one pod per replica (a group's leader), for the /scale subresource."
+    )
+    ready_replicas: int | None = Field(
+        None,
+        description="Replicas ready: pods whose sidecar reports the model ready; with nodes above 1, groups "
+        "whose every pod is ready.",
+    )
     endpoint: str | None = Field(None, description="In-cluster base URL of the OpenAI-compatible API.")
     gateway_endpoint: str | None = Field(
         None,

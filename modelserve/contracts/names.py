@@ -24,3 +24,13 @@ PACKAGE_VERSION = __version__
 USER_AGENT = f"{FIELD_MANAGER}/{PACKAGE_VERSION}"
 
 Key = tuple[str, str]  # (namespace, name) of one object, most often a ModelServer
+
+# LeaderWorkerSet (kubernetes-sigs/lws, installed apart from the operator): what runs the replicas of
+# a ModelServer whose replicas span nodes, one group of pods per replica.
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+LWS_PLURAL = "leaderworkersets"
+# Labels LeaderWorkerSet puts on every pod of a group.
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # "0": the group's leader
+LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"  # one value per group

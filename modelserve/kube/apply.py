@@ -15,7 +15,16 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from modelserve.contracts.names import API_VERSION, FIELD_MANAGER, KIND, PLURAL, USER_AGENT
+from modelserve.contracts.names import (
+    API_VERSION,
+    FIELD_MANAGER,
+    KIND,
+    LWS_API_VERSION,
+    LWS_KIND,
+    LWS_PLURAL,
+    PLURAL,
+    USER_AGENT,
+)
 
 PLURALS = {
     ("apps/v1", "Deployment"): "deployments",
@@ -26,6 +35,7 @@ PLURALS = {
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
     (API_VERSION, KIND): PLURAL,
+    (LWS_API_VERSION, LWS_KIND): LWS_PLURAL,
 }
 # What a dry-run apply may differ in from the live object without anything having changed.
 VOLATILE_METADATA = ("managedFields", "resourceVersion")
@@ -233,6 +243,30 @@ class Kube:
             [("fieldManager", self.field_manager)],
             body=body,
         )
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete one object, its dependents after it (background); False when it was gone already."""
+        try:
+            self._call(
+                "DELETE",
+                path(api_version, kind, namespace, name),
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Whether the API server serves this kind now (a CRD installed apart from the operator)."""
+        try:
+            resources = self._call("GET", f"/apis/{api_version}")["resources"]
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return any(resource.get("kind") == kind for resource in resources)
 
     def patch(
         self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any], sub: str | None = None

@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from modelserve.api import manifests
 from modelserve.api.replicas import autoscaled, desired_replicas
 from modelserve.api.spec import ModelServer, Replicas
 from modelserve.api.status import Scaling, utc_now
@@ -32,6 +33,7 @@ from modelserve.kube.workqueue import WorkQueue
 
 from . import metrics
 from .autoscaler import Decision, History, Load, Policy, decide
+from .status import ready_replicas, replicas_present, serving_pods
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class Autoscaling:
         kube: Kube,
         modelservers: WatchCache,
         pods: WatchCache,
-        deployments: WatchCache,
+        workloads: dict[str, WatchCache],
         queue: WorkQueue,
         gateways: WatchCache | None = None,
         other_gateways: tuple[str, ...] = (),
@@ -110,7 +112,8 @@ class Autoscaling:
         self.other_gateways = other_gateways  # host:port of gateways that are not pods
         self.modelservers = modelservers
         self.pods = pods
-        self.deployments = deployments
+        # Deployments and, once served, LeaderWorkerSets, by kind (the reconciler's caches).
+        self.workloads = workloads
         self.queue = queue
         self._decided: dict[Key, int] = {}
         self._scaling: dict[Key, Scaling] = {}
@@ -130,15 +133,18 @@ class Autoscaling:
         self._readers.shutdown(wait=False, cancel_futures=True)
 
     def replicas(self, ms: ModelServer) -> int:
-        """What the Deployment runs now: the last decision, or (new, or after a restart) what it
-        already runs, within the bounds."""
+        """What the workload runs now (pods, or groups where a replica spans nodes): the last
+        decision, or (new, or after a restart) what it already runs, within the bounds."""
         bounds = ms.spec.replicas
         if not autoscaled(bounds):
             return desired_replicas(bounds)
         with self._lock:
             decided = self._decided.get((ms.namespace, ms.name))
         if decided is None:
-            running = ((self.deployments.get(ms.namespace, ms.name) or {}).get("spec") or {}).get("replicas")
+            (_, kind), _ = manifests.workload_kinds(ms)
+            cache = self.workloads.get(kind)
+            workload = cache.get(ms.namespace, ms.name) if cache else None
+            running = ((workload or {}).get("spec") or {}).get("replicas")
             decided = desired_replicas(bounds) if running is None else running
         return max(bounds.min, min(bounds.max, decided))
 
@@ -169,7 +175,8 @@ class Autoscaling:
         pods = [
             pod for pod in self.pods.owned_by(ms.namespace, ms.name) if not pod["metadata"].get("deletionTimestamp")
         ]
-        ready = [pod for pod in pods if pod_ready(pod) and readable(pod)]
+        # The load is read from the sidecars: on every pod of a Deployment, a group's leader.
+        ready = [pod for pod in serving_pods(pods) if pod_ready(pod) and readable(pod)]
         loads = dict(
             zip(
                 (pod["metadata"]["name"] for pod in ready),
@@ -195,7 +202,8 @@ class Autoscaling:
             in_flight=sum(load.in_flight for load in known.values()),
             held=held.get(key, 0),
             last_request_at=None if last == float("-inf") else last,
-            loading=sum(1 for pod in pods if not pod_ready(pod)),
+            # Replicas (groups) with a pod that is not ready yet.
+            loading=replicas_present(pods) - ready_replicas(pods, ms.spec.node_count),
         )
         decision, history = decide(policy(ms.spec.replicas), history, load, current)
         with self._lock:
@@ -205,7 +213,9 @@ class Autoscaling:
         metrics.DESIRED_REPLICAS.labels(*key).set(decision.replicas)
         if decision.replicas == current:
             return
-        if decision.replicas < current:
+        # A ReplicaSet removes the pods of least cost first; a LeaderWorkerSet always the groups of
+        # highest index, so costs would mean nothing there.
+        if decision.replicas < current and not ms.spec.multi_node:
             self._mark_deletion_costs(ms, known)
         self._follow(ms, decision)
 

@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 
 from modelserve.contracts.gateway import GATEWAY_LABEL
+from modelserve.contracts.names import LWS_API_VERSION, LWS_KIND
 from modelserve.contracts.operator_settings import Settings
 from modelserve.kube.apply import Kube, api_client
 from modelserve.kube.watch_cache import API_RETRY_BACKOFFS, WatchCache, Watched
@@ -39,7 +40,9 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     operator_settings: Settings = memo.settings
     kube = Kube(api_client())
     queue = WorkQueue(WORKERS)
-    caches = watch_caches(kube, tuple(memo.get("namespaces", ())), queue, API_RETRY_BACKOFFS)
+    # LeaderWorkerSets are watched when their CRD is installed (else from when a ModelServer needs it).
+    lws = kube.serves(LWS_API_VERSION, LWS_KIND)
+    caches = watch_caches(kube, tuple(memo.get("namespaces", ())), queue, API_RETRY_BACKOFFS, lws=lws)
     by_kind = caches.by_kind
     gateways = gateway_pods(kube, operator_settings.gateway_pod_namespace)
     # Gateway pods (the chart's) are found by label; gateways that are not pods (make dev's, on the
@@ -48,7 +51,7 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         kube,
         caches.modelservers,
         by_kind["Pod"],
-        by_kind["Deployment"],
+        by_kind,
         queue,
         gateways,
         operator_settings.gateway_addresses,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,14 +22,14 @@ from modelserve.api.spec import ModelServer
 from modelserve.api.status import utc_now
 from modelserve.api.validation import explain
 from modelserve.contracts.api_keys import new_api_key
-from modelserve.contracts.names import API_VERSION, KIND, SELECTOR_LABEL, Key
+from modelserve.contracts.names import API_VERSION, KIND, LWS_API_VERSION, LWS_KIND, SELECTOR_LABEL, Key
 from modelserve.contracts.operator_settings import Settings
 from modelserve.kube.apply import Kube, contains, error_message, fingerprint, is_gone
 from modelserve.kube.watch_cache import MODELSERVERS, WatchCache, Watched
 from modelserve.kube.workqueue import WorkQueue
 
 from .autoscaling import Autoscaling
-from .status import compute_status, invalid_spec_status, key_secret_status, transitions
+from .status import compute_status, invalid_spec_status, key_secret_status, missing_kind_status, transitions
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +45,32 @@ CHILDREN = tuple(
 )
 # Watched so a deleted key Secret is re-created at once; metadata only, so no key is ever read.
 SECRETS = Watched("v1", "Secret", SELECTOR_LABEL, metadata_only=True)
+# Watched only where the API server serves it: LeaderWorkerSet is installed apart from the operator.
+LEADER_WORKER_SETS = Watched(LWS_API_VERSION, LWS_KIND, SELECTOR_LABEL)
+# How often a ModelServer that needs LeaderWorkerSet asks the API server again whether it is served.
+LWS_PROBE_SECONDS = 10.0
+LWS_LIST_SECONDS = 30.0
+LWS_MISSING = (
+    "spec.nodes above 1 runs each replica as a LeaderWorkerSet group, and the API server serves no "
+    f"{LWS_API_VERSION} {LWS_KIND}: install the LeaderWorkerSet release (kubernetes-sigs/lws v0.9.0 or later)"
+)
 
 
 @dataclass(frozen=True)
 class Caches:
     modelservers: WatchCache
     by_kind: dict[str, WatchCache]  # children and Secrets
+    make: Any = None  # Watched -> a new WatchCache like the others (for a kind served later)
 
     def all(self) -> list[WatchCache]:
         return [self.modelservers, *self.by_kind.values()]
 
 
-def watch_caches(kube: Kube, namespaces: tuple[str, ...], queue: WorkQueue, backoffs: tuple[float, ...]) -> Caches:
-    """A cache per kind the operator reads, each change queueing the ModelServer it concerns."""
+def watch_caches(
+    kube: Kube, namespaces: tuple[str, ...], queue: WorkQueue, backoffs: tuple[float, ...], lws: bool = False
+) -> Caches:
+    """A cache per kind the operator reads, each change queueing the ModelServer it concerns;
+    `lws`: LeaderWorkerSets too (served by the API server now)."""
     scopes: tuple[str | None, ...] = namespaces or (None,)
 
     def queue_owner(watched: Watched) -> Any:
@@ -74,8 +88,9 @@ def watch_caches(kube: Kube, namespaces: tuple[str, ...], queue: WorkQueue, back
         modelservers=WatchCache(kube, MODELSERVERS, scopes, queue_itself, backoffs),
         by_kind={
             watched.kind: WatchCache(kube, watched, scopes, queue_owner(watched), backoffs)
-            for watched in (*CHILDREN, SECRETS)
+            for watched in (*CHILDREN, SECRETS, *([LEADER_WORKER_SETS] if lws else []))
         },
+        make=lambda watched: WatchCache(kube, watched, scopes, queue_owner(watched), backoffs),
     )
 
 
@@ -90,6 +105,8 @@ class Reconciler:
         # restart every child is checked with the API server once.
         self._matched: dict[Key, dict[str, tuple[str, str]]] = {}
         self._matched_guard = threading.Lock()
+        self._lws_guard = threading.Lock()
+        self._lws_probed_at = float("-inf")
 
     def reconcile(self, key: Key) -> None:
         namespace, name = key
@@ -116,18 +133,25 @@ class Reconciler:
         except ValueError as error:  # pydantic's ValidationError is a ValueError
             self._report(body, previous, invalid_spec_status(generation, previous, now, explain(error)), now)
             return
+        endpoint = manifests.endpoint(ms, self.settings.cluster_domain)
+        if ms.spec.multi_node and not self.lws_cache():
+            # Nothing to run the groups with: say so where users look, and touch no child (a
+            # Deployment of the same name would serve the model on one node, which it does not fit).
+            self._report(body, previous, missing_kind_status(generation, previous, now, endpoint, LWS_MISSING), now)
+            return
         replicas = self.autoscaling.replicas(ms)
         apply_error, key_generated = self._apply_children(ms, replicas)
-        deployment = self.caches.by_kind["Deployment"].get(namespace, name)
+        (_, kind), _ = manifests.workload_kinds(ms)
+        workload = self.caches.by_kind[kind].get(namespace, name)
         pods = self.caches.by_kind["Pod"].owned_by(namespace, name)
         status = compute_status(
             ms,
             generation,
-            deployment,
+            workload,
             pods,
             previous,
             now,
-            manifests.endpoint(ms, self.settings.cluster_domain),
+            endpoint,
             apply_error,
             key_secret_status(manifests.generated_secret_name(ms), key_generated, previous, now),
             desired=replicas,
@@ -135,6 +159,27 @@ class Reconciler:
             gateway_endpoint=self.settings.gateway_url or None,
         )
         self._report(body, previous, status, now)
+
+    def lws_cache(self) -> WatchCache | None:
+        """The LeaderWorkerSet cache, started the first time the API server is found serving the
+        kind (asked again at most every LWS_PROBE_SECONDS while it does not)."""
+        with self._lws_guard:
+            cache = self.caches.by_kind.get(LWS_KIND)
+            if cache is not None:
+                return cache
+            if time.monotonic() - self._lws_probed_at < LWS_PROBE_SECONDS:
+                return None
+            self._lws_probed_at = time.monotonic()
+            if not self.kube.serves(LWS_API_VERSION, LWS_KIND):
+                return None
+            cache = self.caches.make(LEADER_WORKER_SETS)
+            cache.start()
+            if not cache.wait_listed(LWS_LIST_SECONDS):  # a child not yet listed would look missing
+                cache.stop()
+                return None
+            self.caches.by_kind[LWS_KIND] = cache
+            log.info("the API server serves %s %s: watching them", LWS_API_VERSION, LWS_KIND)
+            return cache
 
     def _report(self, body: dict, previous: dict, status: dict, now: str) -> None:
         """Write the status when it changed, and an Event for each condition that moved."""
@@ -167,6 +212,7 @@ class Reconciler:
                 matched[child] = (desired, resource_version)
                 if outcome != "unchanged":
                     log.info("%s/%s: %s %s", ms.namespace, ms.name, child, outcome)
+            child = self._delete_other_workload(ms, matched)
             # Created once and never applied again: rewriting it would change the key under clients.
             # Create-if-absent: the cache says whether it exists, a 409 that it appeared meanwhile.
             secret = manifests.generated_key_secret(ms, new_api_key())
@@ -182,6 +228,24 @@ class Reconciler:
             log.warning("%s/%s: %s", ms.namespace, ms.name, message)
             return message, key_generated
         return None, key_generated
+
+    def _delete_other_workload(self, ms: ModelServer, matched: dict[str, tuple[str, str]]) -> str:
+        """A ModelServer that moved between one node and several has its old workload (Deployment or
+        LeaderWorkerSet) deleted once the new one is applied: no orphan keeps GPUs. Returns the child
+        it deleted, for a refusal's message."""
+        (_, new_kind), (api_version, kind) = manifests.workload_kinds(ms)
+        cache = self.caches.by_kind.get(kind)
+        old = cache.get(ms.namespace, ms.name) if cache else None
+        child = f"{kind} {ms.name}"
+        if old is None or old["metadata"].get("deletionTimestamp"):
+            return child
+        owners = old["metadata"].get("ownerReferences") or []
+        if not any(owner.get("uid") == ms.uid for owner in owners):
+            return child  # not ours: never delete what another owner made
+        if self.kube.delete(api_version, kind, ms.namespace, ms.name):
+            log.info("%s/%s: %s deleted (the replicas now run as a %s)", ms.namespace, ms.name, child, new_kind)
+        matched.pop(child, None)
+        return child
 
 
 def _matches(last: tuple[str, str] | None, desired: str, manifest: dict[str, Any], live: dict[str, Any]) -> bool:

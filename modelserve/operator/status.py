@@ -1,4 +1,8 @@
-"""ModelServer status as a pure function of what the cluster shows: (spec, Deployment, pods) -> status."""
+"""ModelServer status as a pure function of what the cluster shows: (spec, workload, pods) -> status.
+
+The workload is a Deployment, or a LeaderWorkerSet where a replica spans nodes: then a replica is a
+group of pods, and it is ready when every pod of its group is (the leader's sidecar answers only once
+the engine, which needs every rank, does)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any
 from modelserve.api.replicas import desired_replicas
 from modelserve.api.spec import ModelServer
 from modelserve.api.status import Condition, KeySecretStatus, ModelServerStatus, Scaling, Transition
-from modelserve.contracts.names import SELECTOR_LABEL
+from modelserve.contracts.names import LWS_GROUP_INDEX_LABEL, LWS_WORKER_INDEX_LABEL, SELECTOR_LABEL
 from modelserve.kube.pods import pod_ready
 
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -59,22 +63,50 @@ def pod_problem(pod: dict[str, Any], gpus: int) -> Problem | None:
     return None
 
 
-def first_problem(ms: ModelServer, deployment: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Problem | None:
-    for condition in ((deployment or {}).get("status") or {}).get("conditions") or []:
+def group_of(pod: dict[str, Any]) -> str:
+    """The replica a pod belongs to: its LeaderWorkerSet group, or the pod itself in a Deployment."""
+    labels = pod["metadata"].get("labels") or {}
+    return labels.get(LWS_GROUP_INDEX_LABEL) or pod["metadata"]["name"]
+
+
+def ready_replicas(pods: list[dict[str, Any]], group_size: int) -> int:
+    """Replicas whose every pod is ready: pods of a Deployment (group_size 1), whole groups of a
+    LeaderWorkerSet (a group with a pod missing or not ready serves nothing)."""
+    if group_size == 1:
+        return sum(1 for pod in pods if pod_ready(pod))
+    ready: dict[str, int] = {}
+    for pod in pods:
+        if pod_ready(pod):
+            ready[group_of(pod)] = ready.get(group_of(pod), 0) + 1
+    return sum(1 for count in ready.values() if count >= group_size)
+
+
+def replicas_present(pods: list[dict[str, Any]]) -> int:
+    """Replicas that have at least one live pod (groups, for a LeaderWorkerSet)."""
+    return len({group_of(pod) for pod in pods if not pod["metadata"].get("deletionTimestamp")})
+
+
+def serving_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods that serve HTTP: all of a Deployment's, a LeaderWorkerSet's leaders."""
+    return [p for p in pods if (p["metadata"].get("labels") or {}).get(LWS_WORKER_INDEX_LABEL, "0") == "0"]
+
+
+def first_problem(ms: ModelServer, workload: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Problem | None:
+    for condition in ((workload or {}).get("status") or {}).get("conditions") or []:
         if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
             return Problem("ReplicaFailure", condition.get("message", ""))
     live = [pod for pod in pods if not pod["metadata"].get("deletionTimestamp")]
     for pod in sorted(live, key=lambda p: p["metadata"]["name"]):
-        problem = pod_problem(pod, ms.spec.gpu_count)
+        problem = pod_problem(pod, ms.spec.gpus_per_node)
         if problem:
             return problem
     return None
 
 
-def _waiting(deployment: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Problem:
+def _waiting(workload: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Problem:
     """What a replica that is not ready yet is waiting for."""
-    if deployment is None or not pods:
-        return Problem("Creating", "creating the Deployment's pods")
+    if workload is None or not pods:
+        return Problem("Creating", f"creating the {(workload or {}).get('kind', 'Deployment')}'s pods")
     if any((pod.get("spec") or {}).get("nodeName") for pod in pods):
         return Problem("ModelLoading", "waiting for the engine to load the model")
     return Problem("Scheduling", "waiting for the scheduler to place the pods")
@@ -95,7 +127,7 @@ def _condition(type_: str, ok: bool, reason: str, message: str, generation: int)
 def compute_status(
     ms: ModelServer,
     generation: int,
-    deployment: dict[str, Any] | None,
+    workload: dict[str, Any] | None,
     pods: list[dict[str, Any]],
     previous: dict[str, Any] | None,
     now: str,
@@ -107,22 +139,24 @@ def compute_status(
     gateway_endpoint: str | None = None,
 ) -> dict[str, Any]:
     """The status to write, in wire form. `previous` keeps lastTransitionTime of unchanged conditions.
-    `desired`: the autoscaler's replica count (None: min + buffer); `scaling`: its last decision."""
+    `desired`: the autoscaler's replica count (None: min + buffer); `scaling`: its last decision.
+    `workload`: the Deployment, or the LeaderWorkerSet (whose replicas are groups)."""
     desired = desired_replicas(ms.spec.replicas) if desired is None else desired
-    dep_status = (deployment or {}).get("status") or {}
+    dep_status = (workload or {}).get("status") or {}
     replicas = dep_status.get("replicas", 0)
     # Counted from the pods, not the Deployment's readyReplicas: the pods' own Ready reaches the
     # operator first (the Deployment's status waits its turn in the controller-manager, ~100 s
     # behind at 1,000 ModelServers). The same pods the Deployment counts: any revision, not terminating.
-    ready = sum(1 for pod in pods if pod_ready(pod))
-    observed = deployment is not None and dep_status.get("observedGeneration", 0) >= deployment["metadata"].get(
+    # A LeaderWorkerSet's replicas are groups: ready when all the group's pods are.
+    ready = ready_replicas(pods, ms.spec.node_count)
+    observed = workload is not None and dep_status.get("observedGeneration", 0) >= workload["metadata"].get(
         "generation", 0
     )
     rolled_out = observed and dep_status.get("updatedReplicas", 0) == desired == replicas == dep_status.get(
         "readyReplicas", 0
     )
-    problem = Problem("ApplyFailed", apply_error) if apply_error else first_problem(ms, deployment, pods)
-    waiting = _waiting(deployment, pods)
+    problem = Problem("ApplyFailed", apply_error) if apply_error else first_problem(ms, workload, pods)
+    waiting = _waiting(workload, pods)
 
     if apply_error:
         # Ready means a client reaches the model through status.endpoint: not while a child the
@@ -151,7 +185,7 @@ def compute_status(
         phase = "Degraded"
     elif desired == 0:
         phase = "Idle"
-    elif deployment is None:
+    elif workload is None:
         phase = "Pending"
     elif ready >= desired:
         phase = "Ready" if rolled_out else "Updating"
@@ -169,9 +203,43 @@ def compute_status(
         key_secret=key_secret,
         desired_replicas=desired,
         scaling=scaling,
-        selector=f"{SELECTOR_LABEL}={ms.name}",
+        selector=scale_selector(ms),
     )
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def scale_selector(ms: ModelServer) -> str:
+    """The /scale subresource's selector: one pod per replica (a group's leader), as an HPA counts."""
+    if ms.spec.multi_node:
+        return f"{SELECTOR_LABEL}={ms.name},{LWS_WORKER_INDEX_LABEL}=0"
+    return f"{SELECTOR_LABEL}={ms.name}"
+
+
+def missing_kind_status(
+    generation: int, previous: dict[str, Any] | None, now: str, endpoint: str, message: str
+) -> dict[str, Any]:
+    """The status of a ModelServer whose workload's kind the API server does not serve (a replica
+    spanning nodes without the LeaderWorkerSet CRD): nothing runs until it is installed."""
+    previous = previous or {}
+    reason = "LeaderWorkerSetMissing"
+    conditions = [
+        _condition(type_, ok, reason, message, generation)
+        for type_, ok in (("Ready", False), ("Progressing", False), ("Degraded", True))
+    ]
+    status = ModelServerStatus(
+        observed_generation=generation,
+        phase="Degraded",
+        replicas=0,
+        ready_replicas=0,
+        endpoint=endpoint,
+        gateway_endpoint=previous.get("gatewayEndpoint"),
+        conditions=_timed(conditions, previous, now),
+        key_secret=None,
+    )
+    out = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if previous.get("keySecret"):
+        out["keySecret"] = previous["keySecret"]
+    return out
 
 
 def invalid_spec_status(generation: int, previous: dict[str, Any] | None, now: str, message: str) -> dict[str, Any]:

@@ -6,7 +6,13 @@ from typing import Any
 
 from modelserve.api.spec import ModelServer
 from modelserve.api.validation import explain
-from modelserve.operator.status import compute_status, invalid_spec_status, key_secret_status, transitions
+from modelserve.operator.status import (
+    compute_status,
+    invalid_spec_status,
+    key_secret_status,
+    missing_kind_status,
+    transitions,
+)
 
 ENDPOINT = "http://m.ns.svc.cluster.local/v1"
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -266,3 +272,51 @@ def test_ready_counts_the_pods_not_the_deployments_lagging_status() -> None:
     leaving["metadata"]["deletionTimestamp"] = T0
     status = _status(_ms(), _deployment(ready=1), [leaving])
     assert _conditions(status)["Ready"][0] == "False" and status["readyReplicas"] == 0
+
+
+def _group_pod(group: int, worker: int, ready: bool = True, **status: Any) -> dict[str, Any]:
+    labels = {
+        "leaderworkerset.sigs.k8s.io/group-index": str(group),
+        "leaderworkerset.sigs.k8s.io/worker-index": str(worker),
+    }
+    name = f"m-{group}" if worker == 0 else f"m-{group}-{worker}"
+    conditions = READY if ready else [{"type": "Ready", "status": "False"}]
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeName": "n"},
+        "status": {"conditions": conditions, **status},
+    }
+
+
+def test_a_group_is_one_replica_ready_only_when_every_pod_of_it_is() -> None:
+    ms = _ms(gpus=16, nodes=2, replicas={"min": 2, "max": 2})
+    lws = {**_deployment(2, 1), "kind": "LeaderWorkerSet"}
+    pods = [_group_pod(0, 0), _group_pod(0, 1), _group_pod(1, 0), _group_pod(1, 1, ready=False)]
+    status = _status(ms, lws, pods)
+    assert (status["replicas"], status["readyReplicas"], status["phase"]) == (2, 1, "Loading")
+    assert status["selector"] == "serving.modelserve.dev/modelserver=m,leaderworkerset.sigs.k8s.io/worker-index=0"
+    pods[-1] = _group_pod(1, 1)
+    lws = {**_deployment(2, 2), "kind": "LeaderWorkerSet"}
+    assert _status(ms, lws, pods)["phase"] == "Ready"
+
+
+def test_a_group_that_cannot_be_placed_says_how_many_gpus_each_pod_needs() -> None:
+    ms = _ms(gpus=32, nodes=2)
+    pods = [_group_pod(0, 0, ready=False, conditions=_unschedulable())]
+    pods += [_group_pod(0, 1, ready=False, conditions=_unschedulable())]
+    status = _status(ms, {**_deployment(1), "kind": "LeaderWorkerSet"}, pods)
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "InsufficientGPU" and "no node has 16 free nvidia.com/gpu" in degraded["message"]
+
+
+def test_without_the_leader_worker_set_crd_the_model_is_degraded_and_says_what_to_install() -> None:
+    status = missing_kind_status(3, None, T0, ENDPOINT, "install the LeaderWorkerSet release")
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions == {
+        "Ready": ("False", "LeaderWorkerSetMissing"),
+        "Progressing": ("False", "LeaderWorkerSetMissing"),
+        "Degraded": ("True", "LeaderWorkerSetMissing"),
+    }
+    assert status["phase"] == "Degraded" and status["endpoint"] == ENDPOINT
+    (warning,) = [t for t in transitions(None, status) if t.type == "Warning"]
+    assert warning.reason == "LeaderWorkerSetMissing" and "install the LeaderWorkerSet release" in warning.message

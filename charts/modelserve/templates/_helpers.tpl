@@ -76,9 +76,15 @@ collector removes children through their owner references).
   verbs: ["update"]
 # Server-side apply (patch; create when absent) of the children; watch them to repair drift at once;
 # update puts a child back whole when another manager's edit left it where apply cannot merge.
+# The replicas run as a Deployment, or as a LeaderWorkerSet (kubernetes-sigs/lws, installed apart)
+# when one spans nodes; delete: a ModelServer moving between the two has its old one deleted (only
+# one named after it and owned by it).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "update"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims", "configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "update"]
