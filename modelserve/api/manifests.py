@@ -327,6 +327,10 @@ def leader_worker_set(ms: ModelServer, settings: Settings, replicas: int | None 
             "replicas": desired_replicas(spec.replicas) if replicas is None else replicas,
             # Workers start with their leader: they need only its address, not its readiness.
             "startupPolicy": "LeaderCreated",
+            # A headless Service per group (`<name>-<group>`), not the shared one LeaderWorkerSet would
+            # name `<name>`: that name is the ModelServer's own Service, and with it taken LeaderWorkerSet
+            # makes none, so the leader address (<name>-<group>.<subdomain>.<namespace>) would not resolve.
+            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
             # As the Deployment's: a new group comes up before an old one goes.
             "rolloutStrategy": {
                 "type": "RollingUpdate",
