@@ -21,11 +21,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
 
-from . import realnode, tiny_model
+from . import lws, realnode, tiny_model
 from .forwarder import Forwarder
 from .hub_mirror import HubFile, HubMirror
 from .nodes import NodeShape, node_manifests
-from .pki import Pki, make_pki
+from .pki import Pki, make_pki, serving_cert
 from .processes import (
     environ_with_path,
     free_ports,
@@ -47,7 +47,16 @@ AUDIT_POLICY = {
     "rules": [{"level": "Metadata", "users": [OPERATOR_USER]}, {"level": "None"}],
 }
 POD_CIDR = "10.244.0.1/16"  # kwok's default pod range overlaps the service range above
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "helm",
+    lws.BINARY,
+)
 
 
 def default_cache() -> Path:
@@ -78,7 +87,7 @@ def find_binaries(bin_dir: Path) -> Path:
     if missing:
         raise FileNotFoundError(
             f"control plane binaries missing in {bin_dir}: {', '.join(missing)}; "
-            "build them with `bash hack/build-control-plane.sh` (or `make test`)"
+            "build them with `bash hack/build-control-plane.sh` and `bash hack/build-lws.sh` (or `make test`)"
         )
     return bin_dir
 
@@ -96,6 +105,9 @@ class Ports:
     proxy_healthz: int
     proxy_metrics: int
     hub: int
+    lws_webhook: int
+    lws_health: int
+    lws_metrics: int
 
     @classmethod
     def pick(cls) -> Ports:
@@ -114,9 +126,11 @@ class Cluster:
         bin_dir: Path | None = None,
         real_node: bool | None = None,
         pods_per_node: int = 110,
+        lws: bool = True,
     ) -> None:
         """`real_node`: True needs it (start fails saying why the host cannot run it), None runs
-        it where the host can and says why not otherwise (`real_node_problem`), False: KWOK only."""
+        it where the host can and says why not otherwise (`real_node_problem`), False: KWOK only.
+        `lws`: the LeaderWorkerSet CRDs and controller from the start (else `start_lws()` later)."""
         self.workdir = Path(workdir)
         self.bin_dir = find_binaries(bin_dir or default_bin_dir())
         self.log_dir = self.workdir / "logs"
@@ -156,6 +170,7 @@ class Cluster:
             else None
         )
         self._servers: list[Forwarder | HubMirror] = []
+        self.lws = lws
         self.hub_files: list[HubFile] = []  # what the hub mirror serves (beside a real node)
 
     @property
@@ -179,6 +194,8 @@ class Cluster:
             self._start_apiserver()
             self._start_controller_manager()
             self._start_scheduler()
+            if self.lws:
+                self.start_lws()
             self._start_kwok()
             self._create_nodes()
             if self._real_node:
@@ -398,6 +415,49 @@ class Cluster:
                 f"--authorization-kubeconfig={kc}",
             ],
         )
+
+    def start_lws(self) -> None:
+        """The LeaderWorkerSet CRDs and controller, its webhooks served on loopback (lws.py)."""
+        assert self._pki
+        self.kubectl("apply", "--server-side", "-f", str(lws.crd_dir(default_cache())))
+        self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        cert_dir = self.workdir / "lws-certs"
+        serving_cert(self._pki, cert_dir, "lws-webhook")
+        config = self.workdir / "lws-config.yaml"
+        config.write_text(
+            json.dumps(lws.config(self.ports.lws_webhook, cert_dir, self.ports.lws_health, self.ports.lws_metrics))
+        )
+        self._processes[lws.BINARY] = start_process(
+            lws.BINARY,
+            [self._bin(lws.BINARY), f"--config={config}", f"--kubeconfig={self.kubeconfig}"],
+            self.log_dir,
+            env=self.env,
+        )
+        wait_until(
+            lambda: _http_ok(f"http://127.0.0.1:{self.ports.lws_health}/readyz"),
+            60,
+            "the LeaderWorkerSet controller's /readyz",
+            on_timeout=lambda: self._check_alive(lws.BINARY),
+        )
+        configurations = lws.webhook_configurations(self.ports.lws_webhook, self._pki.ca_cert)
+        self.kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": configurations})
+        )
+        wait_until(
+            self._lws_webhook_answers,
+            60,
+            "the LeaderWorkerSet webhook to answer the API server",
+            interval=0.5,
+            on_timeout=lambda: self._check_alive(lws.BINARY),
+        )
+
+    def _lws_webhook_answers(self) -> bool:
+        out = self.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(lws.probe("default")), check=False
+        )
+        if out.returncode != 0:
+            return False
+        return (json.loads(out.stdout)["spec"].get("networkConfig") or {}).get("subdomainPolicy") == "Shared"
 
     def _start_kwok(self) -> None:
         self._start(

@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -63,25 +64,57 @@ def _settled(cluster: Cluster) -> bool:
     return bool(items) and all(decided(i) for i in items)
 
 
-def examples_to_apply(directory: Path, hub_repos: set[str] | None) -> tuple[list[Path], dict[Path, str]]:
+@dataclass(frozen=True)
+class Examples:
+    """Which examples `make dev` applies, and how."""
+
+    chosen: list[Path]  # applied as they are
+    on_kwok: list[Path]  # applied with what it takes to land on KWOK's fake nodes (beside the real node)
+    left_out: dict[Path, str]  # and why
+
+
+# What a pod needs to land on KWOK's fake nodes beside the real node (nodes.py: they carry KWOK's taint).
+KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+KWOK_NODE_SELECTOR = {"type": "kwok"}
+
+
+def examples_to_apply(directory: Path, hub_repos: set[str] | None) -> Examples:
     """The example manifests to apply (as `kubectl apply -f DIR` reads a directory) and those left
     out with why. Beside a real node (`hub_repos`: what the sandbox's hub serves) an example runs
     for real or not at all: one whose model is not on the hub would take the real node's GPU and
-    fail its download, so it is left to a GPU cluster (or to KWOK alone, `--no-real-node`)."""
+    fail its download, so it is left to a GPU cluster (or to KWOK alone, `--no-real-node`). An
+    example whose replicas span nodes cannot run on the one real node at all: it goes to KWOK's two
+    GPU nodes, which play a GPU cluster (pods Ready, nothing runs)."""
     chosen: list[Path] = []
+    on_kwok: list[Path] = []
     left_out: dict[Path, str] = {}
     for path in sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json")):
-        models = [
-            doc["spec"]["model"]
+        specs = [
+            doc["spec"]
             for doc in yaml.safe_load_all(path.read_text())
             if doc and doc.get("kind") == "ModelServer" and "model" in doc.get("spec", {})
         ]
+        models = [spec["model"] for spec in specs]
         missing = sorted({m for m in models if hub_repos is not None and m.split(":", 1)[0] not in hub_repos})
-        if missing:
+        if hub_repos is not None and any(spec.get("nodes", 1) > 1 for spec in specs):
+            on_kwok.append(path)
+        elif missing:
             left_out[path] = f"{', '.join(missing)} is not on the sandbox's hub"
         else:
             chosen.append(path)
-    return chosen, left_out
+    return Examples(chosen, on_kwok, left_out)
+
+
+def on_kwok(path: Path) -> list[dict]:
+    """The ModelServers of an example file, with KWOK's toleration and node selector added."""
+    out = []
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc and doc.get("kind") == "ModelServer":
+            spec = doc["spec"]
+            spec["tolerations"] = [*spec.get("tolerations", []), KWOK_TOLERATION]
+            spec["nodeSelector"] = {**spec.get("nodeSelector", {}), **KWOK_NODE_SELECTOR}
+            out.append(doc)
+    return out
 
 
 def _gateway_models(base: str) -> str:
@@ -125,10 +158,21 @@ def _serve(args: argparse.Namespace, cluster: Cluster, programs: HostPrograms, s
     """Apply the examples, say where they stand, then run until interrupted (or one program exits)."""
     operator, gateway, gateway_url = programs.operator, programs.gateway, programs.gateway_url
     hub_repos = {f.repo for f in cluster.hub_files} if cluster.has_real_node else None
-    chosen, left_out = examples_to_apply(args.examples, hub_repos)
-    for path, why in left_out.items():
+    examples = examples_to_apply(args.examples, hub_repos)
+    for path, why in examples.left_out.items():
         print(f"not applied beside the real node: {path} ({why}; it needs a GPU cluster)", flush=True)
-    cluster.kubectl("apply", *(arg for path in chosen for arg in ("-f", str(path))))
+    cluster.kubectl("apply", *(arg for path in examples.chosen for arg in ("-f", str(path))))
+    for path in examples.on_kwok:
+        # Said, not hidden: the file stays what a user applies to a GPU cluster.
+        print(
+            f"applied on KWOK's GPU nodes: {path} (its replicas span nodes, more than the one real node; "
+            f"the sandbox adds the toleration {KWOK_TOLERATION['key']} and nodeSelector type=kwok; "
+            "its pods turn Ready, nothing runs)",
+            flush=True,
+        )
+        cluster.kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": on_kwok(path)})
+        )
     try:
         wait_until(
             lambda: operator.poll() is not None or _settled(cluster),

@@ -49,6 +49,22 @@ def _signed(pki: Pki, subject: str, key: Path, cert: Path, extensions: str) -> N
     )
 
 
+def serving_cert(pki: Pki, directory: Path, name: str) -> tuple[Path, Path]:
+    """A serving certificate for 127.0.0.1 signed by the sandbox CA, as `directory`/tls.crt and
+    tls.key (the names controller-runtime's webhook server reads): for a host process the API server
+    calls, e.g. a webhook."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = directory / "tls.crt", directory / "tls.key"
+    _signed(
+        pki,
+        f"/CN={name}",
+        key,
+        cert,
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
+    return cert, key
+
+
 def make_pki(directory: Path, server_ips: tuple[str, ...] = ()) -> Pki:
     """`server_ips`: addresses besides 127.0.0.1 the API server is reached at (the `kubernetes`
     Service's ClusterIP, the real node's bridge)."""

@@ -23,13 +23,16 @@ def test_sandbox_serves_what_the_real_node_can_and_says_what_it_leaves_out(tmp_p
     table = result.stdout.split("NAMESPACE", 1)[1].split("\n\n", 1)[0]  # `kubectl get ms -A`, up to the pods
     rows = {line.split()[1]: line for line in table.splitlines()[1:] if line.startswith("default ")}
     # Beside the real node, the examples whose model the sandbox's hub serves run for real: the cpu
-    # one (llama.cpp) and the high-throughput one (vLLM's CPU build); the rest need a GPU cluster.
+    # one (llama.cpp) and the high-throughput one (vLLM's CPU build); the one whose replica spans two
+    # nodes goes to KWOK's GPU nodes; the rest need a GPU cluster.
     served = {"gemma3-270m-cpu", "tiny-chatml-vllm"}
-    assert set(rows) == served, result.stdout
+    multi_node = "lfm2-24b-a2b-16gpu"
+    assert set(rows) == {*served, multi_node}, result.stdout
     for row in rows.values():
         assert " True " in row and "Ready" in row
-    left_out = sorted(p.name for p in (REPO / "examples").glob("*.yaml") if p.stem not in served)
-    assert len(left_out) == 4
+    assert f"applied on KWOK's GPU nodes: examples/{multi_node}.yaml (" in result.stdout
+    left_out = sorted(p.name for p in (REPO / "examples").glob("*.yaml") if p.stem not in {*served, multi_node})
+    assert len(left_out) == 3
     for name in left_out:
         assert f"not applied beside the real node: examples/{name} (" in result.stdout
     # The gateway runs beside the operator and knows the public example.
@@ -45,6 +48,10 @@ def test_sandbox_serves_what_the_real_node_can_and_says_what_it_leaves_out(tmp_p
     }
     for name in served:
         assert " 2/2 " in pods[name] and " real-0 " in pods[name]
+    # The group's leader (engine and sidecar) and worker (engine), one on each KWOK GPU node.
+    group = {line.split()[1]: line for line in result.stdout.splitlines() if f" {multi_node}-0" in line}
+    assert " 2/2 " in group[f"{multi_node}-0"] and " 1/1 " in group[f"{multi_node}-0-1"], result.stdout
+    assert {line.split()[7] for line in group.values()} == {"gpu-0", "gpu-1"}, result.stdout
     # Everything it started has stopped: no process still runs from its work dir.
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
