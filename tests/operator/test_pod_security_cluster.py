@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from modelserve.api.manifests import deployment
+from modelserve.api.manifests import workload
 from modelserve.api.spec import ModelServer
 from modelserve.contracts.operator_settings import Settings
 from modelserve_sandbox.cluster import Cluster
@@ -38,19 +38,27 @@ def enforcing(cluster: Cluster) -> Iterator[dict[str, str]]:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-def _pod(name: str) -> dict[str, Any]:
-    """The pod the Deployment's ReplicaSet would create for an example."""
-    template = deployment(ModelServer.from_manifest(examples()[name]), SETTINGS)["spec"]["template"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {**template["metadata"], "name": "psa"},
-        "spec": template["spec"],
-    }
+def _pods(name: str) -> list[dict[str, Any]]:
+    """The pods the Deployment's ReplicaSet would create for an example, or a LeaderWorkerSet's
+    leader and worker (a replica spanning nodes)."""
+    made = workload(ModelServer.from_manifest(examples()[name]), SETTINGS)
+    if made["kind"] == "Deployment":
+        templates = [made["spec"]["template"]]
+    else:
+        group = made["spec"]["leaderWorkerTemplate"]
+        templates = [group["leaderTemplate"], group["workerTemplate"]]
+    return [
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {**t["metadata"], "name": "psa"}, "spec": t["spec"]}
+        for t in templates
+    ]
 
 
-def _admit(cluster: Cluster, namespace: str, pod: dict[str, Any]) -> Any:
-    return cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(pod), check=False)
+def _admit(cluster: Cluster, namespace: str, name: str) -> list[Any]:
+    """The API server's answers to a dry-run create of each of the example's pods."""
+    return [
+        cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(pod), check=False)
+        for pod in _pods(name)
+    ]
 
 
 def test_examples_cover_every_profile() -> None:
@@ -59,14 +67,14 @@ def test_examples_cover_every_profile() -> None:
 
 @pytest.mark.parametrize("name", sorted(examples()))
 def test_every_profile_is_admitted_under_baseline(cluster: Cluster, enforcing: dict[str, str], name: str) -> None:
-    result = _admit(cluster, enforcing["baseline"], _pod(name))
-    assert result.returncode == 0, result.stderr
+    for result in _admit(cluster, enforcing["baseline"], name):
+        assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("name", RESTRICTED_EXAMPLES)
 def test_cpu_and_external_are_admitted_under_restricted(cluster: Cluster, enforcing: dict[str, str], name: str) -> None:
-    result = _admit(cluster, enforcing["restricted"], _pod(name))
-    assert result.returncode == 0, result.stderr
+    for result in _admit(cluster, enforcing["restricted"], name):
+        assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("name", ROOT_EXAMPLES)
@@ -74,12 +82,12 @@ def test_root_engines_are_refused_under_restricted_for_root_alone(
     cluster: Cluster, enforcing: dict[str, str], name: str
 ) -> None:
     # Everything else restricted asks is there: the refusal names runAsNonRoot and nothing else.
-    result = _admit(cluster, enforcing["restricted"], _pod(name))
-    assert result.returncode != 0
-    assert 'violates PodSecurity "restricted:latest": runAsNonRoot != true' in result.stderr, result.stderr
-    assert 'container "engine" must not set securityContext.runAsNonRoot=false' not in result.stderr
-    for other in ("allowPrivilegeEscalation", "unrestricted capabilities", "seccompProfile", "restricted volume"):
-        assert other not in result.stderr, result.stderr
+    for result in _admit(cluster, enforcing["restricted"], name):
+        assert result.returncode != 0
+        assert 'violates PodSecurity "restricted:latest": runAsNonRoot != true' in result.stderr, result.stderr
+        assert 'container "engine" must not set securityContext.runAsNonRoot=false' not in result.stderr
+        for other in ("allowPrivilegeEscalation", "unrestricted capabilities", "seccompProfile", "restricted volume"):
+            assert other not in result.stderr, result.stderr
 
 
 def test_the_operator_s_pods_are_created_in_enforcing_namespaces(
