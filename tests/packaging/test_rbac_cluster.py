@@ -24,6 +24,14 @@ from modelserve_sandbox.processes import free_ports, start_process, stop_process
 from tests.helpers.chart import CHART, REPO
 
 EXAMPLE = REPO / "examples" / "lfm2-1.2b.yaml"  # private auth: the operator must create the key Secret
+# A replica spanning two nodes (a LeaderWorkerSet group of two 2-GPU pods), then moved to one node
+# (its LeaderWorkerSet deleted for a Deployment): what the chart grants on leaderworkersets.
+GROUP = {
+    "apiVersion": "serving.modelserve.dev/v1alpha1",
+    "kind": "ModelServer",
+    "metadata": {"name": "group"},
+    "spec": {"model": "LiquidAI/LFM2-24B-A2B", "gpus": 4, "nodes": 2, "auth": {"mode": "public"}},
+}
 OPERATOR = Path(sys.executable).with_name("modelserve-operator")
 MODELSERVERS = "modelservers.serving.modelserve.dev"
 # RBAC refusals in the API server's words, and kopf's when it lacks a permission it wanted.
@@ -32,7 +40,8 @@ DENIALS = ("is forbidden: User", "Not enough permissions")
 
 @pytest.fixture(scope="module")
 def rbac_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("rbac-cluster"), gpu_nodes=1, cpu_nodes=1, real_node=False) as cluster:
+    # Two GPU nodes: a group of the multi-node ModelServer puts one pod on each.
+    with Cluster(tmp_path_factory.mktemp("rbac-cluster"), gpu_nodes=2, cpu_nodes=1, real_node=False) as cluster:
         yield cluster
 
 
@@ -122,11 +131,38 @@ def run_operator_to_ready(cluster: Cluster, install: Install, app_namespace: str
             ready_or_exited, 120, f"ModelServer {name} Ready", interval=0.5, on_timeout=lambda: "\n" + tail(log, 40)
         )
         assert process.poll() is None, f"the operator exited:\n{tail(log)}"
+        run_group_to_ready_and_back(cluster, app_namespace, process, log)
     finally:
         stop_process(process, grace_seconds=20)
     text = log.read_text()
     assert not [line for line in text.splitlines() if any(d in line for d in DENIALS)], tail(log, 60)
     return found["ms"]
+
+
+def run_group_to_ready_and_back(cluster: Cluster, namespace: str, process: Any, log: Path) -> None:
+    """GROUP Ready as a LeaderWorkerSet, then on one node: its LeaderWorkerSet goes."""
+
+    def kubectl_get(kind: str) -> dict[str, Any] | None:
+        out = cluster.kubectl("get", kind, "group", "-n", namespace, "-o", "json", "--ignore-not-found").stdout
+        return json.loads(out) if out.strip() else None
+
+    def ready_or_exited() -> bool:
+        return process.poll() is not None or _ready(cluster, namespace, "group") is not None
+
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(GROUP))
+    wait_until(ready_or_exited, 120, "ModelServer group Ready", interval=0.5, on_timeout=lambda: "\n" + tail(log, 40))
+    assert process.poll() is None, f"the operator exited:\n{tail(log)}"
+    assert (kubectl_get("leaderworkerset") or {})["spec"]["leaderWorkerTemplate"]["size"] == 2
+    one_node = {**GROUP, "spec": {**GROUP["spec"], "gpus": 2, "nodes": 1}}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(one_node))
+    wait_until(
+        lambda: process.poll() is not None or (kubectl_get("leaderworkerset") is None and kubectl_get("deployment")),
+        120,
+        "the LeaderWorkerSet replaced by a Deployment",
+        interval=0.5,
+        on_timeout=lambda: "\n" + tail(log, 40),
+    )
+    assert process.poll() is None, f"the operator exited:\n{tail(log)}"
 
 
 def run_gateway_and_route(cluster: Cluster, install: Install, app: str, ms: dict[str, Any], workdir: Path) -> None:
