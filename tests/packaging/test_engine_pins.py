@@ -7,8 +7,8 @@ import re
 
 import yaml
 
-from modelserve.engines import ENGINES, llamacpp, vllm
-from modelserve_sandbox import llama_server
+from modelserve.engines import ENGINES, llamacpp, sglang, vllm
+from modelserve_sandbox import llama_server, lws
 from tests.helpers.chart import REPO
 
 README = (REPO / "README.md").read_text()
@@ -31,6 +31,16 @@ def test_the_llama_cpp_build_is_one_number() -> None:
 def test_the_sandbox_builds_the_vllm_release_the_operator_pins() -> None:
     assert _script_default("build-images.sh", "VLLM_VERSION") == vllm.VERSION
     assert vllm.ENGINE.image == f"vllm/vllm-openai:v{vllm.VERSION}"
+
+
+def test_the_sglang_parser_the_tests_run_is_the_pinned_release() -> None:
+    text = (REPO / "hack" / "install-sglang-cli.sh").read_text()
+    assert re.search(r"^SGLANG_VERSION=(\S+)", text, re.M).group(1) == sglang.VERSION  # type: ignore[union-attr]
+
+
+def test_the_sandbox_builds_the_leader_worker_set_release_it_names() -> None:
+    text = (REPO / "hack" / "build-lws.sh").read_text()
+    assert re.search(r"^LWS_VERSION=(\S+)", text, re.M).group(1) == lws.VERSION  # type: ignore[union-attr]
 
 
 def test_the_readme_names_each_pinned_image() -> None:
