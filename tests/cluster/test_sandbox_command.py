@@ -24,7 +24,7 @@ def test_sandbox_serves_what_the_real_node_can_and_says_what_it_leaves_out(tmp_p
     rows = {line.split()[1]: line for line in table.splitlines()[1:] if line.startswith("default ")}
     # Beside the real node, the examples whose model the sandbox's hub serves run for real: the cpu
     # one (llama.cpp) and the high-throughput one (vLLM's CPU build); the rest need a GPU cluster.
-    served = {"gemma3-270m-cpu", "tiny-chatml-vllm"}
+    served = {"smollm2-135m-cpu", "tiny-chatml-vllm"}
     assert set(rows) == served, result.stdout
     for row in rows.values():
         assert " True " in row and "Ready" in row
@@ -34,7 +34,7 @@ def test_sandbox_serves_what_the_real_node_can_and_says_what_it_leaves_out(tmp_p
         assert f"not applied beside the real node: examples/{name} (" in result.stdout
     # The gateway runs beside the operator and knows the public example.
     assert "gateway: http://127.0.0.1:" in result.stdout
-    assert "models the gateway lists without a key: gemma3-270m-cpu\n" in result.stdout
+    assert "models the gateway lists without a key: smollm2-135m-cpu\n" in result.stdout
     # Both ran for real on the real node.
     nodes = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith(("real-", "gpu-"))}
     assert "containerd://" in nodes["real-0"] and nodes["real-0"].split()[-1] == "real"

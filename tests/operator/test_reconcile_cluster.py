@@ -218,7 +218,7 @@ def test_examples_settle_ready_but_one_short_of_gpus(ops: OperatorView) -> None:
     for name in schedulable:
         ops.wait_ready(name)
     ops.wait_reason("lfm2-24b-a2b-16gpu", "Degraded", "True", "InsufficientGPU")
-    cpu = ops.get("deployment", "gemma3-270m-cpu") or {}
+    cpu = ops.get("deployment", "smollm2-135m-cpu") or {}
     assert "tolerations" not in cpu["spec"]["template"]["spec"]
 
 
