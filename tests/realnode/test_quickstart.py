@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from modelserve_sandbox import realnode
-from tests.helpers.node_view import NO_END, PROMPT, QUESTION, NodeView, Timeline, cpu_server
+from tests.helpers.node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 NAME = "my-first-model"
@@ -77,7 +77,8 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
     reply = client.chat.completions.create(model=NAME, messages=request["messages"], max_tokens=16)
     assert reply.choices[0].message.content and reply.model == NAME
     # An instruct model under its own name answers like one (the base model served before did not).
-    answer = client.chat.completions.create(model=NAME, messages=QUESTION, max_tokens=32, temperature=0)
+    asked = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    answer = client.chat.completions.create(model=NAME, messages=asked, max_tokens=32, temperature=0)
     assert "Paris" in (answer.choices[0].message.content or ""), answer.choices[0].message.content
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{base}/v1", api_key="sk-wrong", max_retries=0).models.list()
