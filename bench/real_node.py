@@ -1,7 +1,7 @@
 """The sandbox's real node: start and stop times, apply -> Ready of an example, and memory.
 
 Starts its own sandbox with the real node (root needed) and the operator as a host process, then
-for each run applies an example (`examples/gemma3-270m-cpu.yaml`, or `--example`, e.g. the vLLM
+for each run applies an example (`examples/smollm2-135m-cpu.yaml`, or `--example`, e.g. the vLLM
 one) in a fresh namespace and reports, from `kubectl apply`:
   - the Deployment created (the operator),
   - the pod's engine container started (scheduler, kubelet, containerd, image unpack),
@@ -38,7 +38,7 @@ from modelserve_sandbox.llama_server import llama_server_binary
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "gemma3-270m-cpu.yaml"
+EXAMPLE = REPO / "examples" / "smollm2-135m-cpu.yaml"
 TIMEOUT_SECONDS = 600
 POLL_SECONDS = 0.1
 

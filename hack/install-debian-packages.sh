@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Debian packages of the sandbox's real node (containerd, runc, CNI plugins, iptables,
-# conntrack), of the image builds (docker.io's dockerd, debootstrap) and of the llama.cpp
-# build (cmake, g++). Installed only when one is missing; needs root, as the node does.
+# Debian packages of the sandbox's real node (containerd, runc, CNI plugins, iptables, conntrack,
+# and nftables, whose nft removes the iptables tables the node made on a host that had none), of
+# the image builds (docker.io's dockerd, debootstrap) and of the llama.cpp build (cmake, g++). Installed only when one is missing; needs root, as the node does.
 set -euo pipefail
 
-PACKAGES=(containerd runc containernetworking-plugins iptables conntrack iproute2 docker.io
+PACKAGES=(containerd runc containernetworking-plugins iptables nftables conntrack iproute2 docker.io
   debootstrap cmake g++ make)
 missing=()
 for package in "${PACKAGES[@]}"; do

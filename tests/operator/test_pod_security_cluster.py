@@ -20,7 +20,7 @@ from tests.helpers.operator_cluster import OperatorView
 from tests.helpers.operator_testdata import examples
 
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
-RESTRICTED_EXAMPLES = ("gemma3-270m-cpu", "qwen3-mlx")  # llama.cpp and external
+RESTRICTED_EXAMPLES = ("smollm2-135m-cpu", "qwen3-mlx")  # llama.cpp and external
 ROOT_EXAMPLES = ("lfm2-1.2b", "lfm2-24b-a2b-16gpu", "lfm2-8b-a1b", "lfm2-vl-1.6b", "tiny-chatml-vllm")  # vLLM, SGLang
 
 
@@ -94,7 +94,7 @@ def test_the_operator_s_pods_are_created_in_enforcing_namespaces(
     cluster: Cluster, crd_installed: None, operator_process: Any, enforcing: dict[str, str]
 ) -> None:
     """Through the operator and the ReplicaSet controller: pods exist, no FailedCreate."""
-    cases = {"lfm2-1.2b": enforcing["baseline"], "gemma3-270m-cpu": enforcing["restricted"]}
+    cases = {"lfm2-1.2b": enforcing["baseline"], "smollm2-135m-cpu": enforcing["restricted"]}
     for name, namespace in cases.items():
         ops = OperatorView(cluster, namespace, operator_process[1])
         ops.apply(examples()[name])

@@ -224,7 +224,7 @@ def test_examples_settle_ready_but_the_group_short_of_gpus(ops: OperatorView) ->
     degraded = ops.wait_reason("lfm2-24b-a2b-16gpu", "Degraded", "True", "InsufficientGPU")
     assert "no node has 8 free nvidia.com/gpu" in degraded["message"]
     assert (ops.get("leaderworkerset", "lfm2-24b-a2b-16gpu") or {})["spec"]["leaderWorkerTemplate"]["size"] == 2
-    cpu = ops.get("deployment", "gemma3-270m-cpu") or {}
+    cpu = ops.get("deployment", "smollm2-135m-cpu") or {}
     assert "tolerations" not in cpu["spec"]["template"]["spec"]
 
 

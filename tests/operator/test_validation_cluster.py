@@ -40,7 +40,7 @@ def test_examples_are_accepted_and_defaulted(cluster: Cluster, crd_installed: No
         return json.loads(result.stdout)
 
     stored = {name: dry_run(manifest)["spec"] for name, manifest in examples().items()}
-    cpu = stored["gemma3-270m-cpu"]
+    cpu = stored["smollm2-135m-cpu"]
     autoscaling = {"targetPerReplica": 8, "scaleDownDelaySeconds": 300, "idleWindowSeconds": 600}
     assert cpu["replicas"] == {"min": 1, "buffer": 0, "max": 1, **autoscaling} and cpu["dtype"] == "auto"
     assert cpu["auth"] == {"mode": "public"} and cpu["torchCompile"] is False

@@ -37,7 +37,7 @@ def test_the_policy_guards_every_model_pod_in_each_namespace(helm: Helm) -> None
     assert [p["metadata"]["namespace"] for p in policies] == ["team-a", "team-b"]
     policy = policies[0]["spec"]
     assert policy["policyTypes"] == ["Ingress"]
-    for example in ("gemma3-270m-cpu.yaml", "lfm2-1.2b.yaml", "lfm2-8b-a1b.yaml", "external/qwen3-mlx.yaml"):
+    for example in ("smollm2-135m-cpu.yaml", "lfm2-1.2b.yaml", "lfm2-8b-a1b.yaml", "external/qwen3-mlx.yaml"):
         pod = _example_pod(example)
         assert _selects(policy["podSelector"]["matchLabels"], pod["metadata"]["labels"]), example
         ports = {port["name"] for container in pod["spec"]["containers"] for port in container.get("ports", [])}

@@ -109,7 +109,7 @@ def test_checkov_finds_only_the_root_engines(helm: Helm, tmp_path: Path) -> None
     passed = {(check["check_id"], _resource(check)) for check in results["passed_checks"]}
     assert {check for check, _ in passed | failed} == set(HARDENING + NON_ROOT)
     deployments = {resource for _, resource in passed if resource.startswith("Deployment/")}
-    assert {"Deployment/default/gemma3-270m-cpu", "Deployment/default/qwen3-mlx"} <= deployments
+    assert {"Deployment/default/smollm2-135m-cpu", "Deployment/default/qwen3-mlx"} <= deployments
     assert {"Deployment/modelserve-system/ms-modelserve", "Deployment/modelserve-system/ms-modelserve-gateway"} <= (
         deployments
     )

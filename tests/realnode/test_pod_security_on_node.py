@@ -63,7 +63,7 @@ def test_cpu_engine_serves_in_a_restricted_namespace(node: NodeView) -> None:
         "/tmp writable",
     ], seen
     # The model came down into the hub cache volume, owned by the engine's user.
-    find = ["find", "/root/.cache/huggingface", "-type", "f", "-user", "65532", "-path", "*gemma*"]
+    find = ["find", "/root/.cache/huggingface", "-type", "f", "-user", "65532", "-path", "*SmolLM2*"]
     assert run_in("engine", *find).strip()
 
     def engine_status(path: str) -> str:

@@ -1,5 +1,5 @@
 """The README quickstart on the real node: the operator's pods run, the engine serves the real
-Gemma-3-270M from the sandbox's model hub, and callers reach it the ways a user does."""
+SmolLM2-135M-Instruct from the sandbox's model hub, and callers reach it the ways a user does."""
 
 from __future__ import annotations
 
@@ -76,6 +76,10 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
     client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)
     reply = client.chat.completions.create(model=NAME, messages=request["messages"], max_tokens=16)
     assert reply.choices[0].message.content and reply.model == NAME
+    # An instruct model under its own name answers like one (the base model served before did not).
+    asked = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    answer = client.chat.completions.create(model=NAME, messages=asked, max_tokens=32, temperature=0)
+    assert "Paris" in (answer.choices[0].message.content or ""), answer.choices[0].message.content
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{base}/v1", api_key="sk-wrong", max_retries=0).models.list()
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ import pytest
 
 from modelserve_sandbox import realnode
 from modelserve_sandbox.cluster import Cluster
-from modelserve_sandbox.processes import free_ports, start_process, stop_process, wait_until
+from modelserve_sandbox.processes import wait_until
 from tests.helpers.node_view import EXAMPLES, QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, vllm_example
 
 EXAMPLE = EXAMPLES / "tiny-chatml-vllm.yaml"
@@ -60,36 +59,6 @@ def metric(text: str, name: str, model: str) -> float:
             seen = True
     assert seen, f"no {name} for {model} in the sidecar's /metrics"
     return total
-
-
-@pytest.fixture(scope="module")
-def host_gateway(node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`modelserve-gateway` on the host as `make dev` runs it; yields its base URL."""
-    (port,) = free_ports(1)
-    logs = tmp_path_factory.mktemp("vllm-gateway")
-    process = start_process(
-        "modelserve-gateway",
-        [str(Path(sys.executable).with_name("modelserve-gateway"))],
-        logs,
-        env={
-            **node_cluster.env,
-            "MODELSERVE_GATEWAY_LISTEN_HOST": "127.0.0.1",
-            "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
-        },
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _answers(f"{base}/healthz"), 60, "the host gateway")
-        yield base
-    finally:
-        stop_process(process)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code < 500
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.fixture(scope="module")

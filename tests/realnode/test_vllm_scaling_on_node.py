@@ -1,6 +1,7 @@
 """vLLM's real load drives the autoscaler: concurrent streams on the example's one replica make the
-operator add a second (the real node advertises two `nvidia.com/gpu`); and a flag vLLM refuses
-shows as a CrashLoop carrying vLLM's own words. Runs after test_vllm_on_node.py has freed the GPUs."""
+operator add a second (the real node advertises two `nvidia.com/gpu`), and the gateway sends new
+requests to the replica with the fewest in flight; a flag vLLM refuses shows as a CrashLoop carrying
+vLLM's own words. Runs after test_vllm_on_node.py has freed the GPUs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import httpx
 
 from modelserve_sandbox import realnode
+from modelserve_sandbox.processes import wait_until
 from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, vllm_example
 
 # One request in flight per replica: three concurrent streams want three, capped at max 2.
@@ -17,7 +19,7 @@ REPLICAS = {"min": 1, "buffer": 0, "max": 2, "targetPerReplica": 1, "scaleDownDe
 STREAMS = 3
 
 
-def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView) -> None:
+def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView, host_gateway: str) -> None:
     name = "tiny-elastic"
     node.apply(vllm_example(name, replicas=REPLICAS, auth={"mode": "public"}))
     node.wait_phase(name, "Ready", VLLM_READY_SECONDS)
@@ -62,6 +64,48 @@ def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView) -
     assert finished[0] >= 1
     assert "ScaleUp" in [e["reason"] for e in node.events(name)]
     assert {pod["spec"]["nodeName"] for pod in node.ready_pods(name)} == {realnode.NODE_NAME}
+
+    # The same two real replicas behind the gateway: while a long stream holds one, the next
+    # requests go to the other (least in flight), as the gateway tests show with llama.cpp.
+    wait_until(lambda: gateway_replicas(host_gateway, name) == 2, 60, "the gateway routes to both replicas")
+    long_stream = {"model": name, "messages": QUESTION, "max_tokens": 480, "stream": True, "ignore_eos": True}
+    held_by: dict[str, str] = {}
+    first_chunk, ended = threading.Event(), threading.Event()
+
+    def hold_one_replica() -> None:
+        url = f"{host_gateway}/v1/chat/completions"
+        with httpx.stream("POST", url, json=long_stream, timeout=300) as answer:
+            held_by["pod"] = answer.headers["x-modelserve-replica"]
+            for _ in answer.iter_raw():
+                first_chunk.set()
+        ended.set()
+
+    holder = threading.Thread(target=hold_one_replica, daemon=True)
+    holder.start()
+    try:
+        assert first_chunk.wait(120), "the long stream never started"
+        quick = []
+        for _ in range(4):
+            answer = httpx.post(
+                f"{host_gateway}/v1/chat/completions",
+                json={"model": name, "messages": QUESTION, "max_tokens": 1},
+                timeout=120,
+            )
+            assert answer.status_code == 200, answer.text
+            quick.append(answer.headers["x-modelserve-replica"])
+        still_streaming = not ended.is_set()
+    finally:
+        holder.join(timeout=300)
+    assert still_streaming, "the long stream ended before the quick requests did: nothing was held"
+    assert held_by["pod"] not in quick and len(set(quick)) == 1, f"long on {held_by['pod']}, quick on {quick}"
+
+
+def gateway_replicas(gateway: str, model: str) -> float:
+    """The gateway's own count of the replicas it routes `model` to (its /metrics)."""
+    for line in httpx.get(f"{gateway}/metrics", timeout=10).text.splitlines():
+        if line.startswith("modelserve_gateway_ready_replicas{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def test_a_flag_vllm_refuses_shows_as_crash_loop_in_vllms_words(node: NodeView) -> None:
