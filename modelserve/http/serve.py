@@ -20,6 +20,8 @@ def serve(app: Any, host: str, port: int, drain_seconds: float, log_level: str =
         access_log=False,
         server_header=False,
         date_header=False,
+        # Nothing reads the client's address or scheme: no X-Forwarded-* rewriting layer per request.
+        proxy_headers=False,
         log_level=log_level,
         # On SIGTERM uvicorn stops accepting, lets in-flight requests (streams) finish up to this
         # deadline, then cancels them and runs the lifespan shutdown.
