@@ -37,6 +37,7 @@ from bench.sidecar_bench import (
     Target,
     ensure_nginx,
     run_and_report,
+    start_nginx,
     wait_http,
 )
 from modelserve.gateway.settings import LEAST_IN_FLIGHT, PREFIX_AFFINITY
@@ -148,15 +149,11 @@ def main() -> None:
         gateway = start_gateway(workdir, gateway_port, MODEL, [replica], args.routing, PROXY_CPU)
         processes.append(gateway)
 
-        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-            (workdir / sub).mkdir()
-        conf = NGINX_CONF.format(dir=workdir, key=KEY, engine_port=replica.rsplit(":", 1)[1], port=nginx_port)
-        (workdir / "nginx.conf").write_text(conf)
-        nginx_argv = ["taskset", "-c", PROXY_CPU, nginx, "-p", str(workdir), "-c", str(workdir / "nginx.conf")]
-        proxy = start_process("nginx", nginx_argv, workdir)
+        conf = NGINX_CONF.format(dir=workdir / "nginx", key=KEY, engine_port=replica.rsplit(":", 1)[1], port=nginx_port)
+        proxy = start_nginx(nginx, workdir, conf)
         processes.append(proxy)
         nginx_url = f"http://127.0.0.1:{nginx_port}"
-        wait_http(nginx_url + "/readyz", "nginx", workdir / "nginx-error.log")
+        wait_http(nginx_url + "/readyz", "nginx", workdir / "nginx" / "nginx-error.log")
 
         targets = [
             Target("direct", sidecar.url),

@@ -157,6 +157,34 @@ def ensure_nginx() -> str:
     return found
 
 
+def start_sidecar(workdir: Path, port: int, engine_url: str, name: str = "sidecar") -> subprocess.Popen:
+    """modelserve-sidecar pinned to PROXY_CPU, private: the key KEY in `workdir`/keys."""
+    keys = workdir / "keys"
+    keys.mkdir(exist_ok=True)
+    (keys / "api-key").write_text(KEY + "\n")
+    sidecar_bin = str(Path(sys.executable).parent / "modelserve-sidecar")
+    env = {
+        **os.environ,
+        "MODELSERVE_LISTEN_HOST": "127.0.0.1",
+        "MODELSERVE_LISTEN_PORT": str(port),
+        "MODELSERVE_UPSTREAM_URL": engine_url,
+        "MODELSERVE_SERVED_MODEL": MODEL,
+        "MODELSERVE_KEYS_DIR": str(keys),
+    }
+    return start_process(name, ["taskset", "-c", PROXY_CPU, sidecar_bin], workdir, env)
+
+
+def start_nginx(nginx: str, workdir: Path, conf: str, name: str = "nginx") -> subprocess.Popen:
+    """nginx with `conf` (one worker) pinned to PROXY_CPU, its files under `workdir`/`name`."""
+    home = workdir / name
+    for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    (home / "nginx.conf").write_text(conf)
+    return start_process(
+        name, ["taskset", "-c", PROXY_CPU, nginx, "-p", str(home), "-c", str(home / "nginx.conf")], workdir
+    )
+
+
 @dataclass
 class Target:
     name: str
@@ -375,41 +403,20 @@ def main() -> None:
         engine_url = f"http://127.0.0.1:{engine_port}"
         wait_http(engine_url + "/health", "the fake engine", workdir / "engine.log")
 
-        (workdir / "keys").mkdir()
-        (workdir / "keys" / "api-key").write_text(KEY + "\n")
-        sidecar_bin = str(Path(sys.executable).parent / "modelserve-sidecar")
-        sidecar = start_process(
-            "sidecar",
-            ["taskset", "-c", PROXY_CPU, sidecar_bin],
-            workdir,
-            {
-                **os.environ,
-                "MODELSERVE_LISTEN_HOST": "127.0.0.1",
-                "MODELSERVE_LISTEN_PORT": str(sidecar_port),
-                "MODELSERVE_UPSTREAM_URL": engine_url,
-                "MODELSERVE_SERVED_MODEL": MODEL,
-                "MODELSERVE_KEYS_DIR": str(workdir / "keys"),
-            },
-        )
+        sidecar = start_sidecar(workdir, sidecar_port, engine_url)
         processes.append(sidecar)
         sidecar_url = f"http://127.0.0.1:{sidecar_port}"
         wait_http(sidecar_url + "/readyz", "the sidecar to be ready", workdir / "sidecar.log")
 
-        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-            (workdir / sub).mkdir()
-        (workdir / "nginx.conf").write_text(
-            NGINX_CONF.format(dir=workdir, key=KEY, engine_port=engine_port, port=nginx_port)
-        )
-        proxy = start_process(
-            "nginx", ["taskset", "-c", PROXY_CPU, nginx, "-p", str(workdir), "-c", str(workdir / "nginx.conf")], workdir
-        )
+        conf = NGINX_CONF.format(dir=workdir / "nginx", key=KEY, engine_port=engine_port, port=nginx_port)
+        proxy = start_nginx(nginx, workdir, conf)
         processes.append(proxy)
         nginx_url = f"http://127.0.0.1:{nginx_port}"
         wait_until(
             lambda: asyncio.run(load(nginx_url, 1, 0.05, False, 0)).requests > 0,
             30,
             "nginx",
-            on_timeout=lambda: "\n" + tail(workdir / "nginx.log") + tail(workdir / "nginx-error.log"),
+            on_timeout=lambda: "\n" + tail(workdir / "nginx.log") + tail(workdir / "nginx" / "nginx-error.log"),
         )
 
         targets = [

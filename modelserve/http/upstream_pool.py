@@ -166,7 +166,6 @@ class _Connection(asyncio.Protocol):
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.last_read = 0.0
-        self.timer: asyncio.TimerHandle | None = None
         self.released = False
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
@@ -187,7 +186,6 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
-        self._stop_timer()
         if self.complete:
             return
         if self.headers_done and not self.framed and exc is None:
@@ -228,7 +226,7 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.complete = True
         self.framed = True
-        self._stop_timer()
+        self.pool.busy.discard(self)
         self._wake()
 
     # --- the exchange -------------------------------------------------------------------------
@@ -242,7 +240,7 @@ class _Connection(asyncio.Protocol):
         else:
             self.transport.writelines((head, body))
         self.last_read = self.loop.time()
-        self._arm_timer()
+        self.pool.watch(self)
         try:
             while not self.headers_done:
                 await self._wait()
@@ -278,14 +276,14 @@ class _Connection(asyncio.Protocol):
         if self.released:
             return
         self.released = True
-        self._stop_timer()
+        self.pool.busy.discard(self)
         if self.complete and self.keep_alive and not self.closed and not self.body:
             self.pool.put_back(self)
         else:
             self.close()
 
     def close(self) -> None:
-        self._stop_timer()
+        self.pool.busy.discard(self)
         if not self.closed:
             self.closed = True
             self.pool.forget(self)
@@ -313,26 +311,13 @@ class _Connection(asyncio.Protocol):
         self._wake()
         self.close()
 
-    # The silence timeout (aiohttp's sock_read): one timer per exchange that re-arms itself from the
-    # last read, instead of a new timer per chunk.
-    def _arm_timer(self) -> None:
-        self.timer = self.loop.call_at(self.last_read + self.pool.read_timeout, self._check_silence)
-
-    def _check_silence(self) -> None:
-        self.timer = None
-        if self.complete or self.closed:
-            return
-        if self.paused:  # a slow client, not a silent upstream
-            self.last_read = self.loop.time()
-        if self.loop.time() - self.last_read >= self.pool.read_timeout:
-            self._fail(TimeoutError(f"the upstream sent nothing for {self.pool.read_timeout:g} s"))
-        else:
-            self._arm_timer()
-
-    def _stop_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+    def check_silence(self, now: float, timeout: float) -> None:
+        """Fail the exchange if the upstream has sent nothing for `timeout` seconds (aiohttp's
+        sock_read). A paused read is a slow client, not a silent upstream."""
+        if self.paused:
+            self.last_read = now
+        elif now - self.last_read >= timeout:
+            self._fail(TimeoutError(f"the upstream sent nothing for {timeout:g} s"))
 
 
 class Pool:
@@ -349,6 +334,11 @@ class Pool:
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._origins: dict[str, tuple[Origin, bytes]] = {}
         self._ssl: ssl.SSLContext | None = None
+        # Connections waiting for an answer, checked for silence by one periodic sweep: a timer per
+        # exchange (or per chunk) cost more than the sweep.
+        self.busy: set[_Connection] = set()
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_seconds = min(1.0, read_timeout / 4)
 
     async def request(self, method: str, url: str, headers: Headers, body: bytes = b"") -> Response:
         """Send the request; the response's status and headers have arrived when this returns."""
@@ -404,6 +394,22 @@ class Pool:
         except OSError as exc:  # ssl.SSLError is one
             raise ConnectFailed(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
 
+    def watch(self, connection: _Connection) -> None:
+        self.busy.add(connection)
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(self._sweep_seconds, self._check_silence)
+
+    def _check_silence(self) -> None:
+        self._sweep = None
+        if not self.busy:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for connection in list(self.busy):
+            connection.check_silence(now, self.read_timeout)
+        if self.busy:
+            self._sweep = loop.call_later(self._sweep_seconds, self._check_silence)
+
     def put_back(self, connection: _Connection) -> None:
         connection.idle_since = asyncio.get_running_loop().time()
         connection._reset()
@@ -429,6 +435,9 @@ class Pool:
                 return
 
     async def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for connection in list(self._all):
             connection.close()
         await asyncio.sleep(0)  # let the transports run their connection_lost
