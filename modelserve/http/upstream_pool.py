@@ -355,7 +355,7 @@ class Pool:
         while True:
             idle = self._idle.get(origin.key)
             if idle:
-                now = asyncio.get_running_loop().time()
+                now = idle[-1].loop.time()
                 while idle:
                     connection = idle.pop()
                     if not connection.closed and now - connection.idle_since < KEEPALIVE_SECONDS:
@@ -363,7 +363,7 @@ class Pool:
                     connection.close()
             if self._open < self.max_connections:
                 break
-            waiter = asyncio.get_running_loop().create_future()
+            waiter = asyncio.get_running_loop().create_future()  # all connections are busy: rare
             self._waiting.append(waiter)
             try:
                 await waiter
@@ -397,7 +397,7 @@ class Pool:
     def watch(self, connection: _Connection) -> None:
         self.busy.add(connection)
         if self._sweep is None:
-            self._sweep = asyncio.get_running_loop().call_later(self._sweep_seconds, self._check_silence)
+            self._sweep = connection.loop.call_later(self._sweep_seconds, self._check_silence)
 
     def _check_silence(self) -> None:
         self._sweep = None
@@ -411,9 +411,7 @@ class Pool:
             self._sweep = loop.call_later(self._sweep_seconds, self._check_silence)
 
     def put_back(self, connection: _Connection) -> None:
-        connection.idle_since = asyncio.get_running_loop().time()
-        connection._reset()
-        connection.released = True
+        connection.idle_since = connection.loop.time()  # the next exchange resets the rest
         self._idle.setdefault(connection.origin.key, []).append(connection)
         self._wake_one()
 
