@@ -335,19 +335,31 @@ def median_table(tables: list[Table]) -> Table:
     return {key: tuple(statistics.median(t[key][i] for t in tables) for i in range(len(COLUMNS))) for key in tables[0]}
 
 
-def ratios(table: Table) -> dict[str, float]:
-    plus_p50, rate, errors = COLUMNS.index("+p50 ms"), COLUMNS.index("req/s"), COLUMNS.index("errors")
-    c1, s64 = ("plain", 1, 0), ("stream", 64, 1)
-    nginx_added = table[c1, "nginx"][plus_p50]
-    return {
+def target_ratios(table: Table, ours: str) -> dict[str, float]:
+    """Issue 26's targets for the proxy path `ours` against nginx's in the same run: added p50 at
+    c=1, CPU per request and requests/s at c=64, streams/s at c=64 (each streaming level at c=64 the
+    bench measures), errors."""
+    column = {name: i for i, name in enumerate(COLUMNS)}
+
+    def ratio(level: tuple, name: str) -> float:
         # Undefined (nan) when noise puts nginx at or below direct: no ratio to a zero cost.
-        "added p50 c=1 sidecar/nginx (<= 2)": table[c1, "sidecar"][plus_p50] / nginx_added
-        if nginx_added > 0
-        else float("nan"),
-        "streams/s c=64 1ms sidecar/nginx (>= 1)": table[s64, "sidecar"][rate] / table[s64, "nginx"][rate],
-        "streams/s c=64 1ms sidecar/direct (>= 0.9)": table[s64, "sidecar"][rate] / table[s64, "direct"][rate],
-        "errors, all levels and targets (== 0)": sum(values[errors] for values in table.values()),
+        nginx = table[level, "nginx"][column[name]]
+        return table[level, ours][column[name]] / nginx if nginx > 0 else float("nan")
+
+    values = {
+        f"added p50 c=1 {ours}/nginx (<= 2)": ratio(("plain", 1, 0), "+p50 ms"),
+        f"cpu ms/req c=64 {ours}/nginx (<= 3)": ratio(("plain", 64, 0), "cpu ms/req"),
+        f"req/s c=64 {ours}/nginx (>= 0.8)": ratio(("plain", 64, 0), "req/s"),
     }
+    for kind, concurrency, gap in sorted({level for level, _ in table}):
+        if kind == "stream" and concurrency == 64:
+            values[f"streams/s c=64 {gap}ms {ours}/nginx (>= 0.9)"] = ratio((kind, concurrency, gap), "req/s")
+    values["errors, all levels and targets (== 0)"] = sum(v[column["errors"]] for v in table.values())
+    return values
+
+
+def ratios(table: Table) -> dict[str, float]:
+    return target_ratios(table, "sidecar")
 
 
 def median_of_defined(values: list[float]) -> float:
@@ -357,7 +369,7 @@ def median_of_defined(values: list[float]) -> float:
 
 def print_ratios(values: dict[str, float]) -> None:
     for name, value in values.items():
-        print(f"  {name:<46} {value:8.3f}")
+        print(f"  {name:<50} {value:8.3f}")
     print(flush=True)
 
 

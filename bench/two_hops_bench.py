@@ -47,20 +47,7 @@ class Hops(Target):
 
 
 def ratios(table: sidecar_bench.Table) -> dict[str, float]:
-    column = {name: i for i, name in enumerate(sidecar_bench.COLUMNS)}
-
-    def ratio(level: tuple, name: str) -> float:
-        nginx = table[level, "nginx"][column[name]]
-        return table[level, OURS][column[name]] / nginx if nginx > 0 else float("nan")
-
-    return {
-        "added p50 c=1 both hops ours/nginx": ratio(("plain", 1, 0), "+p50 ms"),
-        "req/s c=64 ours/nginx": ratio(("plain", 64, 0), "req/s"),
-        "cpu ms/req c=64 ours/nginx": ratio(("plain", 64, 0), "cpu ms/req"),
-        "streams/s c=64 ours/nginx": ratio(("stream", 64, 0), "req/s"),
-        "cpu ms/stream c=64 ours/nginx": ratio(("stream", 64, 0), "cpu ms/req"),
-        "errors, all levels and targets": sum(values[column["errors"]] for values in table.values()),
-    }
+    return sidecar_bench.target_ratios(table, OURS)
 
 
 def main() -> None:
