@@ -174,6 +174,9 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.released:  # bytes nobody asked for on a pooled connection: it cannot be trusted again
+            self.close()
+            return
         self.last_read = self.loop.time()
         try:
             self.parser.feed_data(data)
@@ -235,10 +238,14 @@ class _Connection(asyncio.Protocol):
         self._reset()
         head = request_head(method, target, self.origin, headers, len(body))
         assert self.transport is not None
-        if len(body) <= JOIN_BODY_BYTES:
-            self.transport.write(head + body)
-        else:
-            self.transport.writelines((head, body))
+        try:
+            if len(body) <= JOIN_BODY_BYTES:
+                self.transport.write(head + body)
+            else:
+                self.transport.writelines((head, body))
+        except (RuntimeError, OSError) as exc:  # closing under us (the upstream's FIN was on its way)
+            self.close()
+            raise Disconnected(f"the connection closed before the request was sent: {exc}") from exc
         self.last_read = self.loop.time()
         self.pool.watch(self)
         try:
@@ -358,7 +365,8 @@ class Pool:
                 now = idle[-1].loop.time()
                 while idle:
                     connection = idle.pop()
-                    if not connection.closed and now - connection.idle_since < KEEPALIVE_SECONDS:
+                    fresh = now - connection.idle_since < KEEPALIVE_SECONDS
+                    if fresh and not connection.closed and not connection.transport.is_closing():  # type: ignore[union-attr]
                         return connection
                     connection.close()
             if self._open < self.max_connections:

@@ -171,3 +171,23 @@ def test_failures_are_named_as_the_metrics_count_them() -> None:
         return caught.value
 
     assert upstream_error_kind(asyncio.run(refused())) == "connect"
+
+
+def test_a_connection_the_upstream_closed_while_pooled_is_not_reused() -> None:
+    connections = 0
+
+    async def answers_once_then_closes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")  # keep-alive advertised
+        await writer.drain()
+        writer.close()
+
+    async def exchange(pool: Pool, base: str) -> list[bytes]:
+        first = await _body(await pool.request("GET", base + "/v1/models", []))
+        await asyncio.sleep(0.1)  # the FIN arrives while the connection is in the pool
+        return [first, await _body(await pool.request("GET", base + "/v1/models", []))]
+
+    assert _run(answers_once_then_closes, exchange) == [b"ok", b"ok"]
+    assert connections == 2
