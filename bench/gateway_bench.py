@@ -37,6 +37,7 @@ from bench.sidecar_bench import (
     Target,
     ensure_nginx,
     run_and_report,
+    start_nginx,
     wait_http,
 )
 from modelserve.gateway.settings import LEAST_IN_FLIGHT, PREFIX_AFFINITY
@@ -99,20 +100,7 @@ def start_gateway(
 
 
 def ratios(table: sidecar_bench.Table) -> dict[str, float]:
-    column = {name: i for i, name in enumerate(sidecar_bench.COLUMNS)}
-
-    def ratio(level: tuple, name: str) -> float:
-        nginx = table[level, "nginx"][column[name]]
-        return table[level, "gateway"][column[name]] / nginx if nginx > 0 else float("nan")
-
-    return {
-        "added p50 c=1 gateway/nginx": ratio(("plain", 1, 0), "+p50 ms"),
-        "req/s c=64 gateway/nginx": ratio(("plain", 64, 0), "req/s"),
-        "cpu ms/req c=64 gateway/nginx": ratio(("plain", 64, 0), "cpu ms/req"),
-        "streams/s c=64 gateway/nginx": ratio(("stream", 64, 0), "req/s"),
-        "cpu ms/stream c=64 gateway/nginx": ratio(("stream", 64, 0), "cpu ms/req"),
-        "errors, all levels and targets": sum(values[column["errors"]] for values in table.values()),
-    }
+    return sidecar_bench.target_ratios(table, "gateway")
 
 
 def main() -> None:
@@ -148,15 +136,11 @@ def main() -> None:
         gateway = start_gateway(workdir, gateway_port, MODEL, [replica], args.routing, PROXY_CPU)
         processes.append(gateway)
 
-        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
-            (workdir / sub).mkdir()
-        conf = NGINX_CONF.format(dir=workdir, key=KEY, engine_port=replica.rsplit(":", 1)[1], port=nginx_port)
-        (workdir / "nginx.conf").write_text(conf)
-        nginx_argv = ["taskset", "-c", PROXY_CPU, nginx, "-p", str(workdir), "-c", str(workdir / "nginx.conf")]
-        proxy = start_process("nginx", nginx_argv, workdir)
+        conf = NGINX_CONF.format(dir=workdir / "nginx", key=KEY, engine_port=replica.rsplit(":", 1)[1], port=nginx_port)
+        proxy = start_nginx(nginx, workdir, conf)
         processes.append(proxy)
         nginx_url = f"http://127.0.0.1:{nginx_port}"
-        wait_http(nginx_url + "/readyz", "nginx", workdir / "nginx-error.log")
+        wait_http(nginx_url + "/readyz", "nginx", workdir / "nginx" / "nginx-error.log")
 
         targets = [
             Target("direct", sidecar.url),

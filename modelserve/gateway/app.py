@@ -19,7 +19,7 @@ from modelserve.http import ollama
 from modelserve.http.allowlist import in_error_shape, refuse
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.relay import authorization_header
-from modelserve.http.upstream import open_session
+from modelserve.http.upstream import open_pool, open_session
 
 from . import errors as gateway_errors
 from .catalog import Catalog, model_object, ollama_entry
@@ -86,11 +86,13 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         proxy.session = open_session(settings.upstream_max_connections, settings.upstream_timeout_seconds)
+        proxy.pool = open_pool(settings.upstream_max_connections, settings.upstream_timeout_seconds)
         discovery.start(lambda key: loop.call_soon_threadsafe(refresh, key))
         try:
             yield
         finally:
             discovery.stop()
+            await proxy.pool.close()
             await proxy.session.close()
 
     def refresh(key: Key) -> None:

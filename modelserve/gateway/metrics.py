@@ -67,6 +67,35 @@ class GatewayMetrics:
         )
         self.refused = refusal_counter(PREFIX, r)
         self.replicas = Gauge(f"{PREFIX}_ready_replicas", "Replicas the gateway routes to.", MODEL, registry=r)
+        # Label lookups take a lock and hash a tuple; the hot path reuses resolved children (forget()
+        # drops a deleted ModelServer's along with its series).
+        self._observed: dict[tuple[Key, str], tuple[Counter, Histogram, Histogram]] = {}
+        self._in_flight: dict[Key, Gauge] = {}
+        self._routed: dict[tuple[Key, str], Counter] = {}
+
+    def observe(self, key: Key, status_label: str, duration: float, ttfb: float | None) -> None:
+        """One finished request: its count by status class, its duration and time to first byte."""
+        children = self._observed.get((key, status_label))
+        if children is None:
+            children = (self.requests.labels(*key, status_label), self.duration.labels(*key), self.ttfb.labels(*key))
+            self._observed[(key, status_label)] = children
+        requests, duration_histogram, ttfb_histogram = children
+        requests.inc()
+        duration_histogram.observe(duration)
+        if ttfb is not None:
+            ttfb_histogram.observe(ttfb)
+
+    def in_flight_of(self, key: Key) -> Gauge:
+        child = self._in_flight.get(key)
+        if child is None:
+            child = self._in_flight[key] = self.in_flight.labels(*key)
+        return child
+
+    def routed(self, key: Key, decision: str) -> None:
+        child = self._routed.get((key, decision))
+        if child is None:
+            child = self._routed[(key, decision)] = self.routing.labels(*key, decision)
+        child.inc()
 
     def forget(self, key: Key) -> None:
         """Drop a deleted ModelServer's series (the labelled children of every metric)."""
@@ -84,6 +113,10 @@ class GatewayMetrics:
             for labels in list(metric._metrics):
                 if labels[:2] == key:
                     metric.remove(*labels)
+        self._in_flight.pop(key, None)
+        for cache in (self._observed, self._routed):
+            for cached in [cached for cached in cache if cached[0] == key]:
+                del cache[cached]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

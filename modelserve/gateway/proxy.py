@@ -15,7 +15,6 @@ from time import perf_counter
 from typing import Any
 
 import aiohttp
-from yarl import URL
 
 from modelserve.contracts.names import Key
 from modelserve.http import errors
@@ -29,6 +28,7 @@ from modelserve.http.relay import (
     respond,
     upstream_error_kind,
 )
+from modelserve.http.upstream_pool import ConnectFailed, Disconnected, Pool, Response, UpstreamError
 
 from . import errors as gateway_errors
 from .directory import Ambiguous, Directory, Model
@@ -43,15 +43,14 @@ log = logging.getLogger(__name__)
 DROP_TO_REPLICA = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 REPLICA_HEADER = b"x-modelserve-replica"  # which pod answered: for debugging and the tests
 # A failure to reach the first replica is retried once, on another, when it happened before any
-# byte reached the client: the connection was refused, reset or dropped before the response headers
-# (ClientConnectorError is a ClientOSError).
-RETRIABLE = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)
+# byte reached the client: the connection was refused, reset or dropped before the response headers.
+RETRIABLE = (ConnectFailed, Disconnected)
 # A sidecar's 503 (its engine unreachable, or draining) before any byte: another replica may answer.
 RETRIABLE_STATUS = 503
 NO_MODEL: Key = ("", "")
 
 
-class _NoReplica(aiohttp.ClientConnectionError):
+class _NoReplica(UpstreamError):
     """Every ready replica was tried (or none is left)."""
 
 
@@ -63,7 +62,8 @@ class GatewayProxy:
         self.directory = directory
         self.holding = holding
         self.metrics = metrics
-        self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
+        self.pool: Pool | None = None  # the proxied requests' connections, opened by the app's lifespan
+        self.session: aiohttp.ClientSession | None = None  # the model lists' (catalog.py), likewise
         self.in_flight: dict[str, int] = {}  # replica address -> requests this gateway has on it
         self.rng = random.Random()
 
@@ -74,10 +74,7 @@ class GatewayProxy:
             key = await self._handle(scope, receive, send, exchange)
         finally:
             label = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
-            self.metrics.requests.labels(*key, label).inc()
-            self.metrics.duration.labels(*key).observe(perf_counter() - exchange.start)
-            if exchange.ttfb is not None:
-                self.metrics.ttfb.labels(*key).observe(exchange.ttfb)
+            self.metrics.observe(key, label, perf_counter() - exchange.start, exchange.ttfb)
 
     async def _handle(self, scope: dict[str, Any], receive: Any, send: Any, exchange: Exchange) -> Key:
         body = await read_limited_body(scope["headers"], receive, send, self.settings.max_body_bytes, exchange)
@@ -158,9 +155,7 @@ class GatewayProxy:
         prefix: bytes | None,
         exchange: Exchange,
     ) -> None:
-        headers = [
-            (n.decode("latin-1"), v.decode("latin-1")) for n, v in filter_headers(scope["headers"], DROP_TO_REPLICA)
-        ]
+        headers = filter_headers(scope["headers"], DROP_TO_REPLICA)
         # The consumer route the dispatcher checked, as it is spelt there: never the client's raw path
         # or query (allowlist.py).
         path = scope["path"]
@@ -168,8 +163,8 @@ class GatewayProxy:
         tried: list[str] = []
         chosen: list[tuple[str, str]] = []  # (address, pod): the replica holding this request's count
 
-        async def open_upstream() -> aiohttp.ClientResponse:
-            assert self.session is not None, "the upstream session opens in the app's lifespan"
+        async def open_upstream() -> Response:
+            assert self.pool is not None, "the upstream pool opens in the app's lifespan"
             last: BaseException = _NoReplica(f"no ready replica of {model.name}")
             for attempt in range(2):
                 current = self.directory.models.get(key) or model  # replicas may have changed while held
@@ -177,12 +172,11 @@ class GatewayProxy:
                 if replica is None:
                     break
                 tried.append(replica)
-                self.metrics.routing.labels(*key, "retry" if attempt else decision).inc()
+                self.metrics.routed(key, "retry" if attempt else decision)
                 self._enter(replica, key)
                 chosen[:] = [(replica, current.pods.get(replica, ""))]
-                url = URL(f"http://{replica}{path}", encoded=True)
                 try:
-                    answer = await self.session.request("POST", url, headers=headers, data=body, allow_redirects=False)
+                    answer = await self.pool.request("POST", f"http://{replica}{path}", headers, body)
                     if answer.status != RETRIABLE_STATUS or attempt or not _others(current, tried):
                         return answer
                     answer.release()
@@ -219,7 +213,7 @@ class GatewayProxy:
 
     def _enter(self, replica: str, key: Key) -> None:
         self.in_flight[replica] = self.in_flight.get(replica, 0) + 1
-        self.metrics.in_flight.labels(*key).inc()
+        self.metrics.in_flight_of(key).inc()
 
     def _leave(self, replica: str, key: Key) -> None:
         left = self.in_flight.get(replica, 1) - 1
@@ -227,7 +221,7 @@ class GatewayProxy:
             self.in_flight[replica] = left
         else:
             self.in_flight.pop(replica, None)  # replicas come and go: keep no zero entries
-        self.metrics.in_flight.labels(*key).dec()
+        self.metrics.in_flight_of(key).dec()
 
     def _failure(self, exc: BaseException) -> errors.ErrorResponse:
         if isinstance(exc, asyncio.TimeoutError):

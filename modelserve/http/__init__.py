@@ -1,2 +1,3 @@
 """The proxies' common core, shared by the sidecar and the gateway: the streaming relay, the upstream
-session, how a process serves, OpenAI-shaped errors, and the Ollama <-> OpenAI translation."""
+pool of the proxied requests (and the aiohttp session of everything else), how a process serves,
+OpenAI-shaped errors, and the Ollama <-> OpenAI translation."""

@@ -1,5 +1,5 @@
-"""The hot path both the sidecar and the gateway run: read a request body, send it upstream with
-aiohttp, and stream the answer back to the ASGI client chunk by chunk, untouched. Raw ASGI, no
+"""The hot path both the sidecar and the gateway run: read a request body, send it upstream
+(upstream_pool.py), and stream the answer back to the ASGI client chunk by chunk, untouched. Raw ASGI, no
 framework layer; a client that goes away cancels the upstream request (which aborts the generation).
 """
 
@@ -10,9 +10,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from time import perf_counter
 from typing import Any
 
-import aiohttp
-
 from . import errors
+from .upstream_pool import ConnectFailed, Response, UpstreamError
 from .usage import ResponseTail
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
@@ -68,7 +67,7 @@ def upstream_error_kind(exc: BaseException) -> str:
     """The metrics label of a failed upstream exchange."""
     if isinstance(exc, asyncio.TimeoutError):
         return "timeout"
-    return "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "disconnected"
+    return "connect" if isinstance(exc, ConnectFailed) else "disconnected"
 
 
 class ClientGone(Exception):
@@ -135,7 +134,7 @@ async def relay(
     receive: Any,
     send: Any,
     exchange: Exchange,
-    open_upstream: Callable[[], Awaitable[aiohttp.ClientResponse]],
+    open_upstream: Callable[[], Awaitable[Response]],
     failed: Callable[[BaseException], errors.ErrorResponse],
     count_usage: bool = False,
     extra_headers: Callable[[], Iterable[tuple[bytes, bytes]]] | None = None,
@@ -149,7 +148,7 @@ async def relay(
     # closes the upstream connection, which makes the engine abort the generation.
     task = asyncio.current_task()
     assert task is not None
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task, exchange))
+    watcher = task.get_loop().create_task(_cancel_on_disconnect(receive, task, exchange))
     started = False
     try:
         upstream = await open_upstream()
@@ -162,20 +161,24 @@ async def relay(
             started = True
             counted = count_usage and upstream.status == 200 and upstream.content_type in USAGE_TYPES
             tail = ResponseTail() if counted else None
-            async for chunk in upstream.content.iter_any():
+            last = b""
+            while chunk := await upstream.read_chunk():
                 if exchange.ttfb is None:
                     exchange.ttfb = perf_counter() - exchange.start
                 if tail is not None:
                     tail.add(chunk)
+                if upstream.at_end:  # the answer's last bytes: they end it, in one write (a short answer's all)
+                    last = chunk
+                    break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             watcher.cancel()  # before the last send: after it, receive() reports a disconnect
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": last, "more_body": False})
         return (tail.bytes() if tail is not None else None), None
     except asyncio.CancelledError:
         if not exchange.client_gone:
             raise  # shutdown, not a disconnect
         task.uncancel()
-    except (TimeoutError, aiohttp.ClientError) as exc:
+    except (TimeoutError, UpstreamError) as exc:
         if not started:
             exchange.status = await respond(send, failed(exc))
         return None, exc

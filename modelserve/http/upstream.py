@@ -1,13 +1,13 @@
-"""The one aiohttp client session per process that talks upstream: the sidecar's to its engine, the
-gateway's to the replicas' sidecars."""
+"""The upstream clients of a process: the pool the proxied requests go through (upstream_pool.py), and
+one aiohttp session for everything else (the sidecar's probes and scrapes of its engine, the
+gateway's model lists)."""
 
 from __future__ import annotations
 
 import aiohttp
 
-# Below the engines' own keep-alive (uvicorn's default 5 s, which vLLM keeps), so the sidecar never
-# reuses a connection the engine is closing at that moment (it would look like a dead engine).
-KEEPALIVE_SECONDS = 3.0
+from .upstream_pool import KEEPALIVE_SECONDS, Pool
+
 # aiohttp adds these unless told not to; a transparent proxy sends only what the client sent.
 SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 # A scrape of the engine's metrics must answer fast or is left out of the sidecar's /metrics.
@@ -29,3 +29,9 @@ def open_session(max_connections: int, timeout_seconds: float) -> aiohttp.Client
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=SKIP_AUTO_HEADERS,
     )
+
+
+def open_pool(max_connections: int, timeout_seconds: float) -> Pool:
+    # A timeout is the upstream staying silent this long (like nginx's proxy_read_timeout): a long
+    # generation that keeps streaming is healthy and must not be cut.
+    return Pool(max_connections, connect_timeout=timeout_seconds, read_timeout=timeout_seconds)

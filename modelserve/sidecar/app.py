@@ -16,7 +16,7 @@ from modelserve.contracts.sidecar import HEALTH_ROUTE, LOAD_ROUTE, METRICS_ROUTE
 from modelserve.http.allowlist import refuse
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.ollama import ROUTES as OLLAMA_ROUTES
-from modelserve.http.upstream import METRICS_TIMEOUT, open_session
+from modelserve.http.upstream import METRICS_TIMEOUT, open_pool, open_session
 
 from .keys import KeyStore
 from .metrics import SidecarMetrics
@@ -55,8 +55,10 @@ def build_app(settings: Settings) -> Dispatcher:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # The proxied requests' pool, and aiohttp for the sidecar's own probes and scrapes.
         session = open_session(settings.upstream_max_connections, settings.upstream_timeout_seconds)
-        proxy.session = readiness.session = session
+        readiness.session = session
+        proxy.pool = open_pool(settings.upstream_max_connections, settings.upstream_timeout_seconds)
         tasks = [asyncio.create_task(readiness.watch())]
         if keys is not None:
             tasks.append(asyncio.create_task(keys.watch()))
@@ -67,6 +69,7 @@ def build_app(settings: Settings) -> Dispatcher:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await readiness.close()
+            await proxy.pool.close()
             await session.close()
 
     api = FastAPI(title="modelserve-sidecar", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -94,11 +97,11 @@ def build_app(settings: Settings) -> Dispatcher:
         return Response(metrics.render(await engine_metrics()), media_type=CONTENT_TYPE)
 
     async def engine_metrics() -> bytes | None:
-        assert proxy.session is not None
+        assert readiness.session is not None
         if not settings.engine_metrics:
             return None  # nothing to scrape upstream, and no error to count
         try:
-            async with proxy.session.get(
+            async with readiness.session.get(
                 settings.upstream_url + settings.engine_metrics_path,
                 headers={"Accept": "text/plain"},
                 timeout=METRICS_TIMEOUT,

@@ -9,9 +9,6 @@ from collections.abc import Iterable
 from time import perf_counter
 from typing import Any
 
-import aiohttp
-from yarl import URL
-
 from modelserve.contracts import routes
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import errors
@@ -25,6 +22,7 @@ from modelserve.http.relay import (
     respond,
     upstream_error_kind,
 )
+from modelserve.http.upstream_pool import ConnectFailed, Disconnected, Pool, Response
 from modelserve.http.usage import usage_from_tail
 
 from .auth import refusal_reason
@@ -49,8 +47,8 @@ class Proxy:
         self.keys = keys  # None in public mode
         self.metrics = metrics
         self.demand = Demand()
-        self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
-        self._targets = {path: URL(settings.upstream_url + path, encoded=True) for _, path in routes.FORWARDED}
+        self.pool: Pool | None = None  # opened by the app's lifespan
+        self._targets = {path: settings.upstream_url + path for _, path in routes.FORWARDED}
 
     def key_refusal(self, headers: Iterable[tuple[bytes, bytes]]) -> errors.ErrorResponse | None:
         """The 401 for a request whose key is refused (and counted), or None when it may pass."""
@@ -118,9 +116,7 @@ class Proxy:
         # The route's own path, the one that was checked: never the raw path the client spelt, and no
         # query (no consumer route takes one; an engine might read one).
         target = self._targets[route.path]
-        to_engine = [
-            (n.decode("latin-1"), v.decode("latin-1")) for n, v in filter_headers(scope["headers"], DROP_TO_ENGINE)
-        ]
+        to_engine = filter_headers(scope["headers"], DROP_TO_ENGINE)
         tail, error = await relay(
             receive,
             send,
@@ -138,19 +134,17 @@ class Proxy:
         if tail is not None:
             self.metrics.count_usage(usage_from_tail(tail))
 
-    async def _open(
-        self, method: str, target: URL, headers: list[tuple[str, str]], body: bytes
-    ) -> aiohttp.ClientResponse:
+    async def _open(self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
         """Send the request; the engine's response headers have arrived when this returns."""
-        assert self.session is not None, "the upstream session opens in the app's lifespan"
+        assert self.pool is not None, "the upstream pool opens in the app's lifespan"
         try:
-            return await self.session.request(method, target, headers=headers, data=body or None, allow_redirects=False)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            return await self.pool.request(method, target, headers, body)
+        except (Disconnected, ConnectFailed):
             # Nearly always a pooled keep-alive connection the engine had just closed or reset (servers
             # close idle or errored connections at will; llama.cpp's closes after every stream while
             # advertising keep-alive), which the request never reached: once more, on a new
             # connection. An engine that is really gone then refuses it, which answers 503.
-            return await self.session.request(method, target, headers=headers, data=body or None, allow_redirects=False)
+            return await self.pool.request(method, target, headers, body)
 
     def _failure(self, exc: BaseException) -> errors.ErrorResponse:
         if isinstance(exc, asyncio.TimeoutError):

@@ -1,0 +1,449 @@
+"""The hot path's upstream client: pooled keep-alive HTTP/1.1 connections, each an asyncio Protocol
+with httptools' C parser, for the one thing the proxies do per request: send a method, a path,
+headers and a body they already hold, and stream back the status, the raw headers and the body.
+
+Why not aiohttp here (it stays for the probes, the engine's metrics and the gateway's model lists):
+its per-request machinery (ClientRequest, CIMultiDicts, payload objects, tracing, timers per chunk)
+was a third of the proxies' CPU per request in profiles; this does the same exchange in a few
+Python calls. Errors say what happened in the words the metrics use (connect, disconnected,
+timeout), and nothing here retries: the callers decide (the sidecar once, the gateway on another
+replica).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ssl
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import httptools
+
+# Below the engines' own keep-alive (uvicorn's default 5 s, which vLLM keeps), so the proxy never
+# reuses a connection the engine is closing at that moment (it would look like a dead engine).
+KEEPALIVE_SECONDS = 3.0
+# Above this much body read ahead of a slow client, stop reading the upstream (TCP pushes back).
+READ_AHEAD_BYTES = 256 * 1024
+# A body this small goes out in one write with its head (one segment instead of two).
+JOIN_BODY_BYTES = 64 * 1024
+# Methods whose empty body still gets `Content-Length: 0`, as aiohttp sent it (the engines saw that).
+_LENGTH_WHEN_EMPTY = frozenset({"POST", "PUT", "PATCH"})
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class UpstreamError(Exception):
+    """The exchange with the upstream failed (a timeout is TimeoutError)."""
+
+
+class ConnectFailed(UpstreamError):
+    """No connection could be made (refused, unreachable, TLS failed)."""
+
+
+class Disconnected(UpstreamError):
+    """The connection closed, reset or answered garbage before the response headers were complete:
+    the request may not have reached the upstream, so a caller may send it again."""
+
+
+class BodyCut(UpstreamError):
+    """The connection ended in the middle of the response body."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a URL's requests go, and the Host header and credentials they carry (pure)."""
+
+    key: str  # scheme://host:port, what the pool keys its idle connections by (a str hashes once)
+    scheme: str
+    host: str
+    port: int
+    host_header: bytes
+    authorization: bytes | None  # Basic credentials from the URL's userinfo, as aiohttp sent them
+
+
+def split_url(url: str) -> tuple[Origin, bytes]:
+    """(origin, request target) of an absolute http(s) URL whose path is already encoded (pure)."""
+    parts = urlsplit(url)
+    default = 443 if parts.scheme == "https" else 80
+    port = parts.port or default
+    host = parts.hostname or ""
+    shown = f"[{host}]" if ":" in host else host
+    authorization = None
+    if parts.username is not None:
+        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode("latin-1")
+        authorization = b"Basic " + base64.b64encode(credentials)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host_header = shown if port == default else f"{shown}:{port}"
+    key = f"{parts.scheme}://{shown}:{port}"
+    origin = Origin(key, parts.scheme, host, port, host_header.encode("idna"), authorization)
+    return origin, target.encode("latin-1")
+
+
+def request_head(method: str, target: bytes, origin: Origin, headers: Headers, body_length: int) -> bytes:
+    """The request line and headers, in the order aiohttp wrote them: Host, the caller's headers,
+    then the length (pure)."""
+    lines = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\nHost: ", origin.host_header, b"\r\n"]
+    for name, value in headers:
+        lines += (name, b": ", value, b"\r\n")
+    if origin.authorization is not None:
+        lines += (b"Authorization: ", origin.authorization, b"\r\n")
+    if body_length or method in _LENGTH_WHEN_EMPTY:
+        lines += (b"Content-Length: ", str(body_length).encode("ascii"), b"\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+def mime_type(headers: Headers) -> str:
+    """The media type of a Content-Type header, lower-cased without parameters; aiohttp's default
+    when there is none (pure)."""
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value.split(b";", 1)[0].strip().lower().decode("latin-1") or "application/octet-stream"
+    return "application/octet-stream"
+
+
+class Response:
+    """One upstream response: status and raw headers once `Pool.request` returns, then the body.
+    Used as `async with`: on leaving, the connection goes back to the pool if the body was read to
+    its end, and is closed otherwise (which is how an upstream learns a client went away)."""
+
+    __slots__ = ("_connection", "raw_headers", "status")
+
+    def __init__(self, connection: _Connection, status: int, raw_headers: Headers) -> None:
+        self._connection = connection
+        self.status = status
+        self.raw_headers = raw_headers
+
+    @property
+    def content_type(self) -> str:
+        return mime_type(self.raw_headers)
+
+    async def read_chunk(self) -> bytes:
+        """What has arrived of the body since the last call (waiting for some), b"" at its end."""
+        return await self._connection.read_chunk()
+
+    @property
+    def at_end(self) -> bool:
+        """The whole body has been read (the last chunk may go out as the last one, in one write)."""
+        connection = self._connection
+        return connection.complete and not connection.body
+
+    def release(self) -> None:
+        self._connection.done()
+
+    async def __aenter__(self) -> Response:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self._connection.done()
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection, one exchange at a time."""
+
+    def __init__(self, pool: Pool, origin: Origin) -> None:
+        self.pool = pool
+        self.origin = origin
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.headers: Headers = []
+        self.headers_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.framed = False  # a length or chunked: else the body ends when the connection does
+        self.body: deque[bytes] = deque()
+        self.buffered = 0
+        self.paused = False
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.last_read = 0.0
+        self.released = False
+
+    # --- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.released:  # bytes nobody asked for on a pooled connection: it cannot be trusted again
+            self.close()
+            return
+        self.last_read = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(Disconnected(f"malformed response: {exc}") if not self.headers_done else BodyCut(str(exc)))
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        if self.complete:
+            return
+        if self.headers_done and not self.framed and exc is None:
+            self.complete = True  # a body delimited by the connection's end
+            self._wake()
+        elif self.headers_done:
+            self._fail(BodyCut("the upstream closed the connection in the middle of the response"))
+        else:
+            self._fail(Disconnected("the upstream closed the connection before answering"))
+
+    def pause_writing(self) -> None:  # a large body to an upstream that reads slowly: the transport buffers it
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # --- httptools callbacks ------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+        lowered = name.lower()
+        if lowered == b"content-length" or (lowered == b"transfer-encoding" and b"chunked" in value.lower()):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+        self.keep_alive = self.parser.should_keep_alive()
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.buffered += len(body)
+        if self.buffered > READ_AHEAD_BYTES and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.framed = True
+        self.pool.busy.discard(self)
+        self._wake()
+
+    # --- the exchange -------------------------------------------------------------------------
+
+    async def exchange(self, method: str, target: bytes, headers: Headers, body: bytes) -> Response:
+        self._reset()
+        head = request_head(method, target, self.origin, headers, len(body))
+        assert self.transport is not None
+        try:
+            if len(body) <= JOIN_BODY_BYTES:
+                self.transport.write(head + body)
+            else:
+                self.transport.writelines((head, body))
+        except (RuntimeError, OSError) as exc:  # closing under us (the upstream's FIN was on its way)
+            self.close()
+            raise Disconnected(f"the connection closed before the request was sent: {exc}") from exc
+        self.last_read = self.loop.time()
+        self.pool.watch(self)
+        try:
+            while not self.headers_done:
+                await self._wait()
+        except BaseException:
+            self.close()
+            raise
+        return Response(self, self.parser.get_status_code(), self.headers)
+
+    async def read_chunk(self) -> bytes:
+        try:
+            while not self.body:
+                if self.complete:
+                    return b""
+                await self._wait()
+        except BaseException:
+            self.close()
+            raise
+        chunk = self.body.popleft() if len(self.body) == 1 else b"".join(self._drain())
+        self.buffered = 0 if not self.body else self.buffered - len(chunk)
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.last_read = self.loop.time()
+            self.transport.resume_reading()
+        return chunk
+
+    def _drain(self) -> list[bytes]:
+        chunks = list(self.body)
+        self.body.clear()
+        return chunks
+
+    def done(self) -> None:
+        """The caller is finished with the response: pool the connection, or close it."""
+        if self.released:
+            return
+        self.released = True
+        self.pool.busy.discard(self)
+        if self.complete and self.keep_alive and not self.closed and not self.body:
+            self.pool.put_back(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        self.pool.busy.discard(self)
+        if not self.closed:
+            self.closed = True
+            self.pool.forget(self)
+            if self.transport is not None:
+                self.transport.close()
+
+    async def _wait(self) -> None:
+        if self.error is not None:
+            raise self.error
+        self.waiter = self.loop.create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+        if self.error is not None:
+            raise self.error
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+        self.close()
+
+    def check_silence(self, now: float, timeout: float) -> None:
+        """Fail the exchange if the upstream has sent nothing for `timeout` seconds (aiohttp's
+        sock_read). A paused read is a slow client, not a silent upstream."""
+        if self.paused:
+            self.last_read = now
+        elif now - self.last_read >= timeout:
+            self._fail(TimeoutError(f"the upstream sent nothing for {timeout:g} s"))
+
+
+class Pool:
+    """Keep-alive connections per origin, at most `max_connections` open at once (a request beyond
+    waits for one), each reused only within KEEPALIVE_SECONDS of its last exchange."""
+
+    def __init__(self, max_connections: int, connect_timeout: float, read_timeout: float) -> None:
+        self.max_connections = max_connections
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._idle: dict[str, list[_Connection]] = {}
+        self._open = 0
+        self._all: set[_Connection] = set()
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._origins: dict[str, tuple[Origin, bytes]] = {}
+        self._ssl: ssl.SSLContext | None = None
+        # Connections waiting for an answer, checked for silence by one periodic sweep: a timer per
+        # exchange (or per chunk) cost more than the sweep.
+        self.busy: set[_Connection] = set()
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_seconds = min(1.0, read_timeout / 4)
+
+    async def request(self, method: str, url: str, headers: Headers, body: bytes = b"") -> Response:
+        """Send the request; the response's status and headers have arrived when this returns."""
+        split = self._origins.get(url)
+        if split is None:
+            split = self._origins[url] = split_url(url)
+            if len(self._origins) > 4096:  # gateway URLs follow replicas: never an unbounded cache
+                self._origins.clear()
+        origin, target = split
+        connection = await self._acquire(origin)
+        return await connection.exchange(method, target, headers, body)
+
+    async def _acquire(self, origin: Origin) -> _Connection:
+        while True:
+            idle = self._idle.get(origin.key)
+            if idle:
+                now = idle[-1].loop.time()
+                while idle:
+                    connection = idle.pop()
+                    fresh = now - connection.idle_since < KEEPALIVE_SECONDS
+                    if fresh and not connection.closed and not connection.transport.is_closing():  # type: ignore[union-attr]
+                        return connection
+                    connection.close()
+            if self._open < self.max_connections:
+                break
+            waiter = asyncio.get_running_loop().create_future()  # all connections are busy: rare
+            self._waiting.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
+        self._open += 1
+        connection = _Connection(self, origin)
+        self._all.add(connection)
+        try:
+            await self._connect(connection)
+        except BaseException:
+            self.forget(connection)
+            raise
+        return connection
+
+    async def _connect(self, connection: _Connection) -> None:
+        origin = connection.origin
+        tls: ssl.SSLContext | None = None
+        if origin.scheme == "https":
+            tls = self._ssl = self._ssl or ssl.create_default_context()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await loop.create_connection(
+                    lambda: connection, origin.host, origin.port, ssl=tls, server_hostname=origin.host if tls else None
+                )
+        except OSError as exc:  # ssl.SSLError is one
+            raise ConnectFailed(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
+
+    def watch(self, connection: _Connection) -> None:
+        self.busy.add(connection)
+        if self._sweep is None:
+            self._sweep = connection.loop.call_later(self._sweep_seconds, self._check_silence)
+
+    def _check_silence(self) -> None:
+        self._sweep = None
+        if not self.busy:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for connection in list(self.busy):
+            connection.check_silence(now, self.read_timeout)
+        if self.busy:
+            self._sweep = loop.call_later(self._sweep_seconds, self._check_silence)
+
+    def put_back(self, connection: _Connection) -> None:
+        connection.idle_since = connection.loop.time()  # the next exchange resets the rest
+        self._idle.setdefault(connection.origin.key, []).append(connection)
+        self._wake_one()
+
+    def forget(self, connection: _Connection) -> None:
+        """A connection closed: it no longer counts, and a waiting request may open one."""
+        if connection in self._all:
+            self._all.discard(connection)
+            self._open -= 1
+            idle = self._idle.get(connection.origin.key)
+            if idle and connection in idle:
+                idle.remove(connection)
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        for connection in list(self._all):
+            connection.close()
+        await asyncio.sleep(0)  # let the transports run their connection_lost
