@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import httpx
 
@@ -68,38 +69,57 @@ def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView, h
     # The same two real replicas behind the gateway: while a long stream holds one, the next
     # requests go to the other (least in flight), as the gateway tests show with llama.cpp.
     wait_until(lambda: gateway_replicas(host_gateway, name) == 2, 60, "the gateway routes to both replicas")
+    routed, held = [], []
+    for _ in range(HOLD_ROUNDS):
+        long_pod, sent, last = route_beside_a_long_stream(host_gateway, name)
+        routed.append((long_pod, sent, last))
+        # Only a quick request sent well before the long stream's last chunk was routed while it ran.
+        held += [(long_pod, quick_pod) for at, quick_pod in sent if at + MARGIN < last]
+        if len(held) >= 4:
+            break
+    assert len(held) >= 4, f"too few quick requests sent while the long stream ran: {routed}"
+    assert all(long_pod != quick_pod for long_pod, quick_pod in held), held
+
+
+HOLD_ROUNDS = 8  # long streams at most, until four quick requests were sent beside one
+MARGIN = 0.25  # seconds between sending a quick request and the gateway's routing it, at most
+
+
+def route_beside_a_long_stream(gateway: str, name: str) -> tuple[str, list[tuple[float, str]], float]:
+    """One long stream (it holds one replica) and quick requests sent one after another while it
+    runs: (the long stream's replica, [(when each quick one was sent, its replica)], when the long
+    stream's last chunk came)."""
     long_stream = {"model": name, "messages": QUESTION, "max_tokens": 480, "stream": True, "ignore_eos": True}
-    held_by: dict[str, str] = {}
+    seen: dict[str, Any] = {}
     first_chunk, ended = threading.Event(), threading.Event()
 
-    def hold_one_replica() -> None:
-        url = f"{host_gateway}/v1/chat/completions"
-        with httpx.stream("POST", url, json=long_stream, timeout=300) as answer:
-            held_by["pod"] = answer.headers["x-modelserve-replica"]
+    def hold() -> None:
+        with httpx.stream("POST", f"{gateway}/v1/chat/completions", json=long_stream, timeout=300) as answer:
+            seen["pod"] = answer.headers["x-modelserve-replica"]
             for _ in answer.iter_raw():
+                seen["last"] = time.monotonic()
                 first_chunk.set()
         ended.set()
 
-    holder = threading.Thread(target=hold_one_replica, daemon=True)
+    holder = threading.Thread(target=hold, daemon=True)
     holder.start()
-    # Only a quick request that came back while the long stream still ran was routed while it ran.
-    while_held: list[str] = []
+    sent: list[tuple[float, str]] = []
     try:
         assert first_chunk.wait(120), "the long stream never started"
         for _ in range(4):
+            if ended.is_set():
+                break
+            at = time.monotonic()
             answer = httpx.post(
-                f"{host_gateway}/v1/chat/completions",
+                f"{gateway}/v1/chat/completions",
                 json={"model": name, "messages": QUESTION, "max_tokens": 1},
                 timeout=120,
             )
             assert answer.status_code == 200, answer.text
-            if ended.is_set():
-                break
-            while_held.append(answer.headers["x-modelserve-replica"])
+            sent.append((at, answer.headers["x-modelserve-replica"]))
     finally:
         holder.join(timeout=300)
-    assert while_held, "the long stream ended before a quick request came back: nothing was held"
-    assert held_by["pod"] not in while_held and len(set(while_held)) == 1, (held_by["pod"], while_held)
+    return seen["pod"], sent, seen["last"]
 
 
 def gateway_replicas(gateway: str, model: str) -> float:
