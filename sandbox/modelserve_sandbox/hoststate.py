@@ -73,22 +73,26 @@ class TableDiff:
     rules: tuple[str, ...]  # `-A CHAIN ...` lines that were not there before
 
 
+BUILTIN_CHAINS = frozenset({"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"})
+
+
+def parse_saved(saved: str) -> dict[str, tuple[set[str], Counter[str]]]:
+    """Pure: `iptables-save` output as table -> (its chains, its `-A` rule lines counted)."""
+    tables: dict[str, tuple[set[str], Counter[str]]] = {}
+    current = None
+    for line in saved.splitlines():
+        if line.startswith("*"):
+            current = tables.setdefault(line[1:], (set(), Counter()))
+        elif current is not None and line.startswith(":"):
+            current[0].add(line[1:].split()[0])
+        elif current is not None and line.startswith("-A "):
+            current[1][line] += 1
+    return tables
+
+
 def iptables_additions(before: str, after: str) -> list[TableDiff]:
     """Pure: the chains and rules `after` has that `before` had not, table by table."""
-
-    def parse(saved: str) -> dict[str, tuple[set[str], Counter[str]]]:
-        tables: dict[str, tuple[set[str], Counter[str]]] = {}
-        current = None
-        for line in saved.splitlines():
-            if line.startswith("*"):
-                current = tables.setdefault(line[1:], (set(), Counter()))
-            elif current is not None and line.startswith(":"):
-                current[0].add(line[1:].split()[0])
-            elif current is not None and line.startswith("-A "):
-                current[1][line] += 1
-        return tables
-
-    old, new = parse(before), parse(after)
+    old, new = parse_saved(before), parse_saved(after)
     diffs = []
     for table, (chains, rules) in new.items():
         old_chains, old_rules = old.get(table, (set(), Counter()))
@@ -103,19 +107,12 @@ def emptied_new_tables(before: str, after: str) -> list[str]:
     """Pure: the tables `after` has that `before` had not, now holding no rule and no chain of
     their own (only the built-in ones): the kubelet and kube-proxy made them on a host that had
     none, and they are ours to remove."""
-    builtin = {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"}
-    old = {line[1:] for line in before.splitlines() if line.startswith("*")}
-    tables: dict[str, bool] = {}  # table -> still empty
-    current = None
-    for line in after.splitlines():
-        if line.startswith("*"):
-            current = line[1:]
-            tables[current] = True
-        elif current is not None and (
-            line.startswith("-A ") or (line.startswith(":") and line[1:].split()[0] not in builtin)
-        ):
-            tables[current] = False
-    return [table for table, empty in tables.items() if empty and table not in old]
+    old = parse_saved(before)
+    return [
+        table
+        for table, (chains, rules) in parse_saved(after).items()
+        if table not in old and not rules and chains <= BUILTIN_CHAINS
+    ]
 
 
 def _undo_iptables(command: str, before: str) -> None:
