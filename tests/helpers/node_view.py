@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,23 @@ class NodeView(OperatorView):
         data = json.loads(self.kubectl("get", "secret", secret, "-o", "json").stdout)["data"]
         return base64.b64decode(data[key]).decode()
 
-    def cluster_ip(self, service: str) -> str:
-        return json.loads(self.kubectl("get", "service", service, "-o", "json").stdout)["spec"]["clusterIP"]
+    def cluster_ip(self, service: str, port: int = 80, timeout: float = 60) -> str:
+        """The Service's address once kube-proxy routes it.
+
+        kube-proxy writes a Service's rules on its own sync after the endpoint turns ready, so a
+        ModelServer can read Ready a moment before its ClusterIP takes connections (refused until then).
+        """
+        ip = json.loads(self.kubectl("get", "service", service, "-o", "json").stdout)["spec"]["clusterIP"]
+
+        def accepts() -> bool:
+            try:
+                socket.create_connection((ip, port), timeout=2).close()
+                return True
+            except OSError:
+                return False
+
+        self.wait(accepts, f"kube-proxy routing {service} ({ip}:{port})", timeout)
+        return ip
 
 
 class Timeline:
