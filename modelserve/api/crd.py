@@ -125,6 +125,10 @@ PRINTER_COLUMNS = [
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # -o wide: the images the pods run and whether the operator would now pick newer ones.
+    {"name": "Sidecar", "type": "string", "jsonPath": ".status.versions.sidecar", "priority": 1},
+    {"name": "Engine", "type": "string", "jsonPath": ".status.versions.engine", "priority": 1},
+    {"name": "Upgrade", "type": "string", "jsonPath": ".status.upgrade.available", "priority": 1},
 ]
 
 

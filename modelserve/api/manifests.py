@@ -36,8 +36,10 @@ from modelserve.engines.base import (
     Role,
 )
 
+from . import versions
 from .replicas import desired_replicas
-from .spec import AuthMode, ModelServer
+from .spec import AuthMode, ModelServer, RolloutStrategy
+from .status import Versions
 
 SERVICE_PORT = 80
 KEYS_VOLUME = "api-keys"
@@ -263,6 +265,14 @@ def _pod_template(ms: ModelServer, pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def rolling_update(ms: ModelServer) -> dict[str, int]:
+    """Surge: never take a serving replica away before its replacement can answer (it needs the GPUs
+    of one more replica). Replace: free an old replica's GPUs first, for a cluster with none spare."""
+    if ms.spec.rollout_strategy == RolloutStrategy.REPLACE:
+        return {"maxSurge": 0, "maxUnavailable": 1}
+    return {"maxSurge": 1, "maxUnavailable": 0}
+
+
 def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None) -> dict[str, Any]:
     """`replicas`: the autoscaler's count (None: where it starts, min + buffer)."""
     spec = ms.spec
@@ -277,8 +287,7 @@ def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None)
             "revisionHistoryLimit": 3,
             "progressDeadlineSeconds": settings.startup_seconds,
             "selector": {"matchLabels": {SELECTOR_LABEL: ms.name}},
-            # Never take a serving replica away before its replacement can answer.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(ms)},
             "template": _pod_template(ms, pod),
         },
     }
@@ -331,11 +340,8 @@ def leader_worker_set(ms: ModelServer, settings: Settings, replicas: int | None 
             # name `<name>`: that name is the ModelServer's own Service, and with it taken LeaderWorkerSet
             # makes none, so the leader address (<name>-<group>.<subdomain>.<namespace>) would not resolve.
             "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
-            # As the Deployment's: a new group comes up before an old one goes.
-            "rolloutStrategy": {
-                "type": "RollingUpdate",
-                "rollingUpdateConfiguration": {"maxUnavailable": 0, "maxSurge": 1},
-            },
+            # As the Deployment's: by rolloutStrategy, a new group first or an old one first.
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": rolling_update(ms)},
             "leaderWorkerTemplate": {
                 "size": spec.node_count,
                 # A group is one engine: a pod that restarts has lost its ranks' state, so the whole
@@ -348,11 +354,39 @@ def leader_worker_set(ms: ModelServer, settings: Settings, replicas: int | None 
     }
 
 
-def workload(ms: ModelServer, settings: Settings, replicas: int | None = None) -> dict[str, Any]:
-    """What runs the replicas: a LeaderWorkerSet when one spans nodes, else a Deployment."""
+def _workload(ms: ModelServer, settings: Settings, replicas: int | None = None) -> dict[str, Any]:
     if ms.spec.multi_node:
         return leader_worker_set(ms, settings, replicas)
     return deployment(ms, settings, replicas)
+
+
+def pod_templates(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pod template of a workload: a Deployment's, a LeaderWorkerSet's leaders' and workers'."""
+    if workload["kind"] == LWS_KIND:
+        group = workload["spec"]["leaderWorkerTemplate"]
+        return [group["leaderTemplate"], group["workerTemplate"]]
+    return [workload["spec"]["template"]]
+
+
+def image_versions(ms: ModelServer, settings: Settings, live: dict[str, Any] | None) -> tuple[Versions, Versions, str]:
+    """(the images the operator would run now, those to render, the template hash to record), given
+    the `live` workload of the same kind (None: none yet). See versions.py."""
+    current = versions.operator_versions(ms, settings)
+    placeholder = versions.rendering(settings, ms, versions.PLACEHOLDER)
+    spec_hash = versions.template_hash(pod_templates(_workload(ms, placeholder)))
+    running = versions.recorded(live, serving_pod_template(live) if live else None)
+    return current, versions.in_use(ms, current, live, running, spec_hash), spec_hash
+
+
+def workload(
+    ms: ModelServer, settings: Settings, replicas: int | None = None, live: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What runs the replicas: a LeaderWorkerSet when one spans nodes, else a Deployment. `live`: the
+    one running now, whose images are kept unless the pods are replaced anyway (versions.py)."""
+    _, used, spec_hash = image_versions(ms, settings, live)
+    body = _workload(ms, versions.rendering(settings, ms, used), replicas)
+    body["metadata"]["annotations"] = versions.annotations(used, spec_hash)
+    return body
 
 
 def serving_pod_template(workload: dict[str, Any]) -> dict[str, Any]:
@@ -439,11 +473,13 @@ def generated_key_secret(ms: ModelServer, key: str) -> dict[str, Any] | None:
     return key_secret(_metadata(ms, name), key) if name else None
 
 
-def server_side_applied(ms: ModelServer, settings: Settings, replicas: int | None = None) -> list[dict[str, Any]]:
+def server_side_applied(
+    ms: ModelServer, settings: Settings, replicas: int | None = None, live: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """The children kept in place by server-side apply, in apply order (the key Secret is not one):
-    what the pods mount comes before the workload (a Deployment or a LeaderWorkerSet)."""
+    what the pods mount comes before the workload (a Deployment or a LeaderWorkerSet, `live` now)."""
     mounted = [cache_claim(ms), chat_template_config_map(ms)]
-    return [obj for obj in mounted if obj] + [workload(ms, settings, replicas), service(ms)]
+    return [obj for obj in mounted if obj] + [workload(ms, settings, replicas, live), service(ms)]
 
 
 def owned_objects(ms: ModelServer, settings: Settings, api_key: str) -> list[dict[str, Any]]:

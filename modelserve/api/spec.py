@@ -215,6 +215,20 @@ class AuthMode(StrEnum):
     PUBLIC = "public"
 
 
+class UpgradePolicy(StrEnum):
+    """Whether a new operator release's sidecar and engine images reach a running ModelServer."""
+
+    MANUAL = "Manual"  # kept until the spec changes the pods anyway, or the owner picks Automatic
+    AUTOMATIC = "Automatic"  # taken at once: every pod rolls when the operator is upgraded
+
+
+class RolloutStrategy(StrEnum):
+    """How a change of the pods replaces the running ones."""
+
+    SURGE = "Surge"  # a new pod first, then an old one goes: no capacity lost, needs spare GPUs
+    REPLACE = "Replace"  # an old pod goes first, its GPUs serve the new one: one replica fewer meanwhile
+
+
 class Replicas(WireModel):
     min: int = Field(1, ge=0, le=1000, description="Replicas kept warm at all times (0 allows scale to zero).")
     buffer: int = Field(
@@ -596,6 +610,19 @@ class ModelServerSpec(WireModel):
     )
     shm_size: Quantity | None = Field(
         None, description="Size of the /dev/shm memory volume; unset: the engine's default."
+    )
+    upgrade_policy: UpgradePolicy = Field(
+        UpgradePolicy.MANUAL,
+        description="Manual: an operator upgrade leaves the running pods alone; the sidecar and engine images "
+        "they run are kept (status.upgrade says when newer ones are available) until a change of this spec "
+        "replaces the pods anyway. Automatic: the operator's images are taken at once, rolling every pod.",
+    )
+    rollout_strategy: RolloutStrategy = Field(
+        RolloutStrategy.SURGE,
+        description="How changed pods replace running ones. Surge: a new pod starts before an old one goes "
+        "(no capacity lost; needs the GPUs of one more replica, and waits for them when none are free). "
+        "Replace: an old pod goes first and the new one takes its GPUs (works on a full cluster; one replica "
+        "fewer meanwhile, so with one replica the model is down through the cold start).",
     )
 
     rules = (

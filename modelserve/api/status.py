@@ -49,6 +49,26 @@ class Scaling(BaseModel):
     time: str = Field(description="When (RFC 3339).")
 
 
+class Versions(BaseModel):
+    """The images a ModelServer's pods run (those the operator chooses; a spec.image shows as itself)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    sidecar: str = Field(description="The sidecar's image.")
+    engine: str | None = Field(None, description="The engine's image (none with profile external).")
+
+
+class Upgrade(BaseModel):
+    """Whether the operator would run newer images than the pods do (upgradePolicy Manual keeps them)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    available: Literal["Yes", "No"] = Field(description="Yes: the operator's images differ from those running.")
+    sidecar: str | None = Field(None, description="The sidecar image the operator would run now, when it differs.")
+    engine: str | None = Field(None, description="The engine image the operator would run now, when it differs.")
+    message: str = Field("", description="What the owner can do about it.")
+
+
 class ModelServerStatus(BaseModel):
     """What the operator observed, written to the status subresource."""
 
@@ -87,6 +107,8 @@ class ModelServerStatus(BaseModel):
         None, description="The generated API key's Secret (auth.mode private without auth.secretName)."
     )
     scaling: Scaling | None = Field(None, description="The autoscaler's last change of the replica count.")
+    versions: Versions | None = Field(None, description="The images the pods are made with.")
+    upgrade: Upgrade | None = Field(None, description="Whether newer images are available (operator upgrade).")
 
 
 @dataclass(frozen=True)

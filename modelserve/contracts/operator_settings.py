@@ -3,6 +3,7 @@ reads the same ones, to render what the operator would)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,3 +84,9 @@ class Settings:
 
     def engine_image(self, engine: str, pinned: str) -> str:
         return self.engine_images.get(engine, pinned)
+
+    def with_images(self, sidecar: str, engine: str | None, engine_image: str | None) -> Settings:
+        """These settings with the sidecar's image and one engine's image set (to render the images a
+        ModelServer already runs); `engine` None: the sidecar's only."""
+        images = {f"{engine}_image": engine_image} if engine and engine_image else {}
+        return dataclasses.replace(self, sidecar_image=sidecar, **images)

@@ -21,6 +21,7 @@ from modelserve.api import manifests
 from modelserve.api.spec import ModelServer
 from modelserve.api.status import utc_now
 from modelserve.api.validation import explain
+from modelserve.api.versions import upgrade
 from modelserve.contracts.api_keys import new_api_key
 from modelserve.contracts.names import API_VERSION, KIND, LWS_API_VERSION, LWS_KIND, SELECTOR_LABEL, Key
 from modelserve.contracts.operator_settings import Settings
@@ -140,8 +141,11 @@ class Reconciler:
             self._report(body, previous, missing_kind_status(generation, previous, now, endpoint, LWS_MISSING), now)
             return
         replicas = self.autoscaling.replicas(ms)
-        apply_error, key_generated = self._apply_children(ms, replicas)
         (_, kind), _ = manifests.workload_kinds(ms)
+        # The workload as it runs: its images are kept through an operator upgrade (api/versions.py).
+        live = self.caches.by_kind[kind].get(namespace, name)
+        current, used, _ = manifests.image_versions(ms, self.settings, live)
+        apply_error, key_generated = self._apply_children(ms, replicas, live)
         workload = self.caches.by_kind[kind].get(namespace, name)
         pods = self.caches.by_kind["Pod"].owned_by(namespace, name)
         status = compute_status(
@@ -157,6 +161,8 @@ class Reconciler:
             desired=replicas,
             scaling=self.autoscaling.scaling(ms),
             gateway_endpoint=self.settings.gateway_url or None,
+            versions=used,
+            upgrade=upgrade(current, used),
         )
         self._report(body, previous, status, now)
 
@@ -195,14 +201,14 @@ class Reconciler:
             log.info("%s/%s: %s %s", namespace, name, transition.reason, transition.message)
             self.kube.create(manifests.event(body, transition, now, socket.gethostname()))
 
-    def _apply_children(self, ms: ModelServer, replicas: int) -> tuple[str | None, bool]:
+    def _apply_children(self, ms: ModelServer, replicas: int, live: dict[str, Any] | None) -> tuple[str | None, bool]:
         """Apply every child that does not match: (the API server's refusal, if any, for the
         Degraded message; whether a key Secret was created, i.e. a new key generated)."""
         child, key_generated = "", False
         with self._matched_guard:
             matched = self._matched.setdefault((ms.namespace, ms.name), {})
         try:
-            for manifest in manifests.server_side_applied(ms, self.settings, replicas):
+            for manifest in manifests.server_side_applied(ms, self.settings, replicas, live):
                 child = f"{manifest['kind']} {manifest['metadata']['name']}"
                 live = self.caches.by_kind[manifest["kind"]].get(ms.namespace, manifest["metadata"]["name"])
                 desired = fingerprint(manifest)

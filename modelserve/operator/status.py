@@ -11,7 +11,7 @@ from typing import Any
 
 from modelserve.api.replicas import desired_replicas
 from modelserve.api.spec import ModelServer
-from modelserve.api.status import Condition, KeySecretStatus, ModelServerStatus, Scaling, Transition
+from modelserve.api.status import Condition, KeySecretStatus, ModelServerStatus, Scaling, Transition, Upgrade, Versions
 from modelserve.contracts.names import LWS_GROUP_INDEX_LABEL, LWS_WORKER_INDEX_LABEL, SELECTOR_LABEL
 from modelserve.kube.pods import pod_ready
 
@@ -112,6 +112,20 @@ def _waiting(workload: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Pro
     return Problem("Scheduling", "waiting for the scheduler to place the pods")
 
 
+WAITING_FOR_GPUS = "WaitingForGPUs"
+
+
+def _waiting_for_gpus(ms: ModelServer, problem: Problem) -> Problem:
+    """A rollout whose new pod finds no free GPUs: say so plainly, and what would unblock it."""
+    advice = (
+        "rolloutStrategy Surge starts each new pod before an old one goes, so it needs the GPUs of one more "
+        "replica: free some, or set spec.rolloutStrategy to Replace (an old pod goes first and gives its GPUs)"
+        if ms.spec.rollout_strategy == "Surge"
+        else "rolloutStrategy Replace frees an old pod's GPUs first; other pods took them meanwhile"
+    )
+    return Problem(WAITING_FOR_GPUS, f"the rollout is waiting for GPUs: {advice}. {problem.message}")
+
+
 def _condition(type_: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
     """A condition as of now; `_timed` keeps the previous transition time where the status held."""
     return Condition(
@@ -137,6 +151,8 @@ def compute_status(
     desired: int | None = None,
     scaling: Scaling | None = None,
     gateway_endpoint: str | None = None,
+    versions: Versions | None = None,
+    upgrade: Upgrade | None = None,
 ) -> dict[str, Any]:
     """The status to write, in wire form. `previous` keeps lastTransitionTime of unchanged conditions.
     `desired`: the autoscaler's replica count (None: min + buffer); `scaling`: its last decision.
@@ -157,6 +173,9 @@ def compute_status(
     )
     problem = Problem("ApplyFailed", apply_error) if apply_error else first_problem(ms, workload, pods)
     waiting = _waiting(workload, pods)
+    if problem and problem.reason == "InsufficientGPU" and ready >= desired > 0 and not rolled_out:
+        # Every replica still serves: only the rollout's new pod waits (Surge needs spare GPUs).
+        waiting, problem = _waiting_for_gpus(ms, problem), None
 
     if apply_error:
         # Ready means a client reaches the model through status.endpoint: not while a child the
@@ -172,6 +191,8 @@ def compute_status(
         ready_condition = _condition("Ready", False, cause.reason, cause.message, generation)
     if rolled_out:
         progressing = _condition("Progressing", False, "Complete", f"{desired} replicas up to date", generation)
+    elif waiting.reason == WAITING_FOR_GPUS:
+        progressing = _condition("Progressing", True, waiting.reason, waiting.message, generation)
     elif ready >= desired > 0:
         progressing = _condition("Progressing", True, "RollingUpdate", "replacing replicas", generation)
     else:
@@ -204,6 +225,8 @@ def compute_status(
         desired_replicas=desired,
         scaling=scaling,
         selector=scale_selector(ms),
+        versions=versions,
+        upgrade=upgrade,
     )
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 

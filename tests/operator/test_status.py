@@ -320,3 +320,20 @@ def test_without_the_leader_worker_set_crd_the_model_is_degraded_and_says_what_t
     assert status["phase"] == "Degraded" and status["endpoint"] == ENDPOINT
     (warning,) = [t for t in transitions(None, status) if t.type == "Warning"]
     assert warning.reason == "LeaderWorkerSetMissing" and "install the LeaderWorkerSet release" in warning.message
+
+
+def test_a_surge_pod_without_gpus_while_every_replica_serves_says_the_rollout_waits_for_gpus() -> None:
+    # One replica ready on the old template; the rollout's new pod finds no free GPU.
+    deployment = _deployment(replicas=2, ready=1, updated=1)
+    pods = [_pod("m-old", "n", conditions=READY), _pod("m-new", phase="Pending", conditions=_unschedulable())]
+    status = _status(_ms(), deployment, pods, desired=1)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert status["phase"] == "Updating"
+    assert (conditions["Progressing"]["status"], conditions["Progressing"]["reason"]) == ("True", "WaitingForGPUs")
+    assert "waiting for GPUs" in conditions["Progressing"]["message"]
+    assert "rolloutStrategy to Replace" in conditions["Progressing"]["message"]
+    assert SCHEDULER_MESSAGE in conditions["Progressing"]["message"]
+    assert conditions["Degraded"]["status"] == "False" and conditions["Ready"]["status"] == "True"
+    replace = _status(_ms(rolloutStrategy="Replace"), deployment, pods, desired=1)
+    waiting = next(c for c in replace["conditions"] if c["type"] == "Progressing")
+    assert waiting["reason"] == "WaitingForGPUs" and "Replace frees an old pod's GPUs" in waiting["message"]

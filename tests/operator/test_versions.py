@@ -1,0 +1,103 @@
+"""Images kept through an operator upgrade (api/versions.py), from plain manifests: the workload the
+old operator made is the `live` one the new operator renders against."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from modelserve.api import manifests, versions
+from modelserve.api.spec import ModelServer
+from modelserve.contracts.operator_settings import Settings
+
+OLD = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
+NEW = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.2.0", vllm_image="vllm/vllm-openai:v9.9.9")
+
+
+def _ms(**spec: Any) -> ModelServer:
+    return ModelServer.from_manifest(
+        {
+            "apiVersion": "serving.modelserve.dev/v1alpha1",
+            "kind": "ModelServer",
+            "metadata": {"name": "m", "namespace": "ns", "uid": "u"},
+            "spec": {"model": "LiquidAI/LFM2-1.2B", **spec},
+        }
+    )
+
+
+def _images(workload: dict[str, Any]) -> dict[str, str]:
+    return {c["name"]: c["image"] for c in manifests.serving_pod_template(workload)["spec"]["containers"]}
+
+
+def test_a_new_modelserver_gets_the_operators_images() -> None:
+    workload = manifests.workload(_ms(), NEW)
+    assert _images(workload) == {"engine": "vllm/vllm-openai:v9.9.9", "sidecar": NEW.sidecar_image}
+    recorded = json.loads(workload["metadata"]["annotations"][versions.VERSIONS_ANNOTATION])
+    assert recorded == {"sidecar": NEW.sidecar_image, "engine": "vllm/vllm-openai:v9.9.9"}
+
+
+def test_an_operator_upgrade_leaves_the_pod_template_byte_identical_and_reports_the_upgrade() -> None:
+    ms = _ms()
+    live = manifests.workload(ms, OLD)
+    after = manifests.workload(ms, NEW, live=live)
+    assert after["spec"]["template"] == live["spec"]["template"]  # nothing rolls
+    current, used, _ = manifests.image_versions(ms, NEW, live)
+    assert used.sidecar == OLD.sidecar_image and used.engine != "vllm/vllm-openai:v9.9.9"
+    upgrade = versions.upgrade(current, used)
+    assert (upgrade.available, upgrade.sidecar, upgrade.engine) == ("Yes", NEW.sidecar_image, "vllm/vllm-openai:v9.9.9")
+    assert versions.upgrade(current, current).available == "No"
+
+
+def test_a_workload_made_before_the_annotation_keeps_the_images_its_containers_run() -> None:
+    ms = _ms()
+    live = manifests.workload(ms, OLD)
+    del live["metadata"]["annotations"]
+    assert manifests.workload(ms, NEW, live=live)["spec"]["template"] == live["spec"]["template"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"maxModelLen": 4096}, {"image": "my/vllm:custom"}, {"upgradePolicy": "Automatic"}],
+    ids=["spec-change-rolls-anyway", "own-image", "automatic"],
+)
+def test_the_new_images_come_when_the_pods_roll_anyway_or_the_owner_opts_in(change: dict[str, Any]) -> None:
+    live = manifests.workload(_ms(), OLD)
+    after = manifests.workload(_ms(**change), NEW, live=live)
+    assert _images(after)["sidecar"] == NEW.sidecar_image
+    assert _images(after)["engine"] == change.get("image", "vllm/vllm-openai:v9.9.9")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"replicas": {"min": 2, "max": 4}}, {"rolloutStrategy": "Replace"}, {"upgradePolicy": "Manual"}],
+    ids=["replicas", "rollout-strategy", "manual"],
+)
+def test_changes_that_do_not_touch_the_pods_keep_the_images(change: dict[str, Any]) -> None:
+    live = manifests.workload(_ms(), OLD)
+    after = manifests.workload(_ms(**change), NEW, live=live)
+    assert after["spec"]["template"] == live["spec"]["template"]
+
+
+def test_once_pinned_later_reconciles_keep_the_pinned_images() -> None:
+    ms = _ms()
+    applied = manifests.workload(ms, NEW, live=manifests.workload(ms, OLD))
+    again = manifests.workload(ms, NEW, live=copy.deepcopy(applied))
+    assert again == applied
+
+
+def test_a_multi_node_group_keeps_the_images_of_leaders_and_workers() -> None:
+    ms = _ms(gpus=16, nodes=2)
+    live = manifests.workload(ms, OLD)
+    after = manifests.workload(ms, NEW, live=live)
+    assert manifests.pod_templates(after) == manifests.pod_templates(live)
+
+
+def test_rollout_strategy_surge_or_replace() -> None:
+    surge = manifests.workload(_ms(), NEW)["spec"]["strategy"]["rollingUpdate"]
+    replace = manifests.workload(_ms(rolloutStrategy="Replace"), NEW)["spec"]["strategy"]["rollingUpdate"]
+    assert (surge, replace) == ({"maxSurge": 1, "maxUnavailable": 0}, {"maxSurge": 0, "maxUnavailable": 1})
+    group = manifests.workload(_ms(gpus=16, nodes=2, rolloutStrategy="Replace"), NEW)
+    assert group["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 0, "maxUnavailable": 1}
