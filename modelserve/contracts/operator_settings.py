@@ -35,6 +35,20 @@ def _addresses(raw: str) -> tuple[str, ...]:
     return addresses
 
 
+def _lease(raw: str) -> str:
+    namespace, _, name = raw.partition("/")
+    if not namespace or not name or "/" in name:
+        raise ValueError("must be <namespace>/<name> of a coordination.k8s.io Lease")
+    return raw
+
+
+def _lease_seconds(raw: str) -> float:
+    value = non_negative_float(raw)
+    if value < 3:
+        raise ValueError("must be at least 3 seconds")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the operator needs besides the ModelServer itself."""
@@ -70,6 +84,12 @@ class Settings:
     # host:port of gateways that are not pods (the sandbox runs one on the host), comma-separated;
     # their held requests count as well.
     gateway_addresses: tuple[str, ...] = env_setting("MODELSERVE_GATEWAY_ADDRESSES", _addresses, default=())
+
+    # Leader election: every replica campaigns for this Lease (<namespace>/<name>) and only its holder
+    # reconciles, autoscales and wakes models at zero. Empty: no election (one replica only).
+    leader_election_lease: str = env_setting("MODELSERVE_LEADER_ELECTION_LEASE", _lease, default="")
+    # A leader silent this long is replaced (renewed every 2/15 of it, given up after 2/3 unrenewed).
+    lease_seconds: float = env_setting("MODELSERVE_LEASE_SECONDS", _lease_seconds, default=15.0)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:

@@ -34,6 +34,7 @@ PLURALS = {
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
+    ("coordination.k8s.io/v1", "Lease"): "leases",
     (API_VERSION, KIND): PLURAL,
     (LWS_API_VERSION, LWS_KIND): LWS_PLURAL,
 }
@@ -196,6 +197,21 @@ class Kube:
             raise
         return True
 
+    def create_returning(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """POST, returning what the API server stored (409 raised when it exists)."""
+        meta = manifest["metadata"]
+        return self._call("POST", path(manifest["apiVersion"], manifest["kind"], meta["namespace"]), body=manifest)
+
+    def update(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """PUT of a whole object read before (its metadata.resourceVersion: 409 raised when it changed since)."""
+        meta = manifest["metadata"]
+        return self._call(
+            "PUT",
+            path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]),
+            [("fieldManager", self.field_manager)],
+            body=manifest,
+        )
+
     def _server_side_apply(self, manifest: dict[str, Any], dry_run: bool) -> dict[str, Any]:
         meta = manifest["metadata"]
         query = [("fieldManager", self.field_manager), ("force", "true")]
@@ -236,13 +252,7 @@ class Kube:
     def _replace(self, manifest: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
         meta = manifest["metadata"]
         # The API server keeps what it allocated (a Service's clusterIP) when the new object leaves it out.
-        body = {**manifest, "metadata": {**meta, "resourceVersion": live["metadata"]["resourceVersion"]}}
-        return self._call(
-            "PUT",
-            path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]),
-            [("fieldManager", self.field_manager)],
-            body=body,
-        )
+        return self.update({**manifest, "metadata": {**meta, "resourceVersion": live["metadata"]["resourceVersion"]}})
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         """Delete one object, its dependents after it (background); False when it was gone already."""

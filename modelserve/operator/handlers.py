@@ -10,7 +10,10 @@ added, so deleting a ModelServer never waits for the operator and an unchanged o
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import uuid
 from typing import Any
 
 import kopf
@@ -19,6 +22,7 @@ from modelserve.contracts.gateway import GATEWAY_LABEL
 from modelserve.contracts.names import LWS_API_VERSION, LWS_KIND
 from modelserve.contracts.operator_settings import Settings
 from modelserve.kube.apply import Kube, api_client
+from modelserve.kube.lease import Elector, Timing
 from modelserve.kube.watch_cache import API_RETRY_BACKOFFS, WatchCache, Watched
 from modelserve.kube.workqueue import WorkQueue
 
@@ -64,28 +68,63 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     if operator_settings.metrics_port:
         metrics.serve(operator_settings.metrics_port)
     memo.gateways = gateways
-    for cache in [*caches.all(), *([gateways] if gateways else [])]:
+    memo.elector = elector(kube, operator_settings)
+    memo.stopping, memo.started = threading.Event(), threading.Event()
+    memo.keeper = None
+    threading.Thread(target=_lead_then_run, args=(memo,), name="modelserve-leading", daemon=True).start()
+
+
+def elector(kube: Kube, settings: Settings) -> Elector | None:
+    """This replica's campaign for the Lease, when the operator runs with leader election."""
+    if not settings.leader_election_lease:
+        return None
+    namespace, _, name = settings.leader_election_lease.partition("/")
+    # The pid names the process beside others on one host; the suffix makes a restarted container a new candidate.
+    identity = f"{socket.gethostname()}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    return Elector(kube, namespace, name, identity, Timing.for_lease(settings.lease_seconds))
+
+
+def _lead_then_run(memo: kopf.Memo) -> None:
+    """Campaign (with leader election), then start the caches; reconcile, resync and autoscale only
+    once every cache has listed: a child not yet listed would look missing. A standby holds no cache."""
+    if memo.elector is not None:
+        if not memo.elector.campaign(memo.stopping):
+            return
+        memo.keeper = threading.Thread(
+            target=memo.elector.keep, args=(memo.stopping, _step_down), name="modelserve-lease", daemon=True
+        )
+        memo.keeper.start()
+    for cache in [*memo.caches.all(), *([memo.gateways] if memo.gateways else [])]:
         cache.start()
-    # Reconcile only once every cache has listed: a child not yet listed would look missing.
-    threading.Thread(target=_start_when_listed, args=(memo,), name="modelserve-listed", daemon=True).start()
-
-
-def _start_when_listed(memo: kopf.Memo) -> None:
     for cache in memo.caches.all():
         while not cache.wait_listed(LISTED_LOG_SECONDS):
             log.warning("still waiting for the first list of %s", cache.watched.kind)
+    if memo.stopping.is_set():
+        return
     memo.queue.start(memo.reconciler.reconcile)
     memo.resync.start()
     memo.autoscaling.start()
+    memo.started.set()
+
+
+def _step_down() -> None:
+    # As controller-runtime does: a replica that lost the Lease may have reconciles in flight that
+    # another leader now races; it ends at once, and restarts (the kubelet) as a standby.
+    os._exit(1)
 
 
 @kopf.on.cleanup()
 def stop(memo: kopf.Memo, **_: Any) -> None:
-    memo.autoscaling.stop()
-    memo.resync.stop()
-    memo.queue.stop()
+    if memo.started.is_set():
+        memo.autoscaling.stop()
+        memo.resync.stop()
+        memo.queue.stop()
     for cache in [*memo.caches.all(), *([memo.gateways] if memo.gateways else [])]:
         cache.stop()
+    # Last: the Lease is released (a standby takes over at its next try) once nothing writes any more.
+    memo.stopping.set()
+    if memo.keeper is not None:
+        memo.keeper.join(timeout=10)
 
 
 def gateway_pods(kube: Kube, namespace: str) -> WatchCache | None:

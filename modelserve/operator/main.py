@@ -1,4 +1,5 @@
-"""`modelserve-operator`: run the operator (kopf, standalone: one replica, no peering)."""
+"""`modelserve-operator`: run the operator (kopf, standalone: no kopf peering; with
+MODELSERVE_LEADER_ELECTION_LEASE set, replicas elect a leader on that Lease)."""
 
 from __future__ import annotations
 
