@@ -170,7 +170,17 @@ def test_operator_deployment_is_hardened(helm: Helm) -> None:
     rendered = helm(*template_args("ms", "modelserve-system")).stdout
     deployment = _deployment(rendered, "operator")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Two pods electing a leader: a rolling update never leaves none, a node's loss leaves a standby.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    (preferred,) = spec["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert preferred["podAffinityTerm"]["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    (budget,) = by_kind(rendered, "PodDisruptionBudget")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": spec["selector"]}
+    single = helm(*template_args("ms", "modelserve-system", "operator.replicas=1")).stdout
+    assert _deployment(single, "operator")["spec"]["replicas"] == 1 and not by_kind(single, "PodDisruptionBudget")
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -203,6 +213,7 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
             "operator.resyncSeconds=30",
             "operator.clusterDomain=example.internal",
             "operator.metricsPort=9100",
+            "operator.leaseSeconds=20",
             "engines.vllm.image=mirror.example/vllm-openai:v9",
             "engines.llamacpp.image=mirror.example/llama:b1",
         )
@@ -220,6 +231,8 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
         metrics_port=9100,
         gateway_url="http://ms-modelserve-gateway.modelserve-system.svc.example.internal/v1",
         gateway_pod_namespace="modelserve-system",
+        leader_election_lease="modelserve-system/ms-modelserve",
+        lease_seconds=20.0,
     )
     assert all(name.startswith("MODELSERVE_") for name in env)
 

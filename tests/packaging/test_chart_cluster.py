@@ -44,15 +44,18 @@ def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str,
         "CustomResourceDefinition",
         "Deployment",
         "NetworkPolicy",
+        "PodDisruptionBudget",  # the operator's two pods
+        "Role",  # leader election's, in the release namespace
+        "RoleBinding",
         "Service",  # the gateway's
         "ServiceAccount",
-    } | ({"Role", "RoleBinding"} if scope == "watched-namespaces" else set())
+    }
     assert set(kinds) == expected
     result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert result.returncode == 0, result.stderr
     # Per watched namespace, the operator's Role and the gateway's (the release's namespace is
-    # watched, so the operator needs no extra Role there to read the gateway's pods).
-    assert len(by_kind(rendered, "Role")) == (4 if scope == "watched-namespaces" else 0)
+    # watched, so the operator needs no extra Role there to read the gateway's pods); and leader election's.
+    assert len(by_kind(rendered, "Role")) == (5 if scope == "watched-namespaces" else 1)
     assert len(by_kind(rendered, "NetworkPolicy")) == (2 if scope == "watched-namespaces" else 1)
 
 
@@ -63,7 +66,7 @@ def test_install_and_uninstall(cluster: Cluster, namespace: str) -> None:
     assert "kubectl get ms -n default -w" in installed.stdout  # NOTES.txt tells what to do next
     try:
         deployment = json.loads(cluster.kubectl("get", "deployment", release, "-n", namespace, "-o", "json").stdout)
-        assert deployment["status"]["readyReplicas"] == 1  # KWOK ran the pod; --wait saw it Ready
+        assert deployment["status"]["readyReplicas"] == 2  # KWOK ran the pods; --wait saw them Ready
         for kind in ("clusterrole", "clusterrolebinding"):
             cluster.kubectl("get", kind, release)
         cluster.kubectl("get", "crd", "modelservers.serving.modelserve.dev")

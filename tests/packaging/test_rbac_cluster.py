@@ -111,11 +111,14 @@ def run_operator_to_ready(cluster: Cluster, install: Install, app_namespace: str
         for d in yaml.safe_load_all(rendered)
         if d and d["kind"] == "Deployment" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
     )
-    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
     # Its liveness endpoint on a free loopback port instead of the pod's 0.0.0.0:8080.
     liveness = f"http://127.0.0.1:{free_ports(1)[0]}/healthz"
     args = [f"--liveness={liveness}" if arg.startswith("--liveness=") else arg for arg in args]
-    env = {**cluster.env, "KUBECONFIG": str(kubeconfig)}
+    # It leads only once it holds the chart's Lease: the Role for it is exercised too.
+    (lease,) = [var for var in container["env"] if var["name"] == "MODELSERVE_LEADER_ELECTION_LEASE"]
+    env = {**cluster.env, "KUBECONFIG": str(kubeconfig), lease["name"]: lease["value"]}
     process = start_process("operator", [str(OPERATOR), *args], workdir, env=env)
     log = workdir / "operator.log"
     try:
