@@ -2,17 +2,22 @@
 
 - crds/modelserver.yaml and its chart copy, from the spec model (modelserve.api.crd);
 - README.md's spec reference table (modelserve.api.spec_table);
-- tests/operator/golden/*.yaml, each example's manifest set (review the diff: it is what users get).
+- tests/operator/golden/*.yaml, each example's manifest set (review the diff: it is what users get);
+- tests/fixtures/sidecar-contract/<version>.json, this release's side of the operator-sidecar
+  contract (earlier releases' stay: the next release's N-1 tests read them).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from modelserve import __version__
 from modelserve.api import crd, spec_table
+from modelserve.contracts import sidecar
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_FILES = (REPO / "crds" / "modelserver.yaml", REPO / "charts" / "modelserve" / "crds" / "modelserver.yaml")
@@ -29,6 +34,9 @@ def main() -> int:
         write(path, crd.render())
     readme = REPO / "README.md"
     write(readme, spec_table.updated(readme.read_text()))
+    contract = REPO / "tests" / "fixtures" / "sidecar-contract" / f"{__version__}.json"
+    contract.parent.mkdir(exist_ok=True)
+    write(contract, json.dumps(sidecar.record(), indent=2) + "\n")
     golden = subprocess.run(
         [
             sys.executable,

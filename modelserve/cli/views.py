@@ -72,6 +72,20 @@ def list_table(items: list[dict[str, Any]], now: datetime, all_namespaces: bool)
     return table(header, rows)
 
 
+def _versions(status: dict[str, Any]) -> list[str]:
+    """The images the pods run, and the newer ones an operator upgrade kept back (upgradePolicy Manual)."""
+    versions, upgrade = status.get("versions") or {}, status.get("upgrade") or {}
+    lines = [
+        f"{label:<12}{versions[key]}"
+        for label, key in (("Sidecar:", "sidecar"), ("Engine:", "engine"))
+        if versions.get(key)
+    ]
+    if upgrade.get("available") == "Yes":
+        newer = ", ".join(image for image in (upgrade.get("sidecar"), upgrade.get("engine")) if image)
+        lines.append(f"Upgrade:    available: {newer} ({upgrade.get('message', '')})")
+    return lines
+
+
 def show(ms: dict[str, Any]) -> str:
     """The model, how it is served and where, in the order `ollama show` reads; never a key."""
     spec, status, meta = ms.get("spec") or {}, ms.get("status") or {}, ms["metadata"]
@@ -95,6 +109,7 @@ def show(ms: dict[str, Any]) -> str:
     lines.append(f"Endpoint:   {status.get('endpoint') or '(none yet)'}")
     if status.get("gatewayEndpoint"):
         lines.append(f"Gateway:    {status['gatewayEndpoint']}")
+    lines += _versions(status)
     if where is None:
         lines.append("API key:    none needed (auth.mode public)")
     else:

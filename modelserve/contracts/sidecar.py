@@ -33,6 +33,15 @@ from .env import (
     route,
 )
 
+# The operator-sidecar contract's version. An operator upgrade keeps running pods on their sidecar
+# (upgradePolicy Manual), so release N's operator manages sidecars of release N-1. The rule:
+# - N reads only what N-1 serves: the routes below and PodLoad's fields; new fields are optional;
+# - N renders into a pod no variable that N-1 does not read, but at its default (OMITTED_AT_DEFAULT),
+#   which leaves it out of the pod (a pod made before the images were recorded may meet N's rendering);
+# - a route, field or variable N-1 relies on is removed or changes meaning only with CONTRACT_VERSION
+#   raised, and only once no supported sidecar (this version and the one before) relies on it.
+# Each release's record (`record()`, written by `make generate`) is kept in tests/fixtures/sidecar-contract/.
+CONTRACT_VERSION = 1
 LISTEN_PORT = 8080
 KEYS_DIR = "/etc/modelserve/keys"
 # The sidecar's own routes: the operator points the kubelet's probes at them.
@@ -206,3 +215,13 @@ class Settings:
                 continue
             env[setting.metadata["env"]] = setting.metadata["render"](value)
         return env
+
+
+def record() -> dict[str, Any]:
+    """This release's side of the contract, as the N-1 tests of the next release read it."""
+    return {
+        "contract": CONTRACT_VERSION,
+        "variables": sorted(setting.metadata["env"] for setting in dataclasses.fields(Settings)),
+        "routes": sorted(OWN_ROUTES),
+        "load": PodLoad(in_flight=3, arrivals=17, seconds_since_arrival=1.5).to_json(),
+    }

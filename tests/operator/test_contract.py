@@ -3,11 +3,13 @@ spec said, through the sidecar's own settings loader."""
 
 from __future__ import annotations
 
+import json
 import typing
 from pathlib import Path
 
 import pytest
 
+from modelserve import __version__
 from modelserve.api import manifests
 from modelserve.api.spec import AuthMode, ModelServer, SamplingDefaults
 from modelserve.contracts import sidecar as contract
@@ -131,3 +133,36 @@ def test_only_llama_cpp_reads_repetition_penalty_under_its_own_name() -> None:
     assert _sidecar_env(cpu)["MODELSERVE_SAMPLING_ALIASES"] == '{"repetition_penalty":"repeat_penalty"}'
     gpu = ModelServer.from_manifest(examples()["lfm2-1.2b"])
     assert "MODELSERVE_SAMPLING_ALIASES" not in _sidecar_env(gpu)
+
+
+CONTRACT_RECORDS = Path(__file__).parents[1] / "fixtures" / "sidecar-contract"
+
+
+def _release(path: Path) -> tuple[int, ...]:
+    return tuple(int(part) for part in path.stem.split("."))
+
+
+def _previous_record() -> dict:
+    """The sidecar of release N-1 as recorded: the newest record older than this release (this
+    release's own while it is the first)."""
+    this = tuple(int(part) for part in __version__.split(".")[:3])
+    older = sorted((p for p in CONTRACT_RECORDS.glob("*.json") if _release(p) < this), key=_release)
+    return json.loads((older[-1] if older else CONTRACT_RECORDS / f"{__version__}.json").read_text())
+
+
+def test_this_releases_contract_record_is_what_the_code_says() -> None:
+    # `make generate` writes it; a change of the contract without it fails here.
+    assert json.loads((CONTRACT_RECORDS / f"{__version__}.json").read_text()) == contract.record()
+
+
+def test_the_operator_manages_a_sidecar_one_release_older() -> None:
+    previous = _previous_record()
+    assert previous["contract"] >= contract.CONTRACT_VERSION - 1
+    # The autoscaler reads every pod's load, and the kubelet probes kept pods, on N-1's routes.
+    assert {contract.LOAD_ROUTE, contract.HEALTH_ROUTE, contract.READY_ROUTE} <= set(previous["routes"])
+    assert contract.PodLoad.from_json(previous["load"]) == contract.PodLoad(3, 17, 1.5)
+    # What this operator renders for every example and variant, an N-1 sidecar reads all of.
+    for _, manifest in _cases():
+        ms = ModelServer.from_manifest({**manifest, "metadata": {**manifest["metadata"], "namespace": "n", "uid": "u"}})
+        unknown = set(_sidecar_env(ms)) - set(previous["variables"])
+        assert not unknown, f"{ms.name}: variables a sidecar of the previous release does not read: {unknown}"

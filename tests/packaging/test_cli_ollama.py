@@ -148,6 +148,15 @@ def test_show_says_the_model_settings_status_endpoints_and_where_the_key_is() ->
     assert "API key:    in Secret team-keys\n" in named
 
 
+def test_show_says_which_images_run_and_which_an_upgrade_kept_back() -> None:
+    ms = model_server("chatty")
+    ms["status"]["versions"] = {"sidecar": "ghcr.io/modelserve/modelserve:0.1.0", "engine": "llama:b1"}
+    assert "Sidecar:    ghcr.io/modelserve/modelserve:0.1.0\nEngine:     llama:b1\n" in cli_views.show(ms)
+    assert "Upgrade:" not in cli_views.show(ms)
+    ms["status"]["upgrade"] = {"available": "Yes", "sidecar": "ghcr.io/modelserve/modelserve:0.2.0", "message": "m"}
+    assert "Upgrade:    available: ghcr.io/modelserve/modelserve:0.2.0 (m)\n" in cli_views.show(ms)
+
+
 def test_the_key_comes_from_the_secret_the_modelserver_names() -> None:
     assert cli_cluster.key_secret(model_server("chatty")) == ("chatty-api-keys", "api-key")
     assert cli_cluster.key_secret(model_server("t", auth={"mode": "private", "secretName": "keys"})) == ("keys", "")
