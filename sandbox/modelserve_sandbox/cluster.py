@@ -235,6 +235,13 @@ class Cluster:
             stop_process(self._processes[name])
         self._processes.clear()
 
+    def import_image(self, archive: Path) -> None:
+        """Import an image archive (docker save or OCI) into the real node's containerd, as the images
+        built for it are (e.g. one a test made, such as a version-bumped image)."""
+        if self._real_node is None:
+            raise RuntimeError("this cluster has no real node")
+        self._real_node.import_image(archive)
+
     def restart_apiserver(self, down_seconds: float) -> None:
         """Stop kube-apiserver, leave it down this long, start it again (an outage, for tests)."""
         stop_process(self._processes.pop("kube-apiserver"))

@@ -303,7 +303,10 @@ class RealNode:
 
     def _import_images(self) -> None:
         for archive in self.archives:
-            self._ctr("images", "import", str(archive), timeout=300)
+            self.import_image(archive)
+
+    def import_image(self, archive: Path) -> None:
+        self._ctr("images", "import", str(archive), timeout=300)
 
     def _ctr(self, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run(
