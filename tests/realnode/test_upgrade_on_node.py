@@ -95,9 +95,14 @@ def test_helm_upgrade_restarts_no_model_and_opting_in_rolls_one(node_cluster: Cl
         assert _pods(view, "kept") == before["kept"]
 
         # Failover: the leader's pod goes (its container stops, releasing the Lease); the standby leads.
-        lease = json.loads(
-            node_cluster.kubectl("get", "lease", f"{release}-modelserve", "-n", system, "-o", "json").stdout
-        )
+        (deployment,) = json.loads(
+            node_cluster.kubectl(
+                "get", "deployment", "-n", system, "-l", "app.kubernetes.io/component=operator", "-o", "json"
+            ).stdout
+        )["items"]
+        env = {v["name"]: v.get("value") for v in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        lease_namespace, lease_name = env["MODELSERVE_LEADER_ELECTION_LEASE"].split("/")
+        lease = json.loads(node_cluster.kubectl("get", "lease", lease_name, "-n", lease_namespace, "-o", "json").stdout)
         holder = lease["spec"]["holderIdentity"]
         (leader,) = [p for p in _operator_pods(node_cluster, system) if holder.startswith(f"{p['metadata']['name']}_")]
         node_cluster.kubectl("delete", "pod", leader["metadata"]["name"], "-n", system, "--wait=false")
