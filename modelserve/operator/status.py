@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelserve.api.replicas import desired_replicas
-from modelserve.api.spec import ModelServer
+from modelserve.api.spec import ModelServer, RolloutStrategy
 from modelserve.api.status import Condition, KeySecretStatus, ModelServerStatus, Scaling, Transition, Upgrade, Versions
 from modelserve.contracts.names import LWS_GROUP_INDEX_LABEL, LWS_WORKER_INDEX_LABEL, SELECTOR_LABEL
 from modelserve.kube.pods import pod_ready
@@ -120,7 +120,7 @@ def _waiting_for_gpus(ms: ModelServer, problem: Problem) -> Problem:
     advice = (
         "rolloutStrategy Surge starts each new pod before an old one goes, so it needs the GPUs of one more "
         "replica: free some, or set spec.rolloutStrategy to Replace (an old pod goes first and gives its GPUs)"
-        if ms.spec.rollout_strategy == "Surge"
+        if ms.spec.rollout_strategy == RolloutStrategy.SURGE
         else "rolloutStrategy Replace frees an old pod's GPUs first; other pods took them meanwhile"
     )
     return Problem(WAITING_FOR_GPUS, f"the rollout is waiting for GPUs: {advice}. {problem.message}")
@@ -332,6 +332,11 @@ def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> lis
     if key_before.get("name") == key.get("name") and key != key_before:
         # Clients holding the old key now get 401: say so where users look, not only in the log.
         out.append(Transition("Warning", "APIKeyRegenerated", key["message"]))
+    upgrade = current.get("upgrade") or {}
+    if upgrade.get("available") == "Yes" and upgrade != (previous or {}).get("upgrade"):
+        # An operator upgrade kept this ModelServer's images: say so where `kubectl describe` looks.
+        newer = ", ".join(image for image in (upgrade.get("sidecar"), upgrade.get("engine")) if image)
+        out.append(Transition("Normal", "UpgradeAvailable", f"{newer}: {upgrade.get('message', '')}"))
     scaling = current.get("scaling")
     if scaling and scaling != (previous or {}).get("scaling"):
         out.append(Transition("Normal", scaling["reason"], scaling["message"]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from modelserve.api.spec import ModelServer
+from modelserve.api.status import Upgrade
 from modelserve.api.validation import explain
 from modelserve.operator.status import (
     compute_status,
@@ -337,3 +338,15 @@ def test_a_surge_pod_without_gpus_while_every_replica_serves_says_the_rollout_wa
     replace = _status(_ms(rolloutStrategy="Replace"), deployment, pods, desired=1)
     waiting = next(c for c in replace["conditions"] if c["type"] == "Progressing")
     assert waiting["reason"] == "WaitingForGPUs" and "Replace frees an old pod's GPUs" in waiting["message"]
+
+
+def test_a_kept_back_upgrade_is_an_event_once() -> None:
+    upgrade = Upgrade(available="Yes", sidecar="ghcr.io/modelserve/modelserve:0.2.0", message="kept back")
+    before = _status(_ms(), _deployment(1, 1), [])
+    after = _status(_ms(), _deployment(1, 1), [], previous=before, upgrade=upgrade)
+    assert [(e.reason, e.message) for e in transitions(before, after)] == [
+        ("UpgradeAvailable", "ghcr.io/modelserve/modelserve:0.2.0: kept back")
+    ]
+    assert transitions(after, after) == []
+    done = _status(_ms(), _deployment(1, 1), [], previous=after, upgrade=Upgrade(available="No"))
+    assert transitions(after, done) == []
