@@ -1,5 +1,6 @@
-"""Day two on a control plane of its own (KWOK GPU nodes): an operator upgrade restarts no model pod,
-opting in rolls that ModelServer only; with two replicas electing a leader on a Lease, killing the
+"""Day two on a control plane of its own (KWOK, one node of 8 GPUs): a rollout without spare GPUs says
+so and rolls in place with Replace; an operator upgrade restarts no model pod, opting in rolls that
+ModelServer only; with two replicas electing a leader on a Lease, killing the
 leader hands the reconciler and the wake-up of held requests to the standby (times printed)."""
 
 from __future__ import annotations
@@ -82,6 +83,56 @@ def _rolled_out(cluster: Cluster, namespace: str, name: str, sidecar: str, count
         and all(images["sidecar"] == sidecar for images in pods.values())
         and status.get("phase") == "Ready"
     )
+
+
+def _condition(cluster: Cluster, namespace: str, name: str, type_: str) -> tuple[str, str]:
+    conditions = _status(cluster, namespace, name).get("conditions") or []
+    found = next((c for c in conditions if c["type"] == type_), {})
+    return found.get("status", ""), found.get("reason", "")
+
+
+def _delete_namespace(cluster: Cluster, namespace: str) -> None:
+    """Gone before the next test: its pods' GPUs are free again (one node of 8 here)."""
+    cluster.kubectl("delete", "namespace", namespace, "--timeout=120s")
+
+
+def test_a_rollout_without_spare_gpus_says_so_and_replace_rolls_in_place(cluster: Cluster, tmp_path: Path) -> None:
+    namespace = "scarce"
+    cluster.create_namespace(namespace)
+    env = {**cluster.operator_env, "MODELSERVE_RESYNC_SECONDS": str(RESYNC_SECONDS)}
+    try:
+        with running_operator(env, tmp_path / "operator") as (_, log):
+            # Every GPU of the node: a surge pod has nowhere to go.
+            _apply(cluster, namespace, _vllm("big", gpus=8))
+            wait_until(lambda: _status(cluster, namespace, "big").get("phase") == "Ready", WAIT_SECONDS, "big Ready")
+            (first,) = _pods(cluster, namespace, "big")
+            _apply(cluster, namespace, _vllm("big", gpus=8, maxModelLen=4096))  # changes the pods
+            wait_until(
+                lambda: _condition(cluster, namespace, "big", "Progressing") == ("True", "WaitingForGPUs"),
+                WAIT_SECONDS,
+                "Progressing WaitingForGPUs",
+                on_timeout=lambda: "\n" + tail(log, 30),
+            )
+            status = _status(cluster, namespace, "big")
+            assert status["phase"] == "Updating"
+            assert _condition(cluster, namespace, "big", "Ready") == ("True", "Ready")  # the old pod serves
+            assert _condition(cluster, namespace, "big", "Degraded") == ("False", "AsExpected")
+            message = next(c["message"] for c in status["conditions"] if c["type"] == "Progressing")
+            assert "waiting for GPUs" in message and "nvidia.com/gpu" in message, message
+            # Replace: the old pod goes first and gives its GPUs to the new one.
+            _apply(cluster, namespace, _vllm("big", gpus=8, maxModelLen=4096, rolloutStrategy="Replace"))
+            wait_until(
+                lambda: (
+                    _condition(cluster, namespace, "big", "Progressing") == ("False", "Complete")
+                    and _status(cluster, namespace, "big").get("phase") == "Ready"
+                    and first not in _pods(cluster, namespace, "big")
+                ),
+                WAIT_SECONDS,
+                "big rolled in place and Ready",
+                on_timeout=lambda: "\n" + tail(log, 30),
+            )
+    finally:
+        _delete_namespace(cluster, namespace)
 
 
 def test_an_operator_upgrade_restarts_no_model_pod_and_opting_in_rolls_that_modelserver_only(
