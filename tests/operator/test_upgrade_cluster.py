@@ -1,7 +1,8 @@
 """Day two on a control plane of its own (KWOK, one node of 8 GPUs): a rollout without spare GPUs says
 so and rolls in place with Replace; an operator upgrade restarts no model pod, opting in rolls that
 ModelServer only; with two replicas electing a leader on a Lease, killing the
-leader hands the reconciler and the wake-up of held requests to the standby (times printed)."""
+leader hands the reconciler and the wake-up of held requests to the standby (times printed); a
+leader releases the Lease when it stops and steps down when another holds it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from typing import Any
 import pytest
 
 from modelserve import __version__
+from modelserve.kube.apply import Kube
+from modelserve.kube.lease import Elector, Timing
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
@@ -277,3 +280,34 @@ def test_killing_the_leader_hands_reconcile_and_wake_up_to_the_standby(cluster: 
         for process in operators.values():
             stop_process(process, grace_seconds=20)
         stop_process(gateway)
+
+
+def test_a_leader_steps_down_when_another_holds_the_lease_and_releases_it_when_stopped(cluster: Cluster) -> None:
+    namespace = "lease"
+    cluster.create_namespace(namespace)
+    kube = Kube(cluster.api_client())
+    timing = Timing(duration=6, renew_deadline=4, retry=0.5)
+    first, second = (Elector(kube, namespace, "op", identity, timing) for identity in ("first", "second"))
+    stop_first, stop_second = threading.Event(), threading.Event()
+    lost = threading.Event()
+    try:
+        assert first.campaign(stop_first)
+        keeper = threading.Thread(target=first.keep, args=(stop_first, lost.set), daemon=True)
+        keeper.start()
+        # A standby does not take a renewed Lease, however often it tries.
+        assert not any(second.try_hold() for _ in range(3))
+        # The leader stops: it releases the Lease, and the standby takes it at its next try.
+        stop_first.set()
+        keeper.join(timeout=10)
+        released = time.monotonic()
+        assert second.campaign(stop_second) and time.monotonic() - released < timing.retry * 4
+        assert _get(cluster, namespace, "lease", "op")["spec"]["leaseTransitions"] == 1
+        # A leader that finds another holder (it was cut off, and the Lease taken) steps down at once.
+        keeper = threading.Thread(target=second.keep, args=(stop_second, lost.set), daemon=True)
+        keeper.start()
+        patch = json.dumps({"spec": {"holderIdentity": "someone-else"}})
+        cluster.kubectl("patch", "lease", "op", "-n", namespace, "--type", "merge", "-p", patch)
+        assert lost.wait(timing.renew_deadline), "the leader did not step down"
+    finally:
+        stop_first.set()
+        stop_second.set()
