@@ -515,23 +515,34 @@ def _modified_at(entry: Mapping[str, Any]) -> str:
 
 
 def tags_answer(models: Any, served: str) -> dict[str, Any]:
-    """The served model, alone, in Ollama's model list (the engine serves nothing else here)."""
+    """The served model in Ollama's model list, then the LoRA adapters the engine lists with it as
+    their parent (vLLM and SGLang list loaded adapters so), each naming its base in `details`."""
     entry = _engine_entry(models, served)
     meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
     size = meta.get("size")
     name = listed_name(served)
-    return {
-        "models": [
-            {
-                "name": name,
-                "model": name,
-                "modified_at": _modified_at(entry),
-                "size": size if isinstance(size, int) else 0,
-                "digest": "",
-                "details": model_details(entry),
-            }
-        ]
+    base = {
+        "name": name,
+        "model": name,
+        "modified_at": _modified_at(entry),
+        "size": size if isinstance(size, int) else 0,
+        "digest": "",
+        "details": model_details(entry),
     }
+    adapters = [
+        {**base, "name": listed_name(child["id"]), "model": listed_name(child["id"]), "details": {"parent_model": name}}
+        for child in _adapter_entries(models, served)
+    ]
+    return {"models": [base, *adapters]}
+
+
+def _adapter_entries(models: Any, served: str) -> list[dict[str, Any]]:
+    data = models.get("data") if isinstance(models, dict) else None
+    return [
+        entry
+        for entry in (data if isinstance(data, list) else [])
+        if isinstance(entry, dict) and entry.get("parent") == served and isinstance(entry.get("id"), str)
+    ]
 
 
 def ps_answer(models: Any, served: str) -> dict[str, Any]:
