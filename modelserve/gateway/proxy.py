@@ -34,7 +34,7 @@ from . import errors as gateway_errors
 from .directory import Ambiguous, Directory, Model, served_name
 from .holding import Holding, Outcome
 from .metrics import GatewayMetrics
-from .routing import conversation_prefix, least_in_flight
+from .routing import affinity_key, conversation_prefix, least_in_flight
 from .settings import PREFIX_AFFINITY, GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,8 @@ class GatewayProxy:
                     return model.key
                 model = held
             prefix = conversation_prefix(request) if self.settings.routing == PREFIX_AFFINITY else None
-            if prefix is not None and served != model.name:
-                # Keyed per adapter: its KV cache holds its own prefixes, not the base's.
-                prefix = served.encode() + b"\x1d" + prefix
+            if prefix is not None:
+                prefix = affinity_key(prefix, served, model.name)
             await self._forward(scope, receive, send, body, model, prefix, exchange)
             return model.key
         finally:
