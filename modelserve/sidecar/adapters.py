@@ -119,7 +119,8 @@ class Adapters:
             try:
                 if await self.engine_ready():
                     await self.reconcile()
-            except (TimeoutError, aiohttp.ClientError) as exc:
+            except (TimeoutError, aiohttp.ClientError, ValueError, OSError) as exc:
+                # Next round tries again: the loop lives as long as the sidecar.
                 log.warning("adapter round failed: %s", type(exc).__name__)
             await asyncio.sleep(POLL_SECONDS)
 

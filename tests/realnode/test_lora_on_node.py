@@ -64,10 +64,13 @@ def served(node_cluster: Cluster, host_operator: Path) -> Any:
     try:
         view.wait(lambda: view.condition(NAME, "Ready").get("status") == "True", "Ready", VLLM_READY_SECONDS)
         ready = time.monotonic() - start
+        key = view.secret_value(f"{NAME}-api-keys", "api-key")
+        base = f"http://{view.cluster_ip(NAME)}"
+        # A replica turns Ready only once the adapters it started with are loaded.
+        assert _listed(base, key) == {NAME: None, ADAPTER: NAME}
         view.wait(lambda: _adapter_status(view, ADAPTER).get("phase") == "Loaded", "the adapter in the status", 120)
         print(f"\napply -> Ready {ready:.1f} s; adapter status {_adapter_status(view, ADAPTER)}")
-        key = view.secret_value(f"{NAME}-api-keys", "api-key")
-        yield view, f"http://{view.cluster_ip(NAME)}", key
+        yield view, base, key
     finally:
         node_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         node_cluster.kubectl(
@@ -102,7 +105,7 @@ def test_the_adapter_answers_differently_from_the_base_at_temperature_zero(serve
     # Usage per adapter in the sidecar's metrics.
     (pod,) = view.ready_pods(NAME)
     metrics = httpx.get(f"http://{pod['status']['podIP']}:8080/metrics", timeout=30).text
-    assert f'modelserve_sidecar_model_requests_total{{model="{ADAPTER}",status_class="2xx"}} 2.0' in metrics
+    assert f'modelserve_sidecar_model_requests_total{{model="{ADAPTER}",status_class="2xx"}} 3.0' in metrics
     assert f'modelserve_sidecar_model_tokens_total{{kind="completion",model="{ADAPTER}"}}' in metrics
     status = _adapter_status(view, ADAPTER)
     assert status["source"] == SOURCE and status["loadedReplicas"] == 1 and status["loadSeconds"] > 0, status
@@ -190,6 +193,7 @@ def test_adding_and_removing_an_adapter_while_streams_run_on_the_base(served) ->
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)
         assert _greedy(client, "parrot") == _greedy(client, ADAPTER)  # the same weights under another name
         view.wait(lambda: _adapter_status(view, "parrot").get("phase") == "Loaded", "parrot in the status", 60)
+        parrot = _adapter_status(view, "parrot")
         removed_at = time.monotonic()
         view.apply(_manifest((ADAPTER, SOURCE)))
         wait_until(lambda: "parrot" not in _listed(base, key), CHANGE_SECONDS, "vLLM without the removed adapter")
@@ -201,7 +205,7 @@ def test_adding_and_removing_an_adapter_while_streams_run_on_the_base(served) ->
         streams.thread.join(timeout=300)
     print(
         f"\nadd -> served {loaded - added_at:.1f} s, remove -> gone {unloaded - removed_at:.1f} s (kubelet volume "
-        f"refresh included); vLLM's own load: {_adapter_status(view, 'parrot') or 'n/a'}; "
+        f"refresh included); vLLM's own load of it: {parrot['loadSeconds']} s, into a running engine; "
         f"{len(streams.spans)} streams on the base"
     )
     assert not streams.errors, streams.errors

@@ -57,6 +57,17 @@ def test_ollama_lists_the_adapters_the_engine_lists_with_their_base() -> None:
     ]
 
 
+def test_ollama_clients_ask_for_an_adapter_by_its_name() -> None:
+    body = json.dumps({"model": "pirate:latest", "messages": [{"role": "user", "content": "hi"}], "stream": False})
+    planned = ollama.plan(ollama.CHAT_ROUTE, body.encode(), "base", ("pirate",))
+    assert isinstance(planned, ollama.Plan) and json.loads(planned.body)["model"] == "pirate"
+    assert planned.model == "pirate:latest"
+    refused = ollama.plan(ollama.CHAT_ROUTE, body.encode(), "base")
+    assert isinstance(refused, ollama.Refusal) and refused.status == 404
+    shown = ollama.plan(ollama.SHOW_ROUTE, b'{"model": "pirate"}', "base", ("pirate",))
+    assert isinstance(shown, ollama.Plan)
+
+
 def test_no_client_reaches_an_engines_adapter_route() -> None:
     for engine_routes in ENGINE_ROUTES.values():
         for path in (engine_routes.load, engine_routes.unload):
