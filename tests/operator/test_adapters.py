@@ -12,6 +12,7 @@ from modelserve.contracts.adapters import ADAPTERS_KEY, AdapterState, Desired, P
 from modelserve.contracts.operator_settings import Settings
 from modelserve.contracts.sidecar import Settings as SidecarSettings
 from modelserve.operator.adapters import adapter_statuses
+from modelserve.operator.status import transitions
 
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
 PIRATE = {"name": "pirate", "source": "acme/pirate-lora"}
@@ -101,3 +102,13 @@ def test_status_per_adapter_across_replicas() -> None:
 def test_states_round_trip_the_sidecars_json() -> None:
     state = AdapterState("pirate", "acme/pirate-lora", Phase.FAILED, "refused", None)
     assert AdapterState.from_json(json.loads(json.dumps(state.to_json()))) == state
+
+
+def test_an_adapter_that_turns_loaded_or_failed_is_an_event() -> None:
+    pending = {"name": "poet", "source": "a/poet", "phase": "Pending", "message": "no ready replica"}
+    failed = {**pending, "phase": "Failed", "message": "No adapter found for a/poet"}
+    loaded = {"name": "pirate", "source": "a/pirate", "phase": "Loaded", "message": "loaded in 1 ready replica(s)"}
+    events = transitions({"adapters": [pending]}, {"adapters": [failed, loaded]})
+    assert [(e.type, e.reason) for e in events] == [("Warning", "AdapterFailed"), ("Normal", "AdapterLoaded")]
+    assert "No adapter found for a/poet" in events[0].message
+    assert transitions({"adapters": [failed, loaded]}, {"adapters": [failed, loaded]}) == []

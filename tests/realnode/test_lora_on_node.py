@@ -228,6 +228,11 @@ def test_a_source_the_hub_does_not_have_fails_with_vllms_message(served) -> None
     print(f"\nstatus of a missing source: {ghost}")
     assert ghost["source"] == MISSING and ghost["loadedReplicas"] == 0 and ghost["message"], ghost
     assert "engine answered" not in ghost["message"], ghost  # vLLM's own words, not ours
+    view.wait(
+        lambda: any(e["reason"] == "AdapterFailed" and "ghost" in e["message"] for e in view.events(NAME)),
+        "a Warning Event for the refused adapter",
+        60,
+    )
     assert _adapter_status(view, ADAPTER)["phase"] == "Loaded"
     assert set(_listed(base, key)) == {NAME, ADAPTER}
     client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)
