@@ -104,9 +104,24 @@ def test_the_adapter_answers_differently_from_the_base_at_temperature_zero(serve
     ] == f"{NAME}:latest"
     # Usage per adapter in the sidecar's metrics.
     (pod,) = view.ready_pods(NAME)
-    metrics = httpx.get(f"http://{pod['status']['podIP']}:8080/metrics", timeout=30).text
-    assert f'modelserve_sidecar_model_requests_total{{model="{ADAPTER}",status_class="2xx"}} 3.0' in metrics
-    assert f'modelserve_sidecar_model_tokens_total{{kind="completion",model="{ADAPTER}"}}' in metrics
+
+    def per_model() -> list[str]:
+        text = httpx.get(f"http://{pod['status']['podIP']}:8080/metrics", timeout=30).text
+        return [line for line in text.splitlines() if line.startswith("modelserve_sidecar_model_")]
+
+    # The sidecar counts a request once its answer went out: allow it that moment.
+    asked = f'modelserve_sidecar_model_requests_total{{model="{ADAPTER}",status_class="2xx"}} 3.0'
+    wait_until(
+        lambda: asked in per_model(),
+        10,
+        "three requests for the adapter counted",
+        interval=0.5,
+        on_timeout=lambda: "\n" + "\n".join(per_model()),
+    )
+    assert any(
+        line.startswith(f'modelserve_sidecar_model_tokens_total{{kind="completion",model="{ADAPTER}"}}')
+        for line in per_model()
+    )
     status = _adapter_status(view, ADAPTER)
     assert status["source"] == SOURCE and status["loadedReplicas"] == 1 and status["loadSeconds"] > 0, status
     print(f"\nbase: {plain!r}\nadapter: {adapted!r}\nvLLM loaded the adapter in {status['loadSeconds']} s")
