@@ -97,11 +97,20 @@ def test_the_adapter_answers_differently_from_the_base_at_temperature_zero(serve
     plain, adapted = _greedy(client, NAME), _greedy(client, ADAPTER)
     assert adapted == _greedy(client, ADAPTER), "greedy answers with the adapter are not repeatable"
     assert plain != adapted, (plain, adapted)
-    # Ollama's model list names the adapter and its base.
-    tags = httpx.get(f"{base}/api/tags", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
-    assert {m["name"]: m["details"].get("parent_model") for m in tags["models"]}[
-        f"{ADAPTER}:latest"
-    ] == f"{NAME}:latest"
+    # Ollama's model list names the adapter and its base; its chat takes the adapter's name.
+    headers = {"Authorization": f"Bearer {key}"}
+    tags = httpx.get(f"{base}/api/tags", headers=headers, timeout=30).json()
+    parents = {m["name"]: m["details"].get("parent_model") for m in tags["models"]}
+    assert parents[f"{ADAPTER}:latest"] == f"{NAME}:latest", parents
+
+    def ollama_chat(model: str) -> str:
+        options = {"temperature": 0, "num_predict": 16}
+        request = {"model": model, "messages": QUESTION, "stream": False, "options": options}
+        answer = httpx.post(f"{base}/api/chat", json=request, headers=headers, timeout=120)
+        assert answer.status_code == 200 and answer.json()["model"] == model, answer.text
+        return answer.json()["message"]["content"]
+
+    assert ollama_chat(f"{ADAPTER}:latest") != ollama_chat(NAME)
     # Usage per adapter in the sidecar's metrics.
     (pod,) = view.ready_pods(NAME)
 
