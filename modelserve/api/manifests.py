@@ -11,6 +11,7 @@ from typing import Any
 
 from modelserve.api.status import Transition
 from modelserve.contracts import sidecar as contract
+from modelserve.contracts.adapters import ADAPTERS_KEY, Desired, render_desired
 from modelserve.contracts.api_keys import GENERATED_KEY_FIELD
 from modelserve.contracts.names import (
     API_VERSION,
@@ -43,6 +44,7 @@ from .status import Versions
 
 SERVICE_PORT = 80
 KEYS_VOLUME = "api-keys"
+ADAPTERS_VOLUME = "adapters"
 PROBE_PERIOD_SECONDS = 10
 # The engine's preStop sleep lasts the sidecar's drain; this covers the engine's own shutdown after it.
 ENGINE_SHUTDOWN_SECONDS = 30
@@ -77,6 +79,10 @@ def cache_claim_name(ms: ModelServer) -> str | None:
 
 def chat_template_name(ms: ModelServer) -> str:
     return f"{ms.name}-chat-template"
+
+
+def adapters_name(ms: ModelServer) -> str:
+    return f"{ms.name}-adapters"
 
 
 def endpoint(ms: ModelServer, cluster_domain: str) -> str:
@@ -149,6 +155,8 @@ def sidecar_settings(ms: ModelServer, settings: Settings) -> contract.Settings:
             **common,
         )
     engine = engine_for(spec.profile)
+    if spec.adapters is not None:
+        common["adapter_api"] = engine.adapter_api
     return contract.Settings(
         upstream_url=engine.upstream_url(),
         engine_health_path=engine.health_path,
@@ -185,8 +193,14 @@ def sidecar_container(ms: ModelServer, settings: Settings) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
+    mounts = []
     if not sidecar.auth_public:
-        container["volumeMounts"] = [{"name": KEYS_VOLUME, "mountPath": str(sidecar.keys_dir), "readOnly": True}]
+        mounts.append({"name": KEYS_VOLUME, "mountPath": str(sidecar.keys_dir), "readOnly": True})
+    if ms.spec.adapters is not None:
+        # A ConfigMap volume, not env: the kubelet updates its files in a running pod (no roll).
+        mounts.append({"name": ADAPTERS_VOLUME, "mountPath": str(sidecar.adapters_dir), "readOnly": True})
+    if mounts:
+        container["volumeMounts"] = mounts
     return container
 
 
@@ -206,6 +220,9 @@ def _volumes(ms: ModelServer, engine: Engine | None, with_keys: bool = True) -> 
     secret = keys_secret_name(ms)
     if secret and with_keys:
         volumes.append({"name": KEYS_VOLUME, "secret": {"secretName": secret}})
+    if ms.spec.adapters is not None and with_keys:  # the sidecar's pods only
+        config_map = {"name": adapters_name(ms), "items": [{"key": ADAPTERS_KEY, "path": ADAPTERS_KEY}]}
+        volumes.append({"name": ADAPTERS_VOLUME, "configMap": config_map})
     return volumes
 
 
@@ -455,6 +472,19 @@ def chat_template_config_map(ms: ModelServer) -> dict[str, Any] | None:
     }
 
 
+def adapters_config_map(ms: ModelServer) -> dict[str, Any] | None:
+    """The ConfigMap listing spec.adapters for the sidecars, or None without adapters."""
+    if ms.spec.adapters is None:
+        return None
+    desired = [Desired(adapter.name, adapter.source) for adapter in ms.spec.adapters]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(ms, adapters_name(ms)),
+        "data": {ADAPTERS_KEY: render_desired(desired)},
+    }
+
+
 def key_secret(metadata: dict[str, Any], key: str) -> dict[str, Any]:
     """A Secret holding one API key (for the generated one and for `modelserve key new`)."""
     return {
@@ -478,7 +508,7 @@ def server_side_applied(
 ) -> list[dict[str, Any]]:
     """The children kept in place by server-side apply, in apply order (the key Secret is not one):
     what the pods mount comes before the workload (a Deployment or a LeaderWorkerSet, `live` now)."""
-    mounted = [cache_claim(ms), chat_template_config_map(ms)]
+    mounted = [cache_claim(ms), chat_template_config_map(ms), adapters_config_map(ms)]
     return [obj for obj in mounted if obj] + [workload(ms, settings, replicas, live), service(ms)]
 
 

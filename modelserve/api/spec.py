@@ -427,6 +427,55 @@ class Toleration(WireModel):
     )
 
 
+# An adapter's served name: what clients put in `model`. No ':' (SGLang reads <base>:<adapter>) and no
+# '/' (the gateway reads <namespace>/<name>).
+ADAPTER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
+# A hub id without a :quant tag, or an absolute path (in the cache volume).
+ADAPTER_SOURCE_PATTERN = r"^(/\S+|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)$"
+MAX_ADAPTERS = 32
+# vLLM 0.32.0's --max-lora-rank choices (config/lora.py MaxLoRARanks); SGLang takes any rank.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+ADAPTER_PROFILES = (Profile.HIGH_THROUGHPUT, Profile.LOW_LATENCY)
+
+
+class Adapter(WireModel):
+    """One LoRA adapter of the ModelServer's model, served under its own name."""
+
+    name: Annotated[str, StringConstraints(pattern=ADAPTER_NAME_PATTERN, max_length=63)] = Field(
+        description="The adapter's served name: clients put it in `model` as they put the ModelServer's name."
+    )
+    source: Annotated[str, StringConstraints(pattern=ADAPTER_SOURCE_PATTERN, max_length=256)] = Field(
+        description="Hub id `<org>/<name>` of a PEFT adapter repository (downloaded by the engine through the "
+        "hub endpoint into the hub cache) or an absolute path in the cache volume."
+    )
+
+
+class AdapterLimits(WireModel):
+    """What the engine reserves for adapters when it starts (a change restarts the pods)."""
+
+    max_rank: int = Field(
+        16,
+        description="Largest adapter rank the engine accepts (vLLM --max-lora-rank, SGLang --max-lora-rank); "
+        f"vLLM 0.32.0 takes {', '.join(map(str, LORA_RANKS))}.",
+    )
+    max_per_batch: int = Field(
+        4,
+        ge=1,
+        le=MAX_ADAPTERS,
+        description="Adapters in one running batch (vLLM --max-loras; SGLang --max-loras-per-batch, which "
+        "counts the base too, gets one more); more adapters may be loaded, they take turns.",
+    )
+
+    rules = (
+        Rule(
+            f"self.maxRank in {list(LORA_RANKS)}",
+            f"adapterLimits.maxRank must be one of {', '.join(map(str, LORA_RANKS))} (vLLM 0.32.0's choices)",
+            "maxRank",
+            lambda a: a.max_rank in LORA_RANKS,
+        ),
+    )
+
+
 # In characters (what the API server counts): up to 4 bytes each in UTF-8, so at most 512 KiB,
 # well inside a ConfigMap's 1 MiB; real templates are a few KiB.
 CHAT_TEMPLATE_MAX_LENGTH = 128 * 1024
@@ -601,6 +650,16 @@ class ModelServerSpec(WireModel):
         description="Extra engine environment; wins over the operator's variables of the same name.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+    adapters: Annotated[list[Adapter], Field(max_length=MAX_ADAPTERS)] | None = Field(
+        None,
+        description="LoRA adapters of the model (profiles high-throughput and low-latency), each served under its "
+        "own name. Setting the field (even to []) starts the engine with LoRA on; adding or removing adapters "
+        "afterwards loads or unloads them in the running engines, without a restart.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    adapter_limits: AdapterLimits | None = Field(
+        None, description="With adapters: the largest rank and how many adapters share a batch; unset: 16 and 4."
+    )
     resources: Resources | None = Field(None, description="Engine container resources besides GPUs.")
     node_selector: Annotated[dict[str, LabelValue], Field(max_length=32)] | None = Field(
         None, description="Node labels a pod's node must carry."
@@ -718,6 +777,19 @@ class ModelServerSpec(WireModel):
             "external",
             lambda s: (s.profile == Profile.EXTERNAL) == (s.external is not None),
         ),
+        Rule(
+            "!has(self.adapters) || self.profile in ['high-throughput', 'low-latency']",
+            "adapters needs profile high-throughput (vLLM) or low-latency (SGLang): llama.cpp takes LoRA "
+            "only as GGUF files at start (--lora), and an external server loads its own",
+            "adapters",
+            lambda s: s.adapters is None or s.profile in ADAPTER_PROFILES,
+        ),
+        Rule(
+            "!has(self.adapterLimits) || has(self.adapters)",
+            "adapterLimits only applies with adapters",
+            "adapterLimits",
+            lambda s: s.adapter_limits is None or s.adapters is not None,
+        ),
         *_external_rules(),
         *_owned_flag_rules(),
         *_group_flag_rules(),
@@ -734,6 +806,21 @@ class ModelServerSpec(WireModel):
         if duplicates:
             raise ValueError(f"env names must be unique; repeated: {', '.join(duplicates)}")
         return env
+
+    @field_validator("adapters")
+    @classmethod
+    def _unique_adapter_names(cls, adapters: list[Adapter] | None) -> list[Adapter] | None:
+        # The CRD says the same with x-kubernetes-list-type: map keyed by name.
+        names = [adapter.name for adapter in adapters or []]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"adapters names must be unique; repeated: {', '.join(duplicates)}")
+        return adapters
+
+    @property
+    def limits(self) -> AdapterLimits:
+        """The adapter limits with their defaults."""
+        return self.adapter_limits or AdapterLimits()
 
     @property
     def gpu_count(self) -> int:
@@ -775,6 +862,20 @@ NAME_RULE = Rule(
 )
 
 
+# Also on the whole object: an adapter named like the ModelServer would hide the base model.
+ADAPTER_NAME_RULE = Rule(
+    "!has(self.spec.adapters) || !self.spec.adapters.exists(a, a.name == self.metadata.name)",
+    "an adapter must not be named like the ModelServer: that is its base model's served name",
+    "spec.adapters",
+    lambda manifest: (
+        not any(
+            (a or {}).get("name") == (manifest.get("metadata") or {}).get("name")
+            for a in (manifest.get("spec") or {}).get("adapters") or []
+        )
+    ),
+)
+
+
 @dataclass(frozen=True)
 class ModelServer:
     """One ModelServer object: identity plus validated spec."""
@@ -793,6 +894,8 @@ class ModelServer:
         name = metadata.get("name", "")
         if not NAME_RULE.holds(name):
             raise ValueError(NAME_RULE.message)
+        if not ADAPTER_NAME_RULE.holds(manifest):
+            raise ValueError(f"{ADAPTER_NAME_RULE.field}: {ADAPTER_NAME_RULE.message}")
         return cls(
             name=name,
             namespace=metadata.get("namespace") or "default",

@@ -69,6 +69,22 @@ class Upgrade(BaseModel):
     message: str = Field("", description="What the owner can do about it.")
 
 
+class AdapterStatus(BaseModel):
+    """One LoRA adapter across the ready replicas, as their sidecars report it."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    name: str = Field(description="The adapter's served name.")
+    source: str = Field(description="Where it loads from.")
+    phase: Literal["Loaded", "Pending", "Failed"] = Field(
+        description="Loaded in every ready replica; Failed when an engine refused it (message: the engine's "
+        "words); else Pending."
+    )
+    loaded_replicas: int = Field(0, description="Ready replicas whose engine serves it.")
+    message: str = Field("", description="The engine's message when it refused the adapter, else a summary.")
+    load_seconds: float | None = Field(None, description="The longest time an engine took to load it.")
+
+
 class ModelServerStatus(BaseModel):
     """What the operator observed, written to the status subresource."""
 
@@ -109,6 +125,12 @@ class ModelServerStatus(BaseModel):
     scaling: Scaling | None = Field(None, description="The autoscaler's last change of the replica count.")
     versions: Versions | None = Field(None, description="The images the pods are made with.")
     upgrade: Upgrade | None = Field(None, description="Whether newer images are available (operator upgrade).")
+    adapters: list[AdapterStatus] | None = Field(
+        None,
+        description="Each of spec.adapters in the ready replicas' engines (loaded, pending, or failed with the "
+        "engine's message).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
 
 
 @dataclass(frozen=True)

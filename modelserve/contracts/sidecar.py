@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from .adapters import ADAPTERS_DIR, ADAPTERS_ROUTE, AdapterApi
 from .env import (
     base_url,
     boolean,
@@ -51,7 +52,7 @@ METRICS_ROUTE = "/metrics"
 # What the operator's autoscaler reads from each pod: requests in flight and when the last one
 # arrived, as JSON (`PodLoad`); no key needed, like the probes (it carries no request content).
 LOAD_ROUTE = "/load"
-OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, LOAD_ROUTE})
+OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, LOAD_ROUTE, ADAPTERS_ROUTE})
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,9 @@ def _render_sampling(values: Mapping[str, Any]) -> str:
 # Left out of a pod's environment at their defaults: settings added after release 0.1 (a new
 # variable in every pod template would roll every pod, GPU cold starts included, on an upgrade)
 # and the empty ones.
-OMITTED_AT_DEFAULT = frozenset({"sampling_defaults", "sampling_aliases", "upstream_model", "engine_metrics"})
+OMITTED_AT_DEFAULT = frozenset(
+    {"sampling_defaults", "sampling_aliases", "upstream_model", "engine_metrics", "adapter_api", "adapters_dir"}
+)
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,15 @@ class Settings:
     # Connections to the engine; sized for an engine's concurrency (vLLM queues beyond its
     # max-num-seqs itself, where its own metrics show the wait), not aiohttp's default 100.
     upstream_max_connections: int = env_setting("MODELSERVE_UPSTREAM_MAX_CONNECTIONS", positive_int, default=1024)
+
+    # LoRA adapters: which engine API loads them (none: the ModelServer has no adapters), and the
+    # directory of the mounted ConfigMap listing them (contracts/adapters.py).
+    adapter_api: AdapterApi = env_setting(  # noqa: RUF009 - immutable
+        "MODELSERVE_ADAPTER_API", AdapterApi, str, default=AdapterApi.NONE
+    )
+    adapters_dir: Path = env_setting(  # noqa: RUF009 - immutable
+        "MODELSERVE_ADAPTERS_DIR", path, default=Path(ADAPTERS_DIR)
+    )
 
     @property
     def engine_model(self) -> str:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from modelserve.contracts.adapters import AdapterApi
+
 if TYPE_CHECKING:  # the spec imports the engines for their facts
     from modelserve.api.spec import ModelServer, ModelServerSpec
 
@@ -93,6 +95,9 @@ class Engine:
     # engineArgs flags and spec.env names that open administration routes (engine-routes tables).
     admin_flags: tuple[Switch, ...] = ()
     admin_env: tuple[Switch, ...] = ()
+    # Which administration API loads LoRA adapters at run time (the sidecar calls it); NONE: the
+    # engine takes no adapters from this project.
+    adapter_api: AdapterApi = AdapterApi.NONE
     # The engine's user: None keeps the image's own (root) and its writable root filesystem;
     # a UID runs it non-root on a read-only root filesystem with HOME and /tmp on emptyDirs.
     run_as_user: int | None = None

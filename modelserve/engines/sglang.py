@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from modelserve.contracts.adapters import AdapterApi
 from modelserve.contracts.choices import Dtype
 
 from .base import CHAT_TEMPLATE_PATH, GROUP_SIZE, LEADER_ADDRESS, LOOPBACK, WORKER_INDEX, Engine, Role, Switch
@@ -41,6 +42,13 @@ class SGLang(Engine):
             # SGLang 0.5.10 turns image input off for some vision architectures (Gemma3, Llama4,
             # Step3-VL) unless told (srt/configs/model_config.py); the flag does nothing to others.
             out.append("--enable-multimodal")
+        if spec.adapters is not None:
+            # No adapters at start (the sidecar loads them through /load_lora_adapter), so SGLang
+            # needs the rank and target modules up front (check_lora_server_args); its batch count
+            # includes the base model's requests, hence one more.
+            limits = spec.limits
+            out += ["--enable-lora", "--max-lora-rank", str(limits.max_rank), "--lora-target-modules", "all"]
+            out += ["--max-loras-per-batch", str(limits.max_per_batch + 1)]
         out.append("--enable-metrics")
         return out
 
@@ -85,7 +93,7 @@ ADMIN_FLAGS = (
     Switch(
         "--enable-lora",
         "/load_lora_adapter, /unload_lora_adapter and /load_lora_adapter_from_tensors, which unpickles its body; "
-        "an explicit adapters field is planned for serving LoRA",
+        "spec.adapters serves LoRA adapters, loaded by the sidecar",
     ),
     Switch("--lora-paths", "turns on --enable-lora and its routes"),
     Switch("--enable-custom-logit-processor", "runs the serialized logit processor a request's body carries"),
@@ -127,4 +135,5 @@ ENGINE = SGLang(
     ),
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
+    adapter_api=AdapterApi.SGLANG,
 )

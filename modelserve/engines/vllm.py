@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from modelserve.contracts.adapters import AdapterApi
 
 from .base import CHAT_TEMPLATE_PATH, LEADER_ADDRESS, LOOPBACK, Engine, Role, Switch
 
@@ -42,11 +44,23 @@ class VLLM(Engine):
             out += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
         if spec.chat_template is not None:
             out += ["--chat-template", CHAT_TEMPLATE_PATH]
+        if spec.adapters is not None:
+            # The sidecar loads the adapters through /v1/load_lora_adapter (env below); these size
+            # the engine's adapter slots once, at start.
+            limits = spec.limits
+            out += ["--enable-lora", "--max-loras", str(limits.max_per_batch), "--max-lora-rank", str(limits.max_rank)]
         if spec.vision:
             # No switch to turn images on: vLLM 0.32.0 takes them for every architecture that supports
             # them (config/model.py), only --language-model-only turns them off. This caps them.
             out += ["--limit-mm-per-prompt", json.dumps({"image": IMAGES_PER_PROMPT}, separators=(",", ":"))]
         return out
+
+    def env(self, ms: ModelServer) -> list[dict[str, Any]]:
+        # Registers /v1/load_lora_adapter and /v1/unload_lora_adapter (serve/lora/api_router.py): on
+        # 127.0.0.1 only, called by the sidecar, refused to every client by its allowlist.
+        if ms.spec.adapters is None:
+            return []
+        return [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]
 
     def launch(self, ms: ModelServer, role: Role) -> tuple[list[str], list[str]]:
         if role == Role.LEADER:
@@ -76,7 +90,7 @@ ADMIN_FLAGS = (
     Switch(
         "--enable-lora",
         "LoRA adapters, loadable at run time by any caller of /v1/load_lora_adapter with "
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING; an explicit adapters field is planned for serving LoRA",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING; spec.adapters serves LoRA adapters, loaded by the sidecar",
     ),
     Switch("--profiler-config", "/start_profile and /stop_profile: a profiler slowing every request, traces on disk"),
     Switch(
@@ -121,4 +135,5 @@ ENGINE = VLLM(
     ),
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
+    adapter_api=AdapterApi.VLLM,
 )

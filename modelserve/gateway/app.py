@@ -22,8 +22,8 @@ from modelserve.http.relay import authorization_header
 from modelserve.http.upstream import open_pool, open_session
 
 from . import errors as gateway_errors
-from .catalog import Catalog, model_object, ollama_entry
-from .directory import Ambiguous, Directory, Model
+from .catalog import Catalog, model_objects, ollama_entries
+from .directory import Ambiguous, Directory, Model, served_name
 from .holding import Holding
 from .metrics import GatewayMetrics
 from .proxy import GatewayProxy
@@ -131,7 +131,7 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
     @api.get(MODELS_ROUTE)
     async def models(request: Request) -> dict[str, Any]:
         visible = await catalog.visible(_authorization(request))
-        return {"object": "list", "data": [model_object(directory, model) for model in visible]}
+        return {"object": "list", "data": [item for model in visible for item in model_objects(directory, model)]}
 
     @api.get(MODELS_ROUTE + "/{name:path}")
     async def one_model(name: str, request: Request) -> Any:
@@ -141,17 +141,25 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
             return _error(gateway_errors.ambiguous_model(ambiguous.name, ambiguous.namespaces))
         if model is None or not await catalog.allows(_authorization(request), model):
             return _error(gateway_errors.unknown_model(name))
-        return model_object(directory, model)
+        served = served_name(name)
+        return next(item for item in model_objects(directory, model) if served_name(item["id"]) == served)
 
     @api.get(ollama.TAGS_ROUTE)
     async def ollama_tags(request: Request) -> dict[str, Any]:
         visible = await catalog.visible(_authorization(request))
-        return {"models": [ollama_entry(directory, model) for model in visible]}
+        return {"models": [entry for model in visible for entry in ollama_entries(directory, model)]}
 
     @api.get(ollama.PS_ROUTE)
     async def ollama_ps(request: Request) -> dict[str, Any]:
         visible = await catalog.visible(_authorization(request))
-        return {"models": [ollama.loaded(ollama_entry(directory, model)) for model in visible if model.replicas]}
+        return {
+            "models": [
+                ollama.loaded(entry)
+                for model in visible
+                if model.replicas
+                for entry in ollama_entries(directory, model)
+            ]
+        }
 
     @api.get(ollama.VERSION_ROUTE)
     async def ollama_version() -> dict[str, str]:

@@ -102,8 +102,31 @@ def model_object(directory: Directory, model: Model) -> dict[str, Any]:
     }
 
 
+def model_objects(directory: Directory, model: Model) -> list[dict[str, Any]]:
+    """A ModelServer in GET /v1/models, then each of its adapters naming it as `parent` (as vLLM
+    lists them); the same key opens both, so whoever sees the base sees its adapters."""
+    base = model_object(directory, model)
+    adapters = [
+        {**base, "id": directory.listed_name(model, adapter), "parent": base["id"]}
+        for adapter in model.adapters
+        if directory.resolve_owner(model, adapter)
+    ]
+    return [base, *adapters]
+
+
 def ollama_entry(directory: Directory, model: Model) -> dict[str, Any]:
     """A model in Ollama's /api/tags list (what the gateway knows without asking: no size or digest)."""
     name = ollama.listed_name(directory.listed_name(model))
     modified = datetime.fromtimestamp(model.created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {"name": name, "model": name, "modified_at": modified, "size": 0, "digest": "", "details": {}}
+
+
+def ollama_entries(directory: Directory, model: Model) -> list[dict[str, Any]]:
+    """A ModelServer in Ollama's /api/tags, then its adapters with it as `details.parent_model`."""
+    base = ollama_entry(directory, model)
+    adapters = []
+    for adapter in model.adapters:
+        if directory.resolve_owner(model, adapter):
+            name = ollama.listed_name(directory.listed_name(model, adapter))
+            adapters.append({**base, "name": name, "model": name, "details": {"parent_model": base["name"]}})
+    return [base, *adapters]

@@ -23,6 +23,7 @@ class Model:
     created: int = 0  # the ModelServer's creation, in seconds since the epoch (GET /v1/models)
     replicas: tuple[str, ...] = ()  # "podIP:port" of the sidecars that take requests
     pods: dict[str, str] = field(default_factory=dict, compare=False)  # address -> pod name
+    adapters: tuple[str, ...] = ()  # spec.adapters' names: served by the same replicas
     ring: Ring | None = field(default=None, compare=False)
 
     @property
@@ -43,6 +44,7 @@ def model_of(modelserver: dict[str, Any], pods: Iterable[dict[str, Any]]) -> Mod
         (f"{pod['status']['podIP']}:{LISTEN_PORT}", pod["metadata"]["name"]) for pod in pods if routable(pod)
     )
     replicas = tuple(address for address, _ in ready)
+    adapters = (modelserver.get("spec") or {}).get("adapters") or []
     return Model(
         namespace=metadata["namespace"],
         name=metadata["name"],
@@ -51,6 +53,7 @@ def model_of(modelserver: dict[str, Any], pods: Iterable[dict[str, Any]]) -> Mod
         replicas=replicas,
         pods=dict(ready),
         ring=Ring(replicas) if replicas else None,
+        adapters=tuple(a["name"] for a in adapters if isinstance(a, dict) and isinstance(a.get("name"), str)),
     )
 
 
@@ -74,35 +77,63 @@ class Ambiguous(Exception):
 
 
 class Directory:
+    """Served names (a ModelServer's own and its adapters') -> the ModelServer whose replicas serve them."""
+
     def __init__(self) -> None:
         self.models: dict[Key, Model] = {}
         self._namespaces: dict[str, set[str]] = {}  # served name -> namespaces serving it
+        self._owners: dict[Key, Key] = {}  # (namespace, served name) -> the ModelServer serving it
 
     def put(self, model: Model) -> None:
+        self.remove(model.key)  # its adapters may have changed
         self.models[model.key] = model
-        self._namespaces.setdefault(model.name, set()).add(model.namespace)
+        for name in (model.name, *model.adapters):
+            # A name both a ModelServer and another's adapter take in one namespace: the ModelServer's.
+            if self._owners.get((model.namespace, name), model.key) != model.key and name != model.name:
+                continue
+            self._owners[(model.namespace, name)] = model.key
+            self._namespaces.setdefault(name, set()).add(model.namespace)
 
     def remove(self, key: Key) -> None:
-        if self.models.pop(key, None) is not None:
-            namespaces = self._namespaces.get(key[1], set())
-            namespaces.discard(key[0])
+        model = self.models.pop(key, None)
+        if model is None:
+            return
+        for name in (model.name, *model.adapters):
+            if self._owners.get((model.namespace, name)) != key:
+                continue
+            del self._owners[(model.namespace, name)]
+            namespaces = self._namespaces.get(name, set())
+            namespaces.discard(model.namespace)
             if not namespaces:
-                del self._namespaces[key[1]]
+                self._namespaces.pop(name, None)
 
     def resolve(self, requested: str) -> Model | None:
-        """The ModelServer a request's `model` names: its served name, or `namespace/name` where
-        two namespaces serve the same name, either with Ollama's default tag `:latest`. Raises
-        Ambiguous for such a bare name."""
+        """The ModelServer serving a request's `model`: its served name or one of its adapters', or
+        `namespace/name` where two namespaces serve the same name, either with Ollama's default tag
+        `:latest`. Raises Ambiguous for such a bare name."""
         namespace, _, name = requested.removesuffix(OLLAMA_DEFAULT_TAG).rpartition("/")
-        if namespace:
-            return self.models.get((namespace, name))
-        namespaces = self._namespaces.get(name)
-        if not namespaces:
-            return None
-        if len(namespaces) > 1:
-            raise Ambiguous(name, sorted(namespaces))
-        return self.models.get((next(iter(namespaces)), name))
+        if not namespace:
+            namespaces = self._namespaces.get(name)
+            if not namespaces:
+                return None
+            if len(namespaces) > 1:
+                raise Ambiguous(name, sorted(namespaces))
+            namespace = next(iter(namespaces))
+        owner = self._owners.get((namespace, name))
+        return self.models.get(owner) if owner else None
 
-    def listed_name(self, model: Model) -> str:
-        """How GET /v1/models names a model: bare, unless another namespace serves the same name."""
-        return model.name if len(self._namespaces.get(model.name, ())) < 2 else f"{model.namespace}/{model.name}"
+    def resolve_owner(self, model: Model, name: str) -> bool:
+        """Whether `model` is the one serving `name` in its namespace (an adapter named like another
+        ModelServer there is that ModelServer's name)."""
+        return self._owners.get((model.namespace, name)) == model.key
+
+    def listed_name(self, model: Model, name: str | None = None) -> str:
+        """How GET /v1/models names a model (or one of its adapters, `name`): bare, unless another
+        namespace serves the same name."""
+        name = name or model.name
+        return name if len(self._namespaces.get(name, ())) < 2 else f"{model.namespace}/{name}"
+
+
+def served_name(requested: str) -> str:
+    """The name a replica knows for a request's `model` (no namespace, no `:latest`)."""
+    return requested.removesuffix(OLLAMA_DEFAULT_TAG).rpartition("/")[2]

@@ -31,10 +31,10 @@ from modelserve.http.relay import (
 from modelserve.http.upstream_pool import ConnectFailed, Disconnected, Pool, Response, UpstreamError
 
 from . import errors as gateway_errors
-from .directory import Ambiguous, Directory, Model
+from .directory import Ambiguous, Directory, Model, served_name
 from .holding import Holding, Outcome
 from .metrics import GatewayMetrics
-from .routing import conversation_prefix, least_in_flight
+from .routing import affinity_key, conversation_prefix, least_in_flight
 from .settings import PREFIX_AFFINITY, GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -94,8 +94,9 @@ class GatewayProxy:
         if model is None:
             exchange.status = await respond(send, gateway_errors.unknown_model(requested))
             return NO_MODEL
-        if requested != model.name:  # `namespace/name`: the replica serves it as `name`
-            body = json.dumps({**request, "model": model.name}).encode()
+        served = served_name(requested)
+        if requested != served:  # `namespace/name`: the replica serves it as `name`
+            body = json.dumps({**request, "model": served}).encode()
 
         disconnected: asyncio.Future[Any] | None = None
         try:
@@ -107,6 +108,8 @@ class GatewayProxy:
                     return model.key
                 model = held
             prefix = conversation_prefix(request) if self.settings.routing == PREFIX_AFFINITY else None
+            if prefix is not None:
+                prefix = affinity_key(prefix, served, model.name)
             await self._forward(scope, receive, send, body, model, prefix, exchange)
             return model.key
         finally:

@@ -44,6 +44,12 @@ def least_in_flight(
     return rng.choice(best) if best else None
 
 
+def affinity_key(prefix: bytes, served: str, base: str) -> bytes:
+    """The ring key of a conversation: its prefix, and for an adapter its name first (the engine's
+    prefix cache holds an adapter's prefixes apart from the base's)."""
+    return prefix if served == base else served.encode() + b"\x1d" + prefix
+
+
 def conversation_prefix(request: Mapping[str, Any]) -> bytes | None:
     """What identifies a conversation: its messages up to and including the first user turn (later
     turns append to it), or the opening of a completion prompt. None: nothing to key on.

@@ -72,7 +72,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -160,8 +160,9 @@ def version_string(modelserve_version: str) -> str:
 # --- requests -------------------------------------------------------------------------------------
 
 
-def plan(route: str, body: bytes, served: str) -> Plan | Refusal:
-    """The engine request for an Ollama request body, or the refusal to answer with."""
+def plan(route: str, body: bytes, served: str, adapters: Collection[str] = ()) -> Plan | Refusal:
+    """The engine request for an Ollama request body, or the refusal to answer with. `adapters`:
+    the LoRA adapters served beside the base, asked for by their own names as the base is."""
     if route in (TAGS_ROUTE, VERSION_ROUTE, PS_ROUTE):
         return Plan(route, "GET", ENGINE_MODELS, b"", listed_name(served))
     try:
@@ -174,17 +175,18 @@ def plan(route: str, body: bytes, served: str) -> Plan | Refusal:
         name = request.get("model") or request.get("name")
         if not isinstance(name, str) or not name:
             return Refusal(400, "model is required")
-        if not serves(name, served):
+        if _target(name, served, adapters) is None:
             return Refusal(404, f"model '{name}' not found")
         return Plan(route, "GET", ENGINE_MODELS, b"", name)
 
     model = request.get("model")
     if not isinstance(model, str) or not model:
         return Refusal(400, "model is required")
-    if not serves(model, served):
+    target = _target(model, served, adapters)
+    if target is None:
         return Refusal(404, f'model "{model}" not found, try pulling it first')
     stream = request.get("stream") is not False  # Ollama streams unless told not to
-    openai = chat_request(request, served) if route == CHAT_ROUTE else generate_request(request, served)
+    openai = chat_request(request, target) if route == CHAT_ROUTE else generate_request(request, target)
     if isinstance(openai, Refusal):
         return openai
     if not openai["messages"]:  # Ollama: load the model and say so
@@ -194,6 +196,11 @@ def plan(route: str, body: bytes, served: str) -> Plan | Refusal:
         openai["stream"] = True
         openai["stream_options"] = {"include_usage": True}
     return Plan(route, "POST", ENGINE_CHAT, json.dumps(openai).encode(), model, stream)
+
+
+def _target(requested: str, served: str, adapters: Collection[str]) -> str | None:
+    """The OpenAI `model` an Ollama name means: the served base or one of its adapters, or None."""
+    return next((name for name in (served, *adapters) if serves(requested, name)), None)
 
 
 def serves(requested: str, served: str) -> bool:
@@ -515,23 +522,34 @@ def _modified_at(entry: Mapping[str, Any]) -> str:
 
 
 def tags_answer(models: Any, served: str) -> dict[str, Any]:
-    """The served model, alone, in Ollama's model list (the engine serves nothing else here)."""
+    """The served model in Ollama's model list, then the LoRA adapters the engine lists with it as
+    their parent (vLLM and SGLang list loaded adapters so), each naming its base in `details`."""
     entry = _engine_entry(models, served)
     meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
     size = meta.get("size")
     name = listed_name(served)
-    return {
-        "models": [
-            {
-                "name": name,
-                "model": name,
-                "modified_at": _modified_at(entry),
-                "size": size if isinstance(size, int) else 0,
-                "digest": "",
-                "details": model_details(entry),
-            }
-        ]
+    base = {
+        "name": name,
+        "model": name,
+        "modified_at": _modified_at(entry),
+        "size": size if isinstance(size, int) else 0,
+        "digest": "",
+        "details": model_details(entry),
     }
+    adapters = [
+        {**base, "name": listed_name(child["id"]), "model": listed_name(child["id"]), "details": {"parent_model": name}}
+        for child in _adapter_entries(models, served)
+    ]
+    return {"models": [base, *adapters]}
+
+
+def _adapter_entries(models: Any, served: str) -> list[dict[str, Any]]:
+    data = models.get("data") if isinstance(models, dict) else None
+    return [
+        entry
+        for entry in (data if isinstance(data, list) else [])
+        if isinstance(entry, dict) and entry.get("parent") == served and isinstance(entry.get("id"), str)
+    ]
 
 
 def ps_answer(models: Any, served: str) -> dict[str, Any]:

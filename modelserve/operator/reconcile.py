@@ -26,11 +26,20 @@ from modelserve.contracts.api_keys import new_api_key
 from modelserve.contracts.names import API_VERSION, KIND, LWS_API_VERSION, LWS_KIND, SELECTOR_LABEL, Key
 from modelserve.contracts.operator_settings import Settings
 from modelserve.kube.apply import Kube, contains, error_message, fingerprint, is_gone
+from modelserve.kube.pods import pod_ready, readable
 from modelserve.kube.watch_cache import MODELSERVERS, WatchCache, Watched
 from modelserve.kube.workqueue import WorkQueue
 
+from .adapters import adapter_statuses, read_pod_adapters
 from .autoscaling import Autoscaling
-from .status import compute_status, invalid_spec_status, key_secret_status, missing_kind_status, transitions
+from .status import (
+    compute_status,
+    invalid_spec_status,
+    key_secret_status,
+    missing_kind_status,
+    serving_pods,
+    transitions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +173,15 @@ class Reconciler:
             versions=used,
             upgrade=upgrade(current, used),
         )
+        if ms.spec.adapters is not None:
+            # Read on every reconcile (the resync comes every few seconds): the sidecars load
+            # adapters on their own, so no watch event announces a change.
+            ready = [pod for pod in serving_pods(pods) if pod_ready(pod) and readable(pod)]
+            reports = [read_pod_adapters(pod["status"]["podIP"]) for pod in ready]
+            adapters = adapter_statuses(ms, reports) or []
+            status["adapters"] = [
+                adapter.model_dump(mode="json", by_alias=True, exclude_none=True) for adapter in adapters
+            ]
         self._report(body, previous, status, now)
 
     def lws_cache(self) -> WatchCache | None:

@@ -340,4 +340,17 @@ def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> lis
     scaling = current.get("scaling")
     if scaling and scaling != (previous or {}).get("scaling"):
         out.append(Transition("Normal", scaling["reason"], scaling["message"]))
+    return out + _adapter_transitions(previous, current)
+
+
+def _adapter_transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[Transition]:
+    """An adapter that turned Loaded or Failed (Warning, with the engine's message)."""
+    before = {(a["name"], a["source"]): a["phase"] for a in (previous or {}).get("adapters") or []}
+    out = []
+    for adapter in current.get("adapters") or []:
+        phase = adapter["phase"]
+        if phase == "Pending" or before.get((adapter["name"], adapter["source"])) == phase:
+            continue
+        text = f"adapter {adapter['name']} ({adapter['source']}): {adapter.get('message', '')}"
+        out.append(Transition("Warning" if phase == "Failed" else "Normal", f"Adapter{phase}", text))
     return out

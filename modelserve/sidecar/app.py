@@ -12,12 +12,14 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from modelserve.contracts import routes
+from modelserve.contracts.adapters import ADAPTERS_ROUTE
 from modelserve.contracts.sidecar import HEALTH_ROUTE, LOAD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Settings
 from modelserve.http.allowlist import refuse
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.ollama import ROUTES as OLLAMA_ROUTES
 from modelserve.http.upstream import METRICS_TIMEOUT, open_pool, open_session
 
+from .adapters import Adapters
 from .keys import KeyStore
 from .metrics import SidecarMetrics
 from .ollama_asgi import OllamaAdapter
@@ -50,18 +52,27 @@ class Dispatcher:
 def build_app(settings: Settings) -> Dispatcher:
     metrics = SidecarMetrics()
     keys = None if settings.auth_public else KeyStore(settings.keys_dir)
-    proxy = Proxy(settings, keys, metrics)
     readiness = Readiness(settings, metrics)
+
+    async def engine_ready() -> bool:
+        return (await readiness.engine_ready())[0]
+
+    adapters = Adapters(settings, engine_ready)
+    readiness.adapters = adapters
+    proxy = Proxy(settings, keys, metrics, adapters)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # The proxied requests' pool, and aiohttp for the sidecar's own probes and scrapes.
         session = open_session(settings.upstream_max_connections, settings.upstream_timeout_seconds)
         readiness.session = session
+        adapters.session = session
         proxy.pool = open_pool(settings.upstream_max_connections, settings.upstream_timeout_seconds)
         tasks = [asyncio.create_task(readiness.watch())]
         if keys is not None:
             tasks.append(asyncio.create_task(keys.watch()))
+        if adapters.enabled:
+            tasks.append(asyncio.create_task(adapters.watch()))
         try:
             yield
         finally:
@@ -86,6 +97,10 @@ def build_app(settings: Settings) -> Dispatcher:
     @api.get(LOAD_ROUTE)
     async def load() -> dict[str, Any]:
         return proxy.demand.now().to_json()
+
+    @api.get(ADAPTERS_ROUTE)
+    async def adapter_states() -> dict[str, Any]:
+        return {"adapters": [state.to_json() for state in adapters.states()]}
 
     @api.get(METRICS_ROUTE)
     async def scrape(request: Request) -> Response:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from modelserve.contracts import routes
-from modelserve.http.metrics import DURATION_BUCKETS, TTFT_BUCKETS, refusal_counter
+from modelserve.http.metrics import DURATION_BUCKETS, TTFT_BUCKETS, refusal_counter, status_class
 
 PREFIX = "modelserve_sidecar"
 
@@ -74,6 +74,19 @@ class SidecarMetrics:
             registry=r,
         )
         self.warmup_duration = Gauge(f"{PREFIX}_warmup_duration_seconds", "Latency of the warm-up request.", registry=r)
+        # Only for a ModelServer with adapters, labelled by the served name or an adapter's name.
+        self.model_requests = Counter(
+            f"{PREFIX}_model_requests",
+            "Proxied requests by model (the base's served name or an adapter's name) and status class.",
+            ["model", "status_class"],
+            registry=r,
+        )
+        self.model_tokens = Counter(
+            f"{PREFIX}_model_tokens",
+            "Tokens reported in responses' usage, by model (base or adapter) and kind (prompt, completion).",
+            ["model", "kind"],
+            registry=r,
+        )
         # Label lookups take a lock and hash a tuple; the hot path reuses resolved children.
         self._children: dict[tuple[str, str], tuple[Counter, Histogram, Histogram]] = {}
 
@@ -92,6 +105,12 @@ class SidecarMetrics:
         if counts is not None:
             self.prompt_tokens.inc(counts[0])
             self.completion_tokens.inc(counts[1])
+
+    def count_model(self, model: str, status: int, counts: tuple[int, int] | None) -> None:
+        self.model_requests.labels(model, status_class(status)).inc()
+        if counts is not None:
+            self.model_tokens.labels(model, "prompt").inc(counts[0])
+            self.model_tokens.labels(model, "completion").inc(counts[1])
 
     def render(self, engine_text: bytes | None) -> bytes:
         own = generate_latest(self.registry)

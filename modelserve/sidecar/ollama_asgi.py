@@ -54,7 +54,9 @@ class OllamaAdapter:
             refusal = ollama.Refusal(413, f"Request body is larger than the limit of {limit} bytes.")
             await self._answer_here(send, route, start, refusal, ((b"connection", b"close"),))
             return
-        planned = ollama.plan(route, body, self.settings.served_model)
+        adapters = self.proxy.adapters
+        names = adapters.names() if adapters is not None and adapters.enabled else ()
+        planned = ollama.plan(route, body, self.settings.served_model, names)
         if isinstance(planned, ollama.Refusal):
             await self._answer_here(send, route, start, planned)
             return

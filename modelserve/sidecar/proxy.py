@@ -25,11 +25,12 @@ from modelserve.http.relay import (
 from modelserve.http.upstream_pool import ConnectFailed, Disconnected, Pool, Response
 from modelserve.http.usage import usage_from_tail
 
+from .adapters import Adapters
 from .auth import refusal_reason
 from .demand import Demand
 from .keys import KeyStore
 from .metrics import ROUTE_SCOPE_KEY, SidecarMetrics, route_label
-from .request_checks import check_body
+from .request_checks import check_body, request_model
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,11 @@ CLIENT_CLOSED = "client_closed"
 
 
 class Proxy:
-    def __init__(self, settings: Settings, keys: KeyStore | None, metrics: SidecarMetrics) -> None:
+    def __init__(
+        self, settings: Settings, keys: KeyStore | None, metrics: SidecarMetrics, adapters: Adapters | None = None
+    ) -> None:
         self.settings = settings
+        self.adapters = adapters  # None or disabled: the ModelServer serves its base model only
         self.keys = keys  # None in public mode
         self.metrics = metrics
         self.demand = Demand()
@@ -93,8 +97,10 @@ class Proxy:
             # which a key reloaded in between could let through to here: nothing else is forwarded.
             exchange.status = await respond(send, errors.unknown_route(scope["method"], scope["path"]))
             return
+        model = None
         if route.method == "POST":
             settings = self.settings
+            adapters = self.adapters if self.adapters is not None and self.adapters.enabled else None
             checked = check_body(
                 route,
                 body,
@@ -103,15 +109,33 @@ class Proxy:
                 settings.sampling_defaults,
                 settings.sampling_aliases,
                 settings.upstream_model,
+                adapters.engine_names if adapters else {},
             )
             if isinstance(checked, errors.ErrorResponse):
                 exchange.status = await respond(send, checked)
                 return
             body = checked
-        await self._forward(scope, receive, send, route, body, exchange)
+            if adapters:
+                # Only with adapters: one more parse of the body, for usage per adapter.
+                model = self._model_label(request_model(body), adapters)
+        await self._forward(scope, receive, send, route, body, exchange, model)
+
+    def _model_label(self, model: str | None, adapters: Adapters) -> str:
+        """The served name or an adapter's name (as the client named it), else "other": bounded labels."""
+        by_engine_name = {engine: name for name, engine in adapters.engine_names.items()}
+        if model in by_engine_name:
+            return by_engine_name[model]
+        return self.settings.served_model if model in (None, self.settings.served_model) else "other"
 
     async def _forward(
-        self, scope: dict[str, Any], receive: Any, send: Any, route: routes.Route, body: bytes, exchange: Exchange
+        self,
+        scope: dict[str, Any],
+        receive: Any,
+        send: Any,
+        route: routes.Route,
+        body: bytes,
+        exchange: Exchange,
+        model: str | None = None,
     ) -> None:
         # The route's own path, the one that was checked: never the raw path the client spelt, and no
         # query (no consumer route takes one; an engine might read one).
@@ -131,8 +155,10 @@ class Proxy:
             log.warning("engine unreachable or broke off (%s): %s", kind, type(error).__name__)
         elif exchange.status >= 500 and not exchange.client_gone:
             self.metrics.upstream_errors.labels("status_5xx").inc()
-        if tail is not None:
-            self.metrics.count_usage(usage_from_tail(tail))
+        usage = usage_from_tail(tail) if tail is not None else None
+        self.metrics.count_usage(usage)
+        if model is not None:
+            self.metrics.count_model(model, exchange.status, usage)
 
     async def _open(self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
         """Send the request; the engine's response headers have arrived when this returns."""

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 from time import monotonic, perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -20,12 +20,18 @@ from modelserve.contracts.sidecar import Settings
 
 from .metrics import SidecarMetrics
 
+if TYPE_CHECKING:
+    from .adapters import Adapters
+
 log = logging.getLogger(__name__)
 
 CACHE_SECONDS = 1.0  # probes from several kubelet checks within a second share one engine round trip
 ANSWER_SECONDS = 0.5  # how long /readyz waits for a running check before it answers the latest verdict
 POLL_SECONDS = 0.5  # how often the start-up watcher asks until the engine is first ready
 WARMUP_PROMPT = "Hello"
+# How long a starting replica waits for the adapters it was started with (each loaded or refused)
+# before it turns Ready anyway: a request for an adapter should not meet a replica without it.
+ADAPTERS_AT_START_SECONDS = 300.0
 
 
 def listed_models(payload: Any) -> list[str]:
@@ -46,6 +52,7 @@ class Readiness:
         self._checked_at = float("-inf")
         self._checking: asyncio.Task[None] | None = None
         self._timeout = aiohttp.ClientTimeout(total=settings.engine_probe_timeout_seconds)
+        self.adapters: Adapters | None = None
 
     async def status(self) -> tuple[bool, str]:
         """(ready, why): what /readyz reports."""
@@ -94,8 +101,12 @@ class Readiness:
         return True, "ready"
 
     async def watch(self) -> None:
-        """Wait for the engine to be ready for the first time, then warm it up once."""
+        """Wait for the engine to be ready for the first time (and its adapters to be loaded or
+        refused), then warm it up once."""
         while not (await self.engine_ready())[0]:
+            await asyncio.sleep(POLL_SECONDS)
+        deadline = monotonic() + ADAPTERS_AT_START_SECONDS
+        while self.adapters is not None and not self.adapters.settled() and monotonic() < deadline:
             await asyncio.sleep(POLL_SECONDS)
         await self._warm_up()
         self.warmed_up = True

@@ -21,11 +21,13 @@ def check_body(
     sampling_defaults: Mapping[str, Any],
     sampling_aliases: Mapping[str, str] = MappingProxyType({}),
     upstream_model: str = "",
+    adapter_models: Mapping[str, str] = MappingProxyType({}),
 ) -> bytes | ErrorResponse:
     """The body to send to the engine for a POST consumer route (the same bytes when nothing
     changes), or the error to answer with. Every such route takes a JSON object and gets the same
     checks; `sampling_aliases`: OpenAI name -> the engine's own name of a sampling field;
-    `upstream_model`: the upstream's own model id, sent instead of the client's (the served name)."""
+    `upstream_model`: the upstream's own model id, sent instead of the client's (the served name);
+    `adapter_models`: an adapter's name -> how the engine is asked for it (SGLang's <base>:<adapter>)."""
     try:
         request = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -39,11 +41,20 @@ def check_body(
     if upstream_model and request.get("model") != upstream_model:
         # An external server knows its model by its own id; this ModelServer serves only that one.
         changes["model"] = upstream_model
+    engine_name = adapter_models.get(request.get("model")) if isinstance(request.get("model"), str) else None
+    if engine_name is not None and engine_name != request["model"]:
+        changes["model"] = engine_name
     if route.samples:
         changes.update(missing_sampling(request, _named_for(route, sampling_defaults)))
         changes.update(engine_names({**request, **changes}, sampling_aliases))
     changes.update({name: value for name, value in route.forced if request.get(name) is not value})
     return json.dumps({**request, **changes}).encode() if changes else body
+
+
+def request_model(body: bytes) -> str | None:
+    """The `model` a checked (valid JSON object) body names, if a string."""
+    model = json.loads(body).get("model")
+    return model if isinstance(model, str) else None
 
 
 def _named_for(route: Route, defaults: Mapping[str, Any]) -> Mapping[str, Any]:

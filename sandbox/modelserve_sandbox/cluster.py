@@ -89,14 +89,16 @@ def packaged_file(distribution: str, name: str) -> Path | None:
 def hub_files(workdir: Path) -> list[HubFile]:
     """What the sandbox's model hub serves: SmolLM2-135M-Instruct's GGUF from its PyPI wheel, under
     the hub repository it comes from (the cpu example's model), and the tiny random chat model vLLM
-    loads (made in `workdir/hub`, under its own id)."""
+    loads and a LoRA adapter made for it (both made in `workdir/hub`, under their own ids)."""
     smollm2 = packaged_file(SMOLLM2_DISTRIBUTION, SMOLLM2_FILE)
     if smollm2 is None:
         return []
     tiny = tiny_model.build(workdir / "hub" / tiny_model.REPO)
+    adapter = tiny_model.build_adapter(workdir / "hub" / tiny_model.ADAPTER_REPO)
     return [
         HubFile(SMOLLM2_REPO, SMOLLM2_FILE, smollm2),
         *(HubFile(tiny_model.REPO, path.name, path) for path in tiny),
+        *(HubFile(tiny_model.ADAPTER_REPO, path.name, path) for path in adapter),
     ]
 
 

@@ -12,10 +12,11 @@ import pytest
 
 from modelserve.contracts.env import ConfigError
 from modelserve.contracts.gateway import held_from_json, held_to_json
-from modelserve.gateway.directory import Ambiguous, Directory, Model, model_of
+from modelserve.gateway.catalog import model_objects, ollama_entries
+from modelserve.gateway.directory import Ambiguous, Directory, Model, model_of, served_name
 from modelserve.gateway.holding import Holding, Outcome
 from modelserve.gateway.proxy import parse_request
-from modelserve.gateway.routing import Ring, conversation_prefix, least_in_flight
+from modelserve.gateway.routing import Ring, affinity_key, conversation_prefix, least_in_flight
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.operator.autoscaling import gateway_addresses, total_held
 
@@ -149,6 +150,41 @@ def test_names_resolve_bare_or_by_namespace() -> None:
     directory.remove(("team-b", "chat"))
     assert directory.resolve("chat").key == ("team-a", "chat")  # type: ignore[union-attr]
     assert directory.listed_name(directory.models[("team-a", "chat")]) == "chat"
+
+
+def test_adapters_resolve_to_their_base_and_are_listed_with_it() -> None:
+    directory = Directory()
+    served = _modelserver("base")
+    served["spec"]["adapters"] = [{"name": "pirate", "source": "a/b"}, {"name": "chat", "source": "a/c"}]
+    base = model_of(served, [_pod("p", "10.88.0.2")])
+    directory.put(base)
+    directory.put(Model("ns", "chat", public=False))  # a ModelServer's own name wins over an adapter's
+    directory.put(Model("other", "pirate", public=False))
+    assert directory.resolve("ns/pirate") is base and directory.resolve("ns/pirate:latest") is base
+    assert served_name("ns/pirate:latest") == "pirate"
+    with pytest.raises(Ambiguous):
+        directory.resolve("pirate")
+    assert directory.resolve("chat").key == ("ns", "chat")  # type: ignore[union-attr]
+    objects = model_objects(directory, base)
+    assert [(o["id"], o.get("parent")) for o in objects] == [("base", None), ("ns/pirate", "base")]
+    assert [e["details"].get("parent_model") for e in ollama_entries(directory, base)] == [None, "base:latest"]
+    # An adapter taken out of the spec is gone from the directory.
+    served["spec"]["adapters"] = []
+    directory.put(model_of(served, []))
+    assert directory.resolve("ns/pirate") is None and directory.resolve("other/pirate") is not None
+    directory.remove(("ns", "base"))
+    assert directory.resolve("pirate").key == ("other", "pirate")  # type: ignore[union-attr]
+
+
+def test_prefix_affinity_is_keyed_per_adapter() -> None:
+    ring = Ring([A, B, C])
+    prefix = conversation_prefix({"messages": [{"role": "user", "content": "hello"}]})
+    assert prefix is not None
+    assert affinity_key(prefix, "base", "base") == prefix
+    keys = {affinity_key(prefix, name, "base") for name in ("a", "b", "c", "d", "e", "f")}
+    assert len(keys) == 6 and prefix not in keys
+    picks = {ring.pick(key, {}, 1.25, [])[0] for key in keys}
+    assert len(picks) > 1  # one conversation opening on several adapters spreads over the replicas
 
 
 # --- requests ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from modelserve import __version__
 from modelserve.api import manifests
 from modelserve.api.spec import AuthMode, ModelServer, SamplingDefaults
 from modelserve.contracts import sidecar as contract
+from modelserve.contracts.adapters import AdapterApi
 from modelserve.contracts.env import variables
 from modelserve.contracts.names import SIDECAR_NAME
 from modelserve.contracts.operator_settings import Settings
@@ -106,6 +107,8 @@ def test_rendering_round_trips_every_setting() -> None:
         upstream_timeout_seconds=1.5,
         drain_seconds=0.5,
         upstream_max_connections=3,
+        adapter_api=AdapterApi.SGLANG,
+        adapters_dir=Path("/adapters"),
     )
     env = every.to_env()
     assert set(env) == set(variables(contract.Settings))  # nothing left out with private auth

@@ -83,8 +83,9 @@ def test_every_cel_rule_names_the_field_it_blames() -> None:
     assert len(rules) >= 15
     for rule in rules:
         assert rule["fieldPath"].startswith(".") and rule["message"] and rule["reason"] == "FieldValueInvalid"
-    (name_rule,) = _schema()["x-kubernetes-validations"]
+    name_rule, adapter_name_rule = _schema()["x-kubernetes-validations"]
     assert "metadata.name" in name_rule["message"]
+    assert adapter_name_rule["fieldPath"] == ".spec.adapters" and "self.metadata.name" in adapter_name_rule["rule"]
 
 
 def test_defaults_are_filled_in_by_the_api_server() -> None:

@@ -55,3 +55,27 @@ def test_the_weights_have_the_shapes_the_config_names(tmp_path: Path) -> None:
         assert tensors[f"{prefix}.self_attn.k_proj.weight"].shape == (config["num_key_value_heads"] * head_dim, hidden)
         assert tensors[f"{prefix}.mlp.down_proj.weight"].shape == (hidden, config["intermediate_size"])
     assert len(tensors) == 3 + 9 * config["num_hidden_layers"]
+
+
+def test_the_adapter_fits_the_model_and_is_stable(tmp_path: Path) -> None:
+    first = {p.name: p.read_bytes() for p in tiny_model.build_adapter(tmp_path / "a")}
+    assert first == {p.name: p.read_bytes() for p in tiny_model.build_adapter(tmp_path / "b")}
+    tiny_model.build(tmp_path / "model")
+    base = load_file(str(tmp_path / "model" / "model.safetensors"))
+    lora = load_file(str(tmp_path / "a" / "adapter_model.safetensors"))
+    config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["base_model_name_or_path"] == tiny_model.REPO
+    deltas = 0
+    for name, weight in base.items():
+        module = name.removesuffix(".weight").rsplit(".", 1)[-1]
+        if module not in config["target_modules"]:
+            continue
+        prefix = "base_model.model." + name.removesuffix(".weight")
+        a, b = lora[f"{prefix}.lora_A.weight"], lora[f"{prefix}.lora_B.weight"]
+        assert a.shape[0] == b.shape[1] == config["r"]
+        delta = (b @ a) * config["lora_alpha"] / config["r"]
+        assert delta.shape == weight.shape, name
+        # Large beside the base weights: greedy answers change with the adapter.
+        assert abs(delta).mean() > 3 * abs(weight).mean(), name
+        deltas += 1
+    assert deltas == len(lora) // 2 == 7 * tiny_model.LAYERS
