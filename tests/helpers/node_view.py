@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from modelserve_sandbox.processes import wait_until
 from tests.helpers.operator_cluster import OperatorView
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "modelserve"
@@ -86,6 +87,18 @@ class Timeline:
 
     def __str__(self) -> str:
         return "\n".join(f"{t:7.2f}s {w}" for t, w in self.entries)
+
+
+def remove_namespace(cluster: Any, namespace: str, what: str) -> None:
+    """Delete a test's namespace and wait (bounded) until its pods are gone: a real pod holds the
+    node's CPU and memory until it ends, and the next test needs them."""
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=1", "--wait=false", check=False)
+    wait_until(
+        lambda: not cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout.strip(),
+        120,
+        what,
+    )
 
 
 def install_chart(cluster: Any, release: str, namespace: str) -> None:

@@ -10,47 +10,23 @@ $(LWS_*) values the kubelet substitutes from what LeaderWorkerSet's webhook sets
 
 from __future__ import annotations
 
-import json
-import uuid
-from pathlib import Path
 from typing import Any
 
 from modelserve.api.manifests import workload
 from modelserve.api.spec import ModelServer
-from modelserve.contracts.operator_settings import Settings
-from modelserve_sandbox import realnode
-from modelserve_sandbox.cluster import Cluster, default_cache
-from modelserve_sandbox.processes import wait_until
+from modelserve_sandbox.cluster import Cluster
+from tests.helpers.engine_parsers import SETTINGS, VLLM_IMAGE, parsed, sglang_container, sglang_volume, vllm_container
 from tests.helpers.operator_testdata import examples
 
-SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
-# vLLM's real `vllm` entry point with `serve`, whose server start alone prints the parsed arguments.
-PARSE = """
-import json, sys
-from vllm.entrypoints.cli import serve
-
-def show(args):
-    keys = ("model_tag", "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend")
-    keys += ("host", "port")
-    print("PARSED " + json.dumps({key: getattr(args, key) for key in keys}))
-
-serve.ServeSubcommand.cmd = staticmethod(show)
-from vllm.entrypoints.cli.main import main
-sys.argv = ["vllm", "serve", *sys.argv[1:]]
-main()
-"""
-# SGLang's parser, as prepare_server_args builds it; what it read, by its own names.
-SGLANG_PARSE = """
-import argparse, json, sys
-from sglang.srt.server_args import ServerArgs
-parser = argparse.ArgumentParser(prog="sglang serve")
-ServerArgs.add_cli_args(parser)
-raw = parser.parse_args(sys.argv[1:])
-keys = ("model_path", "tensor_parallel_size", "pipeline_parallel_size", "nnodes", "node_rank", "dist_init_addr")
-print("PARSED " + json.dumps({key: getattr(raw, key) for key in keys}))
-"""
-SGLANG_SITE = "/opt/sglang-cli"
-VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
+VLLM_KEYS = (
+    "model_tag",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "distributed_executor_backend",
+    "host",
+    "port",
+)
+SGLANG_KEYS = ("model_path", "tensor_parallel_size", "pipeline_parallel_size", "nnodes", "node_rank", "dist_init_addr")
 
 
 def _group_env(worker_index: int) -> list[dict[str, str]]:
@@ -65,42 +41,13 @@ def _engines(manifest: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return group["leaderTemplate"]["spec"]["containers"][0], group["workerTemplate"]["spec"]["containers"][0]
 
 
-def _parsed(cluster: Cluster, name: str, container: dict[str, Any], volume: dict[str, Any] | None = None) -> Any:
-    """Run one container to completion on the real node; what its PARSED line says."""
-    namespace = f"p-{uuid.uuid4().hex[:6]}"
-    cluster.create_namespace(namespace)
-    container = {"name": "engine", "image": VLLM_IMAGE, "imagePullPolicy": "Never", **container}
-    spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "nodeSelector": {"kubernetes.io/hostname": realnode.NODE_NAME},
-        "containers": [container],
-    }
-    if volume:
-        spec["volumes"] = [volume]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
-    try:
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
-
-        def finished() -> bool:
-            out = cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout
-            return json.loads(out).get("status", {}).get("phase") in ("Succeeded", "Failed")
-
-        wait_until(finished, 300, f"pod {name} to parse its arguments", interval=1.0)
-        logs = cluster.kubectl("logs", name, "-n", namespace).stdout
-        parsed_lines = [line for line in logs.splitlines() if line.startswith("PARSED ")]
-        assert len(parsed_lines) == 1, logs[-3000:]
-        return json.loads(parsed_lines[0].removeprefix("PARSED "))
-    finally:
-        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-
-
 def test_vllm_reads_the_leaders_command_line(node_cluster: Cluster) -> None:
     leader, _ = _engines(examples()["lfm2-24b-a2b-16gpu"])
     assert leader["command"][:2] == ["/bin/sh", "-c"] and leader["command"][-1] == "vllm-leader"
     assert leader["image"] == VLLM_IMAGE
     # The image's Python runs vLLM's CLI on exactly the arguments `vllm serve "$@"` gets.
-    container = {"command": ["python3", "-c", PARSE], "args": leader["args"], "env": _group_env(0)}
-    assert _parsed(node_cluster, "vllm-leader", container) == {
+    container = vllm_container(leader["args"], VLLM_KEYS, _group_env(0))
+    assert parsed(node_cluster, "vllm-leader", container) == {
         "model_tag": "LiquidAI/LFM2-24B-A2B",
         "tensor_parallel_size": 8,
         "pipeline_parallel_size": 2,
@@ -111,20 +58,13 @@ def test_vllm_reads_the_leaders_command_line(node_cluster: Cluster) -> None:
 
 
 def test_sglang_reads_the_leaders_and_a_workers_command_lines(node_cluster: Cluster) -> None:
-    site = default_cache() / "sglang-cli" / "site"
-    assert (site / "sglang" / "srt" / "server_args.py").is_file(), "run `bash hack/install-sglang-cli.sh`"
+    volume = sglang_volume()
     manifest = examples()["lfm2-8b-a1b"]
     manifest = {**manifest, "spec": {**manifest["spec"], "gpus": 16, "nodes": 2}}
-    volume = {"name": "sglang", "hostPath": {"path": str(Path(site)), "type": "Directory"}}
     for index, engine in enumerate(_engines(manifest)):
         assert engine["command"] == ["python3", "-m", "sglang.launch_server"]
-        container = {
-            "command": ["python3", "-c", SGLANG_PARSE],
-            "args": engine["args"],
-            "env": [*_group_env(index), {"name": "PYTHONPATH", "value": SGLANG_SITE}],
-            "volumeMounts": [{"name": "sglang", "mountPath": SGLANG_SITE, "readOnly": True}],
-        }
-        assert _parsed(node_cluster, f"sglang-{index}", container, volume) == {
+        container = sglang_container(engine["args"], SGLANG_KEYS, _group_env(index))
+        assert parsed(node_cluster, f"sglang-{index}", container, volume) == {
             "model_path": "LiquidAI/LFM2-8B-A1B",
             "tensor_parallel_size": 8,
             "pipeline_parallel_size": 2,

@@ -22,10 +22,10 @@ import pytest
 from modelserve.api.manifests import workload
 from modelserve.api.spec import ModelServer
 from modelserve_sandbox import tiny_model
-from modelserve_sandbox.cluster import Cluster, default_cache
+from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, vllm_example
-from tests.realnode.test_group_command_lines_on_node import SETTINGS, SGLANG_SITE, _parsed
+from tests.helpers.engine_parsers import SETTINGS, parsed, sglang_container, sglang_volume, vllm_container
+from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, remove_namespace, vllm_example
 
 NAME = "tiny-lora"
 ADAPTER = "pirate"
@@ -72,15 +72,7 @@ def served(node_cluster: Cluster, host_operator: Path) -> Any:
         print(f"\napply -> Ready {ready:.1f} s; adapter status {_adapter_status(view, ADAPTER)}")
         yield view, base, key
     finally:
-        node_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        node_cluster.kubectl(
-            "delete", "pods", "--all", "-n", namespace, "--grace-period=1", "--wait=false", check=False
-        )
-        wait_until(
-            lambda: not node_cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout.strip(),
-            120,
-            "the LoRA pods gone",
-        )
+        remove_namespace(node_cluster, namespace, "the LoRA pods gone")
 
 
 def _greedy(client: openai.OpenAI, model: str) -> str:
@@ -265,40 +257,15 @@ def test_a_source_the_hub_does_not_have_fails_with_vllms_message(served) -> None
     view.apply(_manifest((ADAPTER, SOURCE)))
 
 
-# vLLM's real CLI (parser and serve validation) on the generated arguments; what it read for LoRA.
-VLLM_PARSE = """
-import json, sys
-from vllm.entrypoints.cli import serve
-
-def show(args):
-    keys = ("model_tag", "enable_lora", "max_loras", "max_lora_rank", "host", "port")
-    print("PARSED " + json.dumps({key: getattr(args, key) for key in keys}))
-
-serve.ServeSubcommand.cmd = staticmethod(show)
-from vllm.entrypoints.cli.main import main
-sys.argv = ["vllm", "serve", *sys.argv[1:]]
-main()
-"""
-# SGLang's parser, then its own LoRA checks (ServerArgs.check_lora_server_args, which needs no GPU).
-SGLANG_PARSE = """
-import argparse, json, sys
-from sglang.srt.server_args import ServerArgs
-parser = argparse.ArgumentParser(prog="sglang serve")
-ServerArgs.add_cli_args(parser)
-raw = parser.parse_args(sys.argv[1:])
-ServerArgs.check_lora_server_args(raw)
-keys = ("model_path", "enable_lora", "max_lora_rank", "max_loras_per_batch")
-out = {key: getattr(raw, key) for key in keys}
-out["lora_target_modules"] = sorted(raw.lora_target_modules)
-print("PARSED " + json.dumps(out))
-"""
+VLLM_LORA_KEYS = ("model_tag", "enable_lora", "max_loras", "max_lora_rank", "host", "port")
+SGLANG_LORA_KEYS = ("model_path", "enable_lora", "max_lora_rank", "max_loras_per_batch", "lora_target_modules")
 
 
 def test_the_engines_parsers_read_the_lora_command_lines(node_cluster: Cluster) -> None:
     manifest = _manifest((ADAPTER, SOURCE))
     vllm = workload(ModelServer.from_manifest(manifest), SETTINGS)["spec"]["template"]["spec"]["containers"][0]
-    container = {"command": ["python3", "-c", VLLM_PARSE], "args": vllm["args"]}
-    assert _parsed(node_cluster, f"vllm-lora-{uuid.uuid4().hex[:4]}", container) == {
+    container = vllm_container(vllm["args"], VLLM_LORA_KEYS)
+    assert parsed(node_cluster, f"vllm-lora-{uuid.uuid4().hex[:4]}", container) == {
         "model_tag": "modelserve/tiny-random-chatml",
         "enable_lora": True,
         "max_loras": 2,
@@ -306,17 +273,10 @@ def test_the_engines_parsers_read_the_lora_command_lines(node_cluster: Cluster) 
         "host": "127.0.0.1",
         "port": 8000,
     }
-    site = default_cache() / "sglang-cli" / "site"
     sglang_manifest = {**manifest, "spec": {**manifest["spec"], "profile": "low-latency", "engineArgs": []}}
     sglang = workload(ModelServer.from_manifest(sglang_manifest), SETTINGS)["spec"]["template"]["spec"]
     engine = sglang["containers"][0]
-    volume = {"name": "sglang", "hostPath": {"path": str(site), "type": "Directory"}}
-    container = {
-        "command": ["python3", "-c", SGLANG_PARSE],
-        "args": engine["args"],
-        "env": [{"name": "PYTHONPATH", "value": SGLANG_SITE}],
-        "volumeMounts": [{"name": "sglang", "mountPath": SGLANG_SITE, "readOnly": True}],
-    }
-    parsed = _parsed(node_cluster, f"sglang-lora-{uuid.uuid4().hex[:4]}", container, volume)
-    assert parsed["enable_lora"] is True and parsed["max_lora_rank"] == 8 and parsed["max_loras_per_batch"] == 3
-    assert {"q_proj", "down_proj"} <= set(parsed["lora_target_modules"]), parsed
+    container = sglang_container(engine["args"], SGLANG_LORA_KEYS, lora_checks=True)
+    read = parsed(node_cluster, f"sglang-lora-{uuid.uuid4().hex[:4]}", container, sglang_volume())
+    assert read["enable_lora"] is True and read["max_lora_rank"] == 8 and read["max_loras_per_batch"] == 3
+    assert {"q_proj", "down_proj"} <= set(read["lora_target_modules"]), read

@@ -27,7 +27,15 @@ import pytest
 from modelserve_sandbox import realnode
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.node_view import EXAMPLES, QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, vllm_example
+from tests.helpers.node_view import (
+    EXAMPLES,
+    QUESTION,
+    VLLM_READY_SECONDS,
+    NodeView,
+    Timeline,
+    remove_namespace,
+    vllm_example,
+)
 
 EXAMPLE = EXAMPLES / "tiny-chatml-vllm.yaml"
 NAME = "tiny-chatml-vllm"
@@ -84,15 +92,7 @@ def served(node_cluster: Cluster, host_operator: Path) -> Iterator[tuple[NodeVie
         assert timeline.first("ms Ready=True reason=Ready") is not None, f"never Ready:\n{timeline}"
         yield view, timeline
     finally:
-        node_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        node_cluster.kubectl(
-            "delete", "pods", "--all", "-n", namespace, "--grace-period=1", "--wait=false", check=False
-        )
-        wait_until(
-            lambda: not node_cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout.strip(),
-            120,
-            "the example's pods gone",
-        )
+        remove_namespace(node_cluster, namespace, "the example's pods gone")
 
 
 def _probe_engine(view: NodeView, timeline: Timeline) -> None:
