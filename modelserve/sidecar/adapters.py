@@ -82,6 +82,8 @@ class Adapters:
         self.desired: tuple[Desired, ...] = ()
         # The request's `model` -> what the engine is asked for (SGLang: <base>:<adapter>).
         self.engine_names: Mapping[str, str] = MappingProxyType({})
+        # The other way round, for the metrics' model label: made with the list, not per request.
+        self.adapter_names: Mapping[str, str] = MappingProxyType({})
         self._states: dict[str, AdapterState] = {}
         self._loaded_from: dict[str, str] = {}  # name -> source this process loaded it from
         self._refused_at: dict[Desired, float] = {}
@@ -106,6 +108,7 @@ class Adapters:
         served = self.settings.served_model
         prefixed = self.routes is not None and self.routes.base_prefixed
         self.engine_names = MappingProxyType({d.name: f"{served}:{d.name}" if prefixed else d.name for d in desired})
+        self.adapter_names = MappingProxyType({engine: name for name, engine in self.engine_names.items()})
         for d in desired:
             if d.name not in self._states or self._states[d.name].source != d.source:
                 self._states[d.name] = AdapterState(d.name, d.source, Phase.PENDING, "waiting for the engine")

@@ -89,6 +89,8 @@ class SidecarMetrics:
         )
         # Label lookups take a lock and hash a tuple; the hot path reuses resolved children.
         self._children: dict[tuple[str, str], tuple[Counter, Histogram, Histogram]] = {}
+        self._model_children: dict[tuple[str, str], Counter] = {}
+        self._token_children: dict[str, tuple[Counter, Counter]] = {}
 
     def observe(self, route: str, status_label: str, duration: float, ttfb: float | None) -> None:
         children = self._children.get((route, status_label))
@@ -107,10 +109,20 @@ class SidecarMetrics:
             self.completion_tokens.inc(counts[1])
 
     def count_model(self, model: str, status: int, counts: tuple[int, int] | None) -> None:
-        self.model_requests.labels(model, status_class(status)).inc()
+        label = status_class(status)
+        requests = self._model_children.get((model, label))
+        if requests is None:
+            requests = self._model_children[(model, label)] = self.model_requests.labels(model, label)
+        requests.inc()
         if counts is not None:
-            self.model_tokens.labels(model, "prompt").inc(counts[0])
-            self.model_tokens.labels(model, "completion").inc(counts[1])
+            tokens = self._token_children.get(model)
+            if tokens is None:
+                tokens = self._token_children[model] = (
+                    self.model_tokens.labels(model, "prompt"),
+                    self.model_tokens.labels(model, "completion"),
+                )
+            tokens[0].inc(counts[0])
+            tokens[1].inc(counts[1])
 
     def render(self, engine_text: bytes | None) -> bytes:
         own = generate_latest(self.registry)

@@ -122,9 +122,8 @@ class Proxy:
 
     def _model_label(self, model: str | None, adapters: Adapters) -> str:
         """The served name or an adapter's name (as the client named it), else "other": bounded labels."""
-        by_engine_name = {engine: name for name, engine in adapters.engine_names.items()}
-        if model in by_engine_name:
-            return by_engine_name[model]
+        if model in adapters.adapter_names:
+            return adapters.adapter_names[model]
         return self.settings.served_model if model in (None, self.settings.served_model) else "other"
 
     async def _forward(
