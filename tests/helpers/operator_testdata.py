@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from modelserve.api.spec import ModelServer
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = REPO / "examples"
 CRD_PATH = REPO / "crds" / "modelserver.yaml"
@@ -19,6 +21,18 @@ def examples() -> dict[str, dict[str, Any]]:
     apply: its servers are outside the cluster, and the sandbox reaches nothing outside)."""
     paths = sorted(EXAMPLES_DIR.glob("*.yaml")) + sorted(EXAMPLES_DIR.glob("external/*.yaml"))
     return {path.stem: yaml.safe_load(path.read_text()) for path in paths}
+
+
+def model_server(name: str = "m", namespace: str = "ns", **spec: Any) -> ModelServer:
+    """A ModelServer of LFM2-1.2B with `spec` on top, as the operator reads one from the API server."""
+    return ModelServer.from_manifest(
+        {
+            "apiVersion": "serving.modelserve.dev/v1alpha1",
+            "kind": "ModelServer",
+            "metadata": {"name": name, "namespace": namespace, "uid": "u"},
+            "spec": {"model": "LiquidAI/LFM2-1.2B", **spec},
+        }
+    )
 
 
 def _merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from modelserve.contracts.operator_settings import Settings
 from modelserve.contracts.sidecar import Settings as SidecarSettings
 from modelserve.operator.adapters import adapter_statuses
 from modelserve.operator.status import transitions
+from tests.helpers.operator_testdata import model_server
 
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
 PIRATE = {"name": "pirate", "source": "acme/pirate-lora"}
@@ -20,14 +21,7 @@ POET = {"name": "poet", "source": "/root/.cache/huggingface/poet"}
 
 
 def _ms(**spec: Any) -> ModelServer:
-    return ModelServer.from_manifest(
-        {
-            "apiVersion": "serving.modelserve.dev/v1alpha1",
-            "kind": "ModelServer",
-            "metadata": {"name": "base", "namespace": "default", "uid": "u"},
-            "spec": {"model": "LiquidAI/LFM2-1.2B", **spec},
-        }
-    )
+    return model_server("base", "default", **spec)
 
 
 def _pod(ms: ModelServer) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from modelserve.operator.status import (
     missing_kind_status,
     transitions,
 )
+from tests.helpers.operator_testdata import model_server
 
 ENDPOINT = "http://m.ns.svc.cluster.local/v1"
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -21,17 +22,6 @@ SCHEDULER_MESSAGE = (
     "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: "
     "3 No preemption victims found for incoming pod."
 )
-
-
-def _ms(**spec: Any) -> ModelServer:
-    return ModelServer.from_manifest(
-        {
-            "apiVersion": "serving.modelserve.dev/v1alpha1",
-            "kind": "ModelServer",
-            "metadata": {"name": "m", "namespace": "ns", "uid": "u"},
-            "spec": {"model": "LiquidAI/LFM2-1.2B", **spec},
-        }
-    )
 
 
 def _deployment(
@@ -86,7 +76,7 @@ def _conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 
 def test_before_the_deployment_exists_it_is_pending() -> None:
-    status = _status(_ms(), None, [])
+    status = _status(model_server(), None, [])
     assert status["phase"] == "Pending" and status["observedGeneration"] == 3
     assert status["endpoint"] == ENDPOINT and (status["replicas"], status["readyReplicas"]) == (0, 0)
     assert _conditions(status) == {
@@ -97,13 +87,13 @@ def test_before_the_deployment_exists_it_is_pending() -> None:
 
 
 def test_a_scheduled_pod_that_is_not_ready_is_loading_the_model() -> None:
-    status = _status(_ms(), _deployment(), [_pod(node="gpu-0", phase="Running")])
+    status = _status(model_server(), _deployment(), [_pod(node="gpu-0", phase="Running")])
     assert status["phase"] == "Loading"
     assert _conditions(status)["Ready"] == ("False", "ModelLoading")
 
 
 def test_all_replicas_ready_and_rolled_out_is_ready() -> None:
-    status = _status(_ms(), _deployment(ready=1), [_pod(node="gpu-0", conditions=READY)])
+    status = _status(model_server(), _deployment(ready=1), [_pod(node="gpu-0", conditions=READY)])
     assert status["phase"] == "Ready" and status["readyReplicas"] == 1
     assert _conditions(status) == {
         "Ready": ("True", "Ready"),
@@ -113,19 +103,19 @@ def test_all_replicas_ready_and_rolled_out_is_ready() -> None:
 
 
 def test_serving_while_a_new_revision_rolls_out_is_updating() -> None:
-    status = _status(_ms(), _deployment(replicas=2, ready=1, updated=1, generation=2, observed=2), [])
+    status = _status(model_server(), _deployment(replicas=2, ready=1, updated=1, generation=2, observed=2), [])
     assert status["phase"] == "Updating"
     assert _conditions(status)["Progressing"] == ("True", "RollingUpdate")
     assert _conditions(status)["Ready"] == ("True", "Ready")
 
 
 def test_a_deployment_spec_not_yet_observed_is_not_rolled_out() -> None:
-    status = _status(_ms(), _deployment(ready=1, generation=2, observed=1), [])
+    status = _status(model_server(), _deployment(ready=1, generation=2, observed=1), [])
     assert status["phase"] == "Updating"
 
 
 def test_unschedulable_for_gpus_is_insufficient_gpu_with_the_schedulers_words() -> None:
-    status = _status(_ms(gpus=16), _deployment(), [_pod(phase="Pending", conditions=_unschedulable())])
+    status = _status(model_server(gpus=16), _deployment(), [_pod(phase="Pending", conditions=_unschedulable())])
     assert status["phase"] == "Degraded"
     degraded = _degraded(status)
     assert (degraded["status"], degraded["reason"]) == ("True", "InsufficientGPU")
@@ -135,15 +125,15 @@ def test_unschedulable_for_gpus_is_insufficient_gpu_with_the_schedulers_words() 
 
 def test_unschedulable_for_other_reasons_is_named_so() -> None:
     pod = _pod(conditions=_unschedulable("0/3 nodes are available: 3 node(s) didn't match Pod's node affinity."))
-    assert _conditions(_status(_ms(), _deployment(), [pod]))["Degraded"] == ("True", "Unschedulable")
+    assert _conditions(_status(model_server(), _deployment(), [pod]))["Degraded"] == ("True", "Unschedulable")
 
 
 def test_image_pull_and_crash_loop_come_from_container_statuses() -> None:
     pull = _pod(node="gpu-0", containerStatuses=_waiting("ImagePullBackOff", "Back-off pulling image"))
     last = {"terminated": {"reason": "Error", "exitCode": 1}}
     crash = _pod(node="gpu-0", containerStatuses=_waiting("CrashLoopBackOff", restartCount=4, lastState=last))
-    assert _conditions(_status(_ms(), _deployment(), [pull]))["Degraded"] == ("True", "ImagePullError")
-    degraded = _degraded(_status(_ms(), _deployment(), [crash]))
+    assert _conditions(_status(model_server(), _deployment(), [pull]))["Degraded"] == ("True", "ImagePullError")
+    degraded = _degraded(_status(model_server(), _deployment(), [crash]))
     assert degraded["reason"] == "CrashLoop" and "restarted 4 times, last Error with code 1" in degraded["message"]
 
 
@@ -151,43 +141,43 @@ def test_a_crash_loop_carries_the_engines_last_words() -> None:
     said = "usage: vllm serve [model_tag] [options]\nvllm: error: unrecognized arguments: --no-such-flag\n\n"
     last = {"terminated": {"reason": "Error", "exitCode": 2, "message": said}}
     crash = _pod(node="gpu-0", containerStatuses=_waiting("CrashLoopBackOff", restartCount=1, lastState=last))
-    degraded = _degraded(_status(_ms(), _deployment(), [crash]))
+    degraded = _degraded(_status(model_server(), _deployment(), [crash]))
     assert degraded["message"].endswith("last Error with code 2: vllm: error: unrecognized arguments: --no-such-flag")
 
 
 def test_a_missing_secret_is_a_container_config_error() -> None:
     pod = _pod(node="gpu-0", containerStatuses=_waiting("CreateContainerConfigError", 'secret "hf" not found'))
-    degraded = _degraded(_status(_ms(), _deployment(), [pod]))
+    degraded = _degraded(_status(model_server(), _deployment(), [pod]))
     assert degraded["reason"] == "ContainerConfigError" and 'secret "hf" not found' in degraded["message"]
 
 
 def test_terminating_pods_are_not_blamed() -> None:
     pod = _pod(conditions=_unschedulable())
     pod["metadata"]["deletionTimestamp"] = T0
-    assert _conditions(_status(_ms(), _deployment(), [pod]))["Degraded"] == ("False", "AsExpected")
+    assert _conditions(_status(model_server(), _deployment(), [pod]))["Degraded"] == ("False", "AsExpected")
 
 
 def test_refused_apply_is_degraded_with_the_api_servers_message() -> None:
-    status = _status(_ms(), None, [], apply_error="Deployment.apps is invalid: spec.template...")
+    status = _status(model_server(), None, [], apply_error="Deployment.apps is invalid: spec.template...")
     assert status["phase"] == "Degraded" and _conditions(status)["Degraded"] == ("True", "ApplyFailed")
 
 
 def test_ready_pods_behind_a_refused_service_are_not_ready() -> None:
     # The pods answer, but no Service gives status.endpoint an address: a client cannot reach them.
     refused = "Service m was refused: failed to allocate a serviceIP: range is full"
-    status = _status(_ms(), _deployment(replicas=1, ready=1), [_pod(conditions=READY)], apply_error=refused)
+    status = _status(model_server(), _deployment(replicas=1, ready=1), [_pod(conditions=READY)], apply_error=refused)
     assert _conditions(status)["Ready"] == ("False", "ApplyFailed")
     assert next(c for c in status["conditions"] if c["type"] == "Ready")["message"] == refused
     assert status["phase"] == "Degraded" and status["readyReplicas"] == 1
 
 
 def test_zero_replicas_is_idle() -> None:
-    status = _status(_ms(replicas={"min": 0, "buffer": 0, "max": 2}), _deployment(replicas=0), [])
+    status = _status(model_server(replicas={"min": 0, "buffer": 0, "max": 2}), _deployment(replicas=0), [])
     assert status["phase"] == "Idle" and _conditions(status)["Ready"] == ("False", "ScaledToZero")
 
 
 def test_transition_times_change_only_with_the_status() -> None:
-    ms = _ms()
+    ms = model_server()
     first = _status(ms, _deployment(), [_pod(node="gpu-0")], now=T0)
     same = _status(ms, _deployment(), [_pod(node="gpu-0")], previous=first, now=T1)
     assert same == first  # nothing changed: the operator writes nothing
@@ -197,7 +187,7 @@ def test_transition_times_change_only_with_the_status() -> None:
 
 
 def test_transitions_become_events_warning_only_for_degraded() -> None:
-    ms = _ms(gpus=16)
+    ms = model_server(gpus=16)
     loading = _status(ms, _deployment(), [_pod(node="gpu-0")])
     degraded = _status(ms, _deployment(), [_pod(conditions=_unschedulable())], previous=loading, now=T1)
     events = transitions(loading, degraded)
@@ -213,13 +203,13 @@ def test_transitions_become_events_warning_only_for_degraded() -> None:
 def test_a_stored_spec_the_model_refuses_is_reported_in_conditions_without_its_values() -> None:
     secret_value = "sk-live-do-not-leak"
     try:
-        _ms(profile="no-such-profile", env=[{"name": "TOKEN", "value": secret_value}])
+        model_server(profile="no-such-profile", env=[{"name": "TOKEN", "value": secret_value}])
     except ValueError as error:
         message = explain(error)
     else:
         raise AssertionError("the model accepted an unknown profile")
     assert message.startswith("spec.profile: ")
-    previous = compute_status(_ms(), 1, _deployment(1, 1, 1), [_pod(conditions=READY)], None, T0, ENDPOINT)
+    previous = compute_status(model_server(), 1, _deployment(1, 1, 1), [_pod(conditions=READY)], None, T0, ENDPOINT)
     status = invalid_spec_status(2, previous, T1, message)
     conditions = {c["type"]: c for c in status["conditions"]}
     assert status["phase"] == "Degraded" and status["observedGeneration"] == 2
@@ -234,7 +224,7 @@ def test_a_stored_spec_the_model_refuses_is_reported_in_conditions_without_its_v
 def test_a_regenerated_key_is_shown_and_warned_about() -> None:
     first = key_secret_status("m-api-keys", True, {}, T0)
     assert first and (first.name, first.generated_at) == ("m-api-keys", T0)
-    before = _status(_ms(), _deployment(ready=1), [], key_secret=first)
+    before = _status(model_server(), _deployment(ready=1), [], key_secret=first)
     assert before["keySecret"]["message"] == "API key generated in Secret m-api-keys"
     assert not [
         t for t in transitions({}, before) if t.reason == "APIKeyRegenerated"
@@ -242,20 +232,21 @@ def test_a_regenerated_key_is_shown_and_warned_about() -> None:
 
     kept = key_secret_status("m-api-keys", False, before, T1)
     assert (
-        _status(_ms(), _deployment(ready=1), [], previous=before, key_secret=kept)["keySecret"] == before["keySecret"]
+        _status(model_server(), _deployment(ready=1), [], previous=before, key_secret=kept)["keySecret"]
+        == before["keySecret"]
     )
 
     again = key_secret_status("m-api-keys", True, before, T1)  # created again: it had been deleted
-    after = _status(_ms(), _deployment(ready=1), [], previous=before, key_secret=again)
+    after = _status(model_server(), _deployment(ready=1), [], previous=before, key_secret=again)
     assert after["keySecret"]["generatedAt"] == T1 and "was missing" in after["keySecret"]["message"]
     (warning,) = [t for t in transitions(before, after) if t.reason == "APIKeyRegenerated"]
     assert warning.type == "Warning" and "m-api-keys" in warning.message and "old key is refused" in warning.message
 
 
 def test_a_key_regenerated_within_the_same_second_is_warned_about() -> None:
-    before = _status(_ms(), _deployment(ready=1), [], key_secret=key_secret_status("m-api-keys", True, {}, T0))
+    before = _status(model_server(), _deployment(ready=1), [], key_secret=key_secret_status("m-api-keys", True, {}, T0))
     again = key_secret_status("m-api-keys", True, before, T0)  # deleted and created again at once
-    after = _status(_ms(), _deployment(ready=1), [], previous=before, key_secret=again)
+    after = _status(model_server(), _deployment(ready=1), [], previous=before, key_secret=again)
     assert after["keySecret"]["generatedAt"] == before["keySecret"]["generatedAt"]
     assert [t.reason for t in transitions(before, after) if t.reason == "APIKeyRegenerated"] == ["APIKeyRegenerated"]
 
@@ -266,12 +257,12 @@ def test_no_key_secret_without_a_generated_key() -> None:
 
 def test_ready_counts_the_pods_not_the_deployments_lagging_status() -> None:
     # The pod is Ready; the Deployment's status has not caught up: Ready already.
-    status = _status(_ms(), _deployment(ready=0), [_pod(node="gpu-0", conditions=READY)])
+    status = _status(model_server(), _deployment(ready=0), [_pod(node="gpu-0", conditions=READY)])
     assert _conditions(status)["Ready"] == ("True", "Ready") and status["readyReplicas"] == 1
     # A terminating pod no longer counts, whatever the Deployment still says.
     leaving = _pod(node="gpu-0", conditions=READY)
     leaving["metadata"]["deletionTimestamp"] = T0
-    status = _status(_ms(), _deployment(ready=1), [leaving])
+    status = _status(model_server(), _deployment(ready=1), [leaving])
     assert _conditions(status)["Ready"][0] == "False" and status["readyReplicas"] == 0
 
 
@@ -290,7 +281,7 @@ def _group_pod(group: int, worker: int, ready: bool = True, **status: Any) -> di
 
 
 def test_a_group_is_one_replica_ready_only_when_every_pod_of_it_is() -> None:
-    ms = _ms(gpus=16, nodes=2, replicas={"min": 2, "max": 2})
+    ms = model_server(gpus=16, nodes=2, replicas={"min": 2, "max": 2})
     lws = {**_deployment(2, 1), "kind": "LeaderWorkerSet"}
     pods = [_group_pod(0, 0), _group_pod(0, 1), _group_pod(1, 0), _group_pod(1, 1, ready=False)]
     status = _status(ms, lws, pods)
@@ -302,7 +293,7 @@ def test_a_group_is_one_replica_ready_only_when_every_pod_of_it_is() -> None:
 
 
 def test_a_group_that_cannot_be_placed_says_how_many_gpus_each_pod_needs() -> None:
-    ms = _ms(gpus=32, nodes=2)
+    ms = model_server(gpus=32, nodes=2)
     pods = [_group_pod(0, 0, ready=False, conditions=_unschedulable())]
     pods += [_group_pod(0, 1, ready=False, conditions=_unschedulable())]
     status = _status(ms, {**_deployment(1), "kind": "LeaderWorkerSet"}, pods)
@@ -327,7 +318,7 @@ def test_a_surge_pod_without_gpus_while_every_replica_serves_says_the_rollout_wa
     # One replica ready on the old template; the rollout's new pod finds no free GPU.
     deployment = _deployment(replicas=2, ready=1, updated=1)
     pods = [_pod("m-old", "n", conditions=READY), _pod("m-new", phase="Pending", conditions=_unschedulable())]
-    status = _status(_ms(), deployment, pods, desired=1)
+    status = _status(model_server(), deployment, pods, desired=1)
     conditions = {c["type"]: c for c in status["conditions"]}
     assert status["phase"] == "Updating"
     assert (conditions["Progressing"]["status"], conditions["Progressing"]["reason"]) == ("True", "WaitingForGPUs")
@@ -335,18 +326,18 @@ def test_a_surge_pod_without_gpus_while_every_replica_serves_says_the_rollout_wa
     assert "rolloutStrategy to Replace" in conditions["Progressing"]["message"]
     assert SCHEDULER_MESSAGE in conditions["Progressing"]["message"]
     assert conditions["Degraded"]["status"] == "False" and conditions["Ready"]["status"] == "True"
-    replace = _status(_ms(rolloutStrategy="Replace"), deployment, pods, desired=1)
+    replace = _status(model_server(rolloutStrategy="Replace"), deployment, pods, desired=1)
     waiting = next(c for c in replace["conditions"] if c["type"] == "Progressing")
     assert waiting["reason"] == "WaitingForGPUs" and "Replace frees an old pod's GPUs" in waiting["message"]
 
 
 def test_a_kept_back_upgrade_is_an_event_once() -> None:
     upgrade = Upgrade(available="Yes", sidecar="ghcr.io/modelserve/modelserve:0.2.0", message="kept back")
-    before = _status(_ms(), _deployment(1, 1), [])
-    after = _status(_ms(), _deployment(1, 1), [], previous=before, upgrade=upgrade)
+    before = _status(model_server(), _deployment(1, 1), [])
+    after = _status(model_server(), _deployment(1, 1), [], previous=before, upgrade=upgrade)
     assert [(e.reason, e.message) for e in transitions(before, after)] == [
         ("UpgradeAvailable", "ghcr.io/modelserve/modelserve:0.2.0: kept back")
     ]
     assert transitions(after, after) == []
-    done = _status(_ms(), _deployment(1, 1), [], previous=after, upgrade=Upgrade(available="No"))
+    done = _status(model_server(), _deployment(1, 1), [], previous=after, upgrade=Upgrade(available="No"))
     assert transitions(after, done) == []

@@ -10,22 +10,11 @@ from typing import Any
 import pytest
 
 from modelserve.api import manifests, versions
-from modelserve.api.spec import ModelServer
 from modelserve.contracts.operator_settings import Settings
+from tests.helpers.operator_testdata import model_server
 
 OLD = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
 NEW = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.2.0", vllm_image="vllm/vllm-openai:v9.9.9")
-
-
-def _ms(**spec: Any) -> ModelServer:
-    return ModelServer.from_manifest(
-        {
-            "apiVersion": "serving.modelserve.dev/v1alpha1",
-            "kind": "ModelServer",
-            "metadata": {"name": "m", "namespace": "ns", "uid": "u"},
-            "spec": {"model": "LiquidAI/LFM2-1.2B", **spec},
-        }
-    )
 
 
 def _images(workload: dict[str, Any]) -> dict[str, str]:
@@ -33,14 +22,14 @@ def _images(workload: dict[str, Any]) -> dict[str, str]:
 
 
 def test_a_new_modelserver_gets_the_operators_images() -> None:
-    workload = manifests.workload(_ms(), NEW)
+    workload = manifests.workload(model_server(), NEW)
     assert _images(workload) == {"engine": "vllm/vllm-openai:v9.9.9", "sidecar": NEW.sidecar_image}
     recorded = json.loads(workload["metadata"]["annotations"][versions.VERSIONS_ANNOTATION])
     assert recorded == {"sidecar": NEW.sidecar_image, "engine": "vllm/vllm-openai:v9.9.9"}
 
 
 def test_an_operator_upgrade_leaves_the_pod_template_byte_identical_and_reports_the_upgrade() -> None:
-    ms = _ms()
+    ms = model_server()
     live = manifests.workload(ms, OLD)
     after = manifests.workload(ms, NEW, live=live)
     assert after["spec"]["template"] == live["spec"]["template"]  # nothing rolls
@@ -52,7 +41,7 @@ def test_an_operator_upgrade_leaves_the_pod_template_byte_identical_and_reports_
 
 
 def test_a_workload_made_before_the_annotation_keeps_the_images_its_containers_run() -> None:
-    ms = _ms()
+    ms = model_server()
     live = manifests.workload(ms, OLD)
     del live["metadata"]["annotations"]
     assert manifests.workload(ms, NEW, live=live)["spec"]["template"] == live["spec"]["template"]
@@ -64,8 +53,8 @@ def test_a_workload_made_before_the_annotation_keeps_the_images_its_containers_r
     ids=["spec-change-rolls-anyway", "own-image", "automatic"],
 )
 def test_the_new_images_come_when_the_pods_roll_anyway_or_the_owner_opts_in(change: dict[str, Any]) -> None:
-    live = manifests.workload(_ms(), OLD)
-    after = manifests.workload(_ms(**change), NEW, live=live)
+    live = manifests.workload(model_server(), OLD)
+    after = manifests.workload(model_server(**change), NEW, live=live)
     assert _images(after)["sidecar"] == NEW.sidecar_image
     assert _images(after)["engine"] == change.get("image", "vllm/vllm-openai:v9.9.9")
 
@@ -76,28 +65,28 @@ def test_the_new_images_come_when_the_pods_roll_anyway_or_the_owner_opts_in(chan
     ids=["replicas", "rollout-strategy", "manual"],
 )
 def test_changes_that_do_not_touch_the_pods_keep_the_images(change: dict[str, Any]) -> None:
-    live = manifests.workload(_ms(), OLD)
-    after = manifests.workload(_ms(**change), NEW, live=live)
+    live = manifests.workload(model_server(), OLD)
+    after = manifests.workload(model_server(**change), NEW, live=live)
     assert after["spec"]["template"] == live["spec"]["template"]
 
 
 def test_once_pinned_later_reconciles_keep_the_pinned_images() -> None:
-    ms = _ms()
+    ms = model_server()
     applied = manifests.workload(ms, NEW, live=manifests.workload(ms, OLD))
     again = manifests.workload(ms, NEW, live=copy.deepcopy(applied))
     assert again == applied
 
 
 def test_a_multi_node_group_keeps_the_images_of_leaders_and_workers() -> None:
-    ms = _ms(gpus=16, nodes=2)
+    ms = model_server(gpus=16, nodes=2)
     live = manifests.workload(ms, OLD)
     after = manifests.workload(ms, NEW, live=live)
     assert manifests.pod_templates(after) == manifests.pod_templates(live)
 
 
 def test_rollout_strategy_surge_or_replace() -> None:
-    surge = manifests.workload(_ms(), NEW)["spec"]["strategy"]["rollingUpdate"]
-    replace = manifests.workload(_ms(rolloutStrategy="Replace"), NEW)["spec"]["strategy"]["rollingUpdate"]
+    surge = manifests.workload(model_server(), NEW)["spec"]["strategy"]["rollingUpdate"]
+    replace = manifests.workload(model_server(rolloutStrategy="Replace"), NEW)["spec"]["strategy"]["rollingUpdate"]
     assert (surge, replace) == ({"maxSurge": 1, "maxUnavailable": 0}, {"maxSurge": 0, "maxUnavailable": 1})
-    group = manifests.workload(_ms(gpus=16, nodes=2, rolloutStrategy="Replace"), NEW)
+    group = manifests.workload(model_server(gpus=16, nodes=2, rolloutStrategy="Replace"), NEW)
     assert group["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 0, "maxUnavailable": 1}
