@@ -53,6 +53,10 @@ ENGINE_SHUTDOWN_SECONDS = 30
 ENDPOINT_PROPAGATION_SECONDS = 5
 # On the pod template: a new chat template rolls the pods (engines read it once, at start).
 CHAT_TEMPLATE_HASH_ANNOTATION = f"{GROUP}/chat-template-sha256"
+# On running pods, not the template: the operator sets it when spec.adapters changes, and the pod's
+# update makes the kubelet sync it, which refreshes the mounted list at once instead of on its
+# periodic sync (a minute or more) without restarting anything.
+ADAPTERS_HASH_ANNOTATION = f"{GROUP}/adapters-sha256"
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 NONROOT_UID = 65532
 
@@ -483,6 +487,12 @@ def adapters_config_map(ms: ModelServer) -> dict[str, Any] | None:
         "metadata": _metadata(ms, adapters_name(ms)),
         "data": {ADAPTERS_KEY: render_desired(desired)},
     }
+
+
+def adapters_digest(ms: ModelServer) -> str | None:
+    """The hash of the adapters ConfigMap's text, or None without adapters (pure)."""
+    config_map = adapters_config_map(ms)
+    return None if config_map is None else hashlib.sha256(config_map["data"][ADAPTERS_KEY].encode()).hexdigest()
 
 
 def key_secret(metadata: dict[str, Any], key: str) -> dict[str, Any]:

@@ -4,7 +4,9 @@ summed up per adapter (the sidecars load them; the operator only reads)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+from modelserve.api.manifests import ADAPTERS_HASH_ANNOTATION
 from modelserve.api.spec import ModelServer
 from modelserve.api.status import AdapterStatus
 from modelserve.contracts.adapters import ADAPTERS_ROUTE, AdapterState, Phase
@@ -57,3 +59,15 @@ def adapter_statuses(ms: ModelServer, reports: Iterable[list[AdapterState] | Non
             )
         )
     return out
+
+
+def pods_to_nudge(digest: str, pods: Iterable[dict[str, Any]]) -> list[str]:
+    """The pods whose annotation does not yet carry the adapters list's `digest` (pure): patching it
+    makes the kubelet sync the pod, which refreshes the mounted list now rather than on its
+    periodic sync a minute or more later."""
+    return [
+        pod["metadata"]["name"]
+        for pod in pods
+        if not pod["metadata"].get("deletionTimestamp")
+        and (pod["metadata"].get("annotations") or {}).get(ADAPTERS_HASH_ANNOTATION) != digest
+    ]

@@ -30,7 +30,7 @@ from modelserve.kube.pods import pod_ready, readable
 from modelserve.kube.watch_cache import MODELSERVERS, WatchCache, Watched
 from modelserve.kube.workqueue import WorkQueue
 
-from .adapters import adapter_statuses, read_pod_adapters
+from .adapters import adapter_statuses, pods_to_nudge, read_pod_adapters
 from .autoscaling import Autoscaling
 from .status import (
     compute_status,
@@ -157,6 +157,9 @@ class Reconciler:
         apply_error, key_generated = self._apply_children(ms, replicas, live)
         workload = self.caches.by_kind[kind].get(namespace, name)
         pods = self.caches.by_kind["Pod"].owned_by(namespace, name)
+        digest = manifests.adapters_digest(ms)
+        if digest is not None and apply_error is None:
+            self._nudge(ms, pods_to_nudge(digest, serving_pods(pods)), digest)
         status = compute_status(
             ms,
             generation,
@@ -183,6 +186,15 @@ class Reconciler:
                 adapter.model_dump(mode="json", by_alias=True, exclude_none=True) for adapter in adapters
             ]
         self._report(body, previous, status, now)
+
+    def _nudge(self, ms: ModelServer, names: list[str], digest: str) -> None:
+        """Annotate pods with the adapters list they should mount (pods_to_nudge says why)."""
+        patch = {"metadata": {"annotations": {manifests.ADAPTERS_HASH_ANNOTATION: digest}}}
+        for pod in names:
+            try:
+                self.kube.patch("v1", "Pod", ms.namespace, pod, patch)
+            except ApiException as error:  # gone or going: a new pod mounts the new list anyway
+                log.debug("%s/%s: pod %s adapters annotation: %s", ms.namespace, ms.name, pod, error_message(error))
 
     def lws_cache(self) -> WatchCache | None:
         """The LeaderWorkerSet cache, started the first time the API server is found serving the

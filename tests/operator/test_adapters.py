@@ -11,7 +11,7 @@ from modelserve.api.spec import ModelServer
 from modelserve.contracts.adapters import ADAPTERS_KEY, AdapterState, Desired, Phase, parse_desired
 from modelserve.contracts.operator_settings import Settings
 from modelserve.contracts.sidecar import Settings as SidecarSettings
-from modelserve.operator.adapters import adapter_statuses
+from modelserve.operator.adapters import adapter_statuses, pods_to_nudge
 from modelserve.operator.status import transitions
 from tests.helpers.operator_testdata import model_server
 
@@ -106,3 +106,22 @@ def test_an_adapter_that_turns_loaded_or_failed_is_an_event() -> None:
     assert [(e.type, e.reason) for e in events] == [("Warning", "AdapterFailed"), ("Normal", "AdapterLoaded")]
     assert "No adapter found for a/poet" in events[0].message
     assert transitions({"adapters": [failed, loaded]}, {"adapters": [failed, loaded]}) == []
+
+
+def test_pods_are_nudged_until_they_carry_the_lists_hash() -> None:
+    one, two = _ms(adapters=[PIRATE]), _ms(adapters=[PIRATE, POET])
+    digest = manifests.adapters_digest(two)
+    assert digest != manifests.adapters_digest(one) and manifests.adapters_digest(_ms()) is None
+    assert digest == manifests.adapters_digest(_ms(adapters=[PIRATE, POET]))  # the same list, the same bytes
+
+    def pod(name: str, annotation: str | None, deleting: bool = False) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": name, "annotations": {} if annotation is None else {ANNOTATION: annotation}}
+        if deleting:
+            metadata["deletionTimestamp"] = "2026-11-25T00:00:00Z"
+        return {"metadata": metadata}
+
+    pods = [pod("new", None), pod("old", manifests.adapters_digest(one)), pod("done", digest), pod("gone", None, True)]
+    assert pods_to_nudge(digest, pods) == ["new", "old"]
+
+
+ANNOTATION = manifests.ADAPTERS_HASH_ANNOTATION

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import time
 from typing import Any
@@ -261,3 +262,33 @@ def test_kubectl_scale_sets_the_replicas_through_the_scale_subresource(ops: Oper
     assert (scale["spec"]["replicas"], scale["status"]["replicas"]) == (3, 3)
     refused = ops.kubectl("scale", "modelserver", "small", "--replicas=9", check=False)
     assert refused.returncode != 0 and "replicas.count must be between replicas.min and replicas.max" in refused.stderr
+
+
+def test_a_changed_adapter_list_annotates_the_running_pods_and_replaces_none(ops: OperatorView) -> None:
+    pirate, poet = {"name": "pirate", "source": "acme/pirate-lora"}, {"name": "poet", "source": "acme/poet-lora"}
+
+    def pods() -> dict[str, str | None]:
+        listed = ops.kubectl("get", "pods", "-l", "serving.modelserve.dev/modelserver=small", "-o", "json").stdout
+        return {
+            pod["metadata"]["uid"]: (pod["metadata"].get("annotations") or {}).get(
+                "serving.modelserve.dev/adapters-sha256"
+            )
+            for pod in json.loads(listed)["items"]
+        }
+
+    def listed_digest() -> str:
+        text = (ops.get("configmap", "small-adapters") or {})["data"]["adapters.json"]
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    ops.apply(_small(adapters=[pirate]))
+    ops.wait_ready("small")
+    ops.wait(lambda: set(pods().values()) == {listed_digest()}, "the pods annotated with the list they mount")
+    first = pods()
+
+    ops.apply(_small(adapters=[pirate, poet]))
+    # The kubelet refreshes a ConfigMap volume when it syncs the pod, which an annotation's change
+    # makes it do at once: the pods stay, each with the new list's hash.
+    ops.wait(lambda: set(pods().values()) == {listed_digest()} != set(first.values()), "the pods annotated anew")
+    assert pods().keys() == first.keys()
+    revisions = ops.kubectl("get", "replicasets", "-l", "serving.modelserve.dev/modelserver=small", "-o", "name")
+    assert len(revisions.stdout.split()) == 1
