@@ -172,7 +172,9 @@ def test_a_slow_request_sends_the_next_ones_to_the_other_replica(installed: Inst
     slow_replica: dict[str, str] = {}
     first_chunk = threading.Event()
     release = threading.Event()
-    request = {"model": "alpha", "messages": PROMPT, "max_tokens": 400, "stream": True, "logit_bias": NO_END}
+    # Far longer than the quick requests take even on two busy cores (maxModelLen 2048): the stream is
+    # cut by the test once they are done, never ended by the engine while they run.
+    request = {"model": "alpha", "messages": PROMPT, "max_tokens": 1900, "stream": True, "logit_bias": NO_END}
 
     def slow() -> None:
         with httpx.stream("POST", f"{installed.base}/v1/chat/completions", json=request, timeout=180) as answer:
