@@ -94,8 +94,9 @@ collector removes children through their owner references).
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["list", "watch", "create"]
-# Pods for status (Ready counts, InsufficientGPU, image pull and crash reasons), and patch for one
-# annotation before a scale-down: pod-deletion-cost, so the pods serving least go first.
+# Pods for status (Ready counts, InsufficientGPU, image pull and crash reasons), and patch for two
+# annotations: pod-deletion-cost before a scale-down, so the pods serving least go first; the
+# adapters list's hash when it changes, so the kubelet refreshes the mounted list at once.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "patch"]
