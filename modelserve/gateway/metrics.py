@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from modelserve.contracts.names import Key
-from modelserve.http.metrics import DURATION_BUCKETS, TTFT_BUCKETS, refusal_counter
+from modelserve.http.metrics import RequestSeries, refusal_counter
 
 PREFIX = "modelserve_gateway"
 # From an instant to a GPU cold start of many minutes.
@@ -18,26 +18,16 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         ProcessCollector(namespace=PREFIX, registry=self.registry)
         r = self.registry
-        self.requests = Counter(
-            f"{PREFIX}_requests",
-            "Requests by ModelServer and status class (client_closed: the client went away first). Requests "
-            'for no known model count under namespace and model "".',
-            [*MODEL, "status_class"],
-            registry=r,
-        )
-        self.duration = Histogram(
-            f"{PREFIX}_request_duration_seconds",
-            "Time from request to last byte, holding included.",
+        self.series = RequestSeries(
+            PREFIX,
             MODEL,
-            buckets=DURATION_BUCKETS,
-            registry=r,
-        )
-        self.ttfb = Histogram(
-            f"{PREFIX}_time_to_first_byte_seconds",
-            "Time from request to the first body byte sent back, holding included.",
-            MODEL,
-            buckets=TTFT_BUCKETS,
-            registry=r,
+            (
+                "Requests by ModelServer and status class (client_closed: the client went away first). "
+                'Requests for no known model count under namespace and model "".',
+                "Time from request to last byte, holding included.",
+                "Time from request to the first body byte sent back, holding included.",
+            ),
+            r,
         )
         self.in_flight = Gauge(f"{PREFIX}_in_flight_requests", "Requests sent to replicas now.", MODEL, registry=r)
         self.held = Gauge(
@@ -69,21 +59,12 @@ class GatewayMetrics:
         self.replicas = Gauge(f"{PREFIX}_ready_replicas", "Replicas the gateway routes to.", MODEL, registry=r)
         # Label lookups take a lock and hash a tuple; the hot path reuses resolved children (forget()
         # drops a deleted ModelServer's along with its series).
-        self._observed: dict[tuple[Key, str], tuple[Counter, Histogram, Histogram]] = {}
         self._in_flight: dict[Key, Gauge] = {}
         self._routed: dict[tuple[Key, str], Counter] = {}
 
     def observe(self, key: Key, status_label: str, duration: float, ttfb: float | None) -> None:
         """One finished request: its count by status class, its duration and time to first byte."""
-        children = self._observed.get((key, status_label))
-        if children is None:
-            children = (self.requests.labels(*key, status_label), self.duration.labels(*key), self.ttfb.labels(*key))
-            self._observed[(key, status_label)] = children
-        requests, duration_histogram, ttfb_histogram = children
-        requests.inc()
-        duration_histogram.observe(duration)
-        if ttfb is not None:
-            ttfb_histogram.observe(ttfb)
+        self.series.observe(key, status_label, duration, ttfb)
 
     def in_flight_of(self, key: Key) -> Gauge:
         child = self._in_flight.get(key)
@@ -99,10 +80,8 @@ class GatewayMetrics:
 
     def forget(self, key: Key) -> None:
         """Drop a deleted ModelServer's series (the labelled children of every metric)."""
+        self.series.forget(key)
         for metric in (
-            self.requests,
-            self.duration,
-            self.ttfb,
             self.in_flight,
             self.held,
             self.hold,
@@ -114,9 +93,8 @@ class GatewayMetrics:
                 if labels[:2] == key:
                     metric.remove(*labels)
         self._in_flight.pop(key, None)
-        for cache in (self._observed, self._routed):
-            for cached in [cached for cached in cache if cached[0] == key]:
-                del cache[cached]
+        for cached in [cached for cached in self._routed if cached[0] == key]:
+            del self._routed[cached]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from modelserve.contracts import routes
 
@@ -69,6 +71,54 @@ DURATION_BUCKETS = (
 
 def status_class(status: int) -> str:
     return f"{status // 100}xx"
+
+
+class RequestSeries:
+    """What both proxies count of every request under their own labels: requests by status class,
+    the time to the last byte and to the first. Label lookups take a lock and hash a tuple, so the
+    hot path reuses each label set's resolved children."""
+
+    def __init__(
+        self,
+        prefix: str,
+        labels: Sequence[str],
+        helps: tuple[str, str, str],
+        registry: CollectorRegistry,
+    ) -> None:
+        requests_help, duration_help, ttfb_help = helps
+        self.requests = Counter(f"{prefix}_requests", requests_help, [*labels, "status_class"], registry=registry)
+        self.duration = Histogram(
+            f"{prefix}_request_duration_seconds", duration_help, labels, buckets=DURATION_BUCKETS, registry=registry
+        )
+        self.ttfb = Histogram(
+            f"{prefix}_time_to_first_byte_seconds", ttfb_help, labels, buckets=TTFT_BUCKETS, registry=registry
+        )
+        self._children: dict[tuple[tuple[str, ...], str], tuple[Counter, Histogram, Histogram]] = {}
+
+    def observe(self, labels: tuple[str, ...], status_label: str, duration: float, ttfb: float | None) -> None:
+        """One finished request: its count by status class, its duration and time to first byte."""
+        children = self._children.get((labels, status_label))
+        if children is None:
+            children = (
+                self.requests.labels(*labels, status_label),
+                self.duration.labels(*labels),
+                self.ttfb.labels(*labels),
+            )
+            self._children[(labels, status_label)] = children
+        requests, duration_histogram, ttfb_histogram = children
+        requests.inc()
+        duration_histogram.observe(duration)
+        if ttfb is not None:
+            ttfb_histogram.observe(ttfb)
+
+    def forget(self, leading: tuple[str, ...]) -> None:
+        """Drop every series whose labels start with `leading` (a deleted ModelServer's)."""
+        for metric in (self.requests, self.duration, self.ttfb):
+            for labels in list(metric._metrics):
+                if labels[: len(leading)] == leading:
+                    metric.remove(*labels)
+        for cached in [cached for cached in self._children if cached[0][: len(leading)] == leading]:
+            del self._children[cached]
 
 
 def refusal_counter(prefix: str, registry: CollectorRegistry) -> Counter:

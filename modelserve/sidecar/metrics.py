@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 
 from modelserve.contracts import routes
-from modelserve.http.metrics import DURATION_BUCKETS, TTFT_BUCKETS, refusal_counter, status_class
+from modelserve.http.metrics import RequestSeries, refusal_counter, status_class
 
 PREFIX = "modelserve_sidecar"
 
@@ -27,25 +27,15 @@ class SidecarMetrics:
         self.registry = CollectorRegistry()
         ProcessCollector(namespace=PREFIX, registry=self.registry)
         r = self.registry
-        self.requests = Counter(
-            f"{PREFIX}_requests",
-            "Proxied requests by route and status class (client_closed: the client went away first).",
-            ["route", "status_class"],
-            registry=r,
-        )
-        self.duration = Histogram(
-            f"{PREFIX}_request_duration_seconds",
-            "Time from request to last byte.",
+        self.series = RequestSeries(
+            PREFIX,
             ["route"],
-            buckets=DURATION_BUCKETS,
-            registry=r,
-        )
-        self.ttfb = Histogram(
-            f"{PREFIX}_time_to_first_byte_seconds",
-            "Time from request to the first body byte sent back (for streams: time to first token).",
-            ["route"],
-            buckets=TTFT_BUCKETS,
-            registry=r,
+            (
+                "Proxied requests by route and status class (client_closed: the client went away first).",
+                "Time from request to last byte.",
+                "Time from request to the first body byte sent back (for streams: time to first token).",
+            ),
+            r,
         )
         self.in_flight = Gauge(f"{PREFIX}_in_flight_requests", "Proxied requests being served now.", registry=r)
         self.auth_failures = Counter(
@@ -88,20 +78,11 @@ class SidecarMetrics:
             registry=r,
         )
         # Label lookups take a lock and hash a tuple; the hot path reuses resolved children.
-        self._children: dict[tuple[str, str], tuple[Counter, Histogram, Histogram]] = {}
         self._model_children: dict[tuple[str, str], Counter] = {}
         self._token_children: dict[str, tuple[Counter, Counter]] = {}
 
     def observe(self, route: str, status_label: str, duration: float, ttfb: float | None) -> None:
-        children = self._children.get((route, status_label))
-        if children is None:
-            children = (self.requests.labels(route, status_label), self.duration.labels(route), self.ttfb.labels(route))
-            self._children[(route, status_label)] = children
-        requests, duration_hist, ttfb_hist = children
-        requests.inc()
-        duration_hist.observe(duration)
-        if ttfb is not None:
-            ttfb_hist.observe(ttfb)
+        self.series.observe((route,), status_label, duration, ttfb)
 
     def count_usage(self, counts: tuple[int, int] | None) -> None:
         if counts is not None:

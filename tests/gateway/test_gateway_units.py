@@ -15,6 +15,7 @@ from modelserve.contracts.gateway import held_from_json, held_to_json
 from modelserve.gateway.catalog import model_objects, ollama_entries
 from modelserve.gateway.directory import Ambiguous, Directory, Model, model_of, served_name
 from modelserve.gateway.holding import Holding, Outcome
+from modelserve.gateway.metrics import GatewayMetrics
 from modelserve.gateway.proxy import parse_request
 from modelserve.gateway.routing import Ring, affinity_key, conversation_prefix, least_in_flight
 from modelserve.gateway.settings import GatewaySettings
@@ -269,3 +270,22 @@ def test_settings_name_the_bad_variable() -> None:
         GatewaySettings.from_env({"MODELSERVE_GATEWAY_AFFINITY_LOAD_FACTOR": "0.5"})
     with pytest.raises(ConfigError, match="MODELSERVE_GATEWAY_HOLD_SECONDS"):
         GatewaySettings.from_env({"MODELSERVE_GATEWAY_HOLD_SECONDS": "0"})
+
+
+def test_a_forgotten_model_leaves_no_series_and_counts_afresh() -> None:
+    metrics = GatewayMetrics()
+    kept, gone = ("default", "kept"), ("default", "gone")
+    for key in (kept, gone):
+        metrics.observe(key, "2xx", 0.2, 0.01)
+        metrics.routed(key, "least_in_flight")
+        metrics.in_flight_of(key).inc()
+    metrics.forget(gone)
+    text = metrics.render().decode()
+    assert 'model="gone"' not in text
+    assert 'modelserve_gateway_requests_total{model="kept",namespace="default",status_class="2xx"} 1.0' in text
+    assert 'modelserve_gateway_request_duration_seconds_count{model="kept",namespace="default"} 1.0' in text
+    # Its cached children went with the series: a ModelServer of the same name counts from zero.
+    metrics.observe(gone, "2xx", 0.2, None)
+    text = metrics.render().decode()
+    assert 'modelserve_gateway_requests_total{model="gone",namespace="default",status_class="2xx"} 1.0' in text
+    assert 'modelserve_gateway_time_to_first_byte_seconds_count{model="gone",namespace="default"} 0.0' in text
