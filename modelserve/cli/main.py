@@ -133,6 +133,9 @@ def _ollama_commands(commands: Any) -> None:
     scope = list_cmd.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", help=NAMESPACE_HELP)
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    list_cmd.add_argument(
+        "-o", "--output", choices=["wide"], help="wide: also the images the pods run and whether an upgrade waits"
+    )
     show_cmd = commands.add_parser("show", help="a ModelServer's model, settings, status and endpoints")
     show_cmd.add_argument("name", metavar="NAME")
     show_cmd.add_argument("-n", "--namespace", help=NAMESPACE_HELP)
@@ -210,7 +213,8 @@ def list_command(args: argparse.Namespace) -> int:
         where = "any namespace" if args.all_namespaces else f'namespace "{namespace}"'
         print(f"No ModelServers in {where}.", file=sys.stderr)
         return 0
-    sys.stdout.write(cli_views.list_table(items, datetime.now(UTC), args.all_namespaces))
+    wide = args.output == "wide"
+    sys.stdout.write(cli_views.list_table(items, datetime.now(UTC), args.all_namespaces, wide))
     return 0
 
 

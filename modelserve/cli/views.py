@@ -11,6 +11,8 @@ import yaml
 from .cluster import key_secret
 
 LIST_COLUMNS = ("NAME", "MODEL", "PROFILE", "READY", "REPLICAS", "AGE")
+# -o wide, as `kubectl get ms -o wide`: the images the pods run, and whether the operator has newer ones.
+WIDE_COLUMNS = ("SIDECAR", "ENGINE", "UPGRADE")
 DEFAULT_PROFILE = "high-throughput"  # the spec's default, for objects stored without one
 
 
@@ -40,6 +42,12 @@ def _ready(ms: dict[str, Any]) -> dict[str, Any]:
     return next((c for c in conditions if c.get("type") == "Ready"), {})
 
 
+def wide_cells(ms: dict[str, Any]) -> list[str]:
+    status = ms.get("status") or {}
+    versions, upgrade = status.get("versions") or {}, status.get("upgrade") or {}
+    return [versions.get("sidecar", ""), versions.get("engine", ""), upgrade.get("available", "")]
+
+
 def list_row(ms: dict[str, Any], now: datetime) -> list[str]:
     spec, status, meta = ms.get("spec") or {}, ms.get("status") or {}, ms["metadata"]
     created = meta.get("creationTimestamp")
@@ -62,10 +70,10 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
-def list_table(items: list[dict[str, Any]], now: datetime, all_namespaces: bool) -> str:
-    header = list(LIST_COLUMNS)
+def list_table(items: list[dict[str, Any]], now: datetime, all_namespaces: bool, wide: bool = False) -> str:
+    header = list(LIST_COLUMNS) + (list(WIDE_COLUMNS) if wide else [])
     items = sorted(items, key=lambda ms: (ms["metadata"].get("namespace", ""), ms["metadata"]["name"]))
-    rows = [list_row(ms, now) for ms in items]
+    rows = [list_row(ms, now) + (wide_cells(ms) if wide else []) for ms in items]
     if all_namespaces:
         header.insert(0, "NAMESPACE")
         rows = [[ms["metadata"].get("namespace", ""), *row] for ms, row in zip(items, rows, strict=True)]

@@ -73,6 +73,7 @@ def test_arguments_of_the_ollama_commands() -> None:
     chat = parse(["run", "chatty"])
     assert (chat.prompt, chat.namespace, chat.url, chat.key) == (None, None, None, None)
     assert parse(["list", "-A"]).all_namespaces and parse(["ls", "-n", "x"]).namespace == "x"
+    assert parse(["list", "-o", "wide"]).output == "wide" and parse(["list"]).output is None
     create = parse(["create", "chatty", "-f", "Modelfile", "--profile", "cpu", "--apply"])
     assert (create.file, create.profile, create.apply, create.namespace) == ("Modelfile", "cpu", True, None)
     for wrong in (["list", "-A", "-n", "x"], ["create", "chatty"], ["create", "c", "-f", "M", "--profile", "gpu"]):
@@ -118,6 +119,13 @@ def test_list_is_a_table_like_kubectl_get() -> None:
     )
     every = cli_views.list_table([model_server("b", "z"), model_server("a", "y")], NOW, all_namespaces=True)
     assert [line.split()[:2] for line in every.splitlines()] == [["NAMESPACE", "NAME"], ["y", "a"], ["z", "b"]]
+    kept_back = model_server("chatty", "b")
+    kept_back["status"]["versions"] = {"sidecar": "ghcr.io/modelserve/modelserve:0.1.0", "engine": "llama:b9093"}
+    kept_back["status"]["upgrade"] = {"available": "Yes", "sidecar": "ghcr.io/modelserve/modelserve:0.2.0"}
+    wide = cli_views.list_table([kept_back, fresh], NOW, all_namespaces=False, wide=True).splitlines()
+    assert wide[0].split()[-4:] == ["AGE", "SIDECAR", "ENGINE", "UPGRADE"]
+    assert wide[1].split()[-3:] == ["ghcr.io/modelserve/modelserve:0.1.0", "llama:b9093", "Yes"]
+    assert wide[2].split() == ["new", "LiquidAI/LFM2-1.2B", "high-throughput", "Unknown"]
 
 
 def test_show_says_the_model_settings_status_endpoints_and_where_the_key_is() -> None:
