@@ -61,9 +61,13 @@ class OperatorView:
     def wait_reason(
         self, name: str, type_: str, status: str, reason: str, timeout: float = WAIT_SECONDS
     ) -> dict[str, Any]:
+        matched: dict[str, Any] = {}
+
         def matches() -> bool:
             condition = self.condition(name, type_)
-            return (condition.get("status"), condition.get("reason")) == (status, reason)
+            if (condition.get("status"), condition.get("reason")) == (status, reason):
+                matched.update(condition)
+            return bool(matched)
 
         self.wait(matches, f"ModelServer {name} {type_}={status} ({reason})", timeout)
-        return self.condition(name, type_)
+        return matched  # as matched: it may move on before a second read

@@ -111,7 +111,7 @@ def test_replicas_follow_real_load_up_and_back_down(node: NodeView, operator_met
             120,
         )
         timeline.add("scaled down to 1")
-        node.wait(lambda: len(node.pods("elastic")) == 1, f"the second pod gone\n{timeline}", 120)
+        node.wait(lambda: len(node.pods("elastic")) == 1, f"the second pod gone\n{timeline}", 240)
         timeline.add("second pod gone")
         load.ease_to(0)
         load.join()

@@ -84,7 +84,8 @@ def test_create_list_show_run_and_rm_from_a_modelfile(node: NodeView, node_clust
         assert applied["spec"]["samplingDefaults"] == SAMPLING
         assert "<|im_start|>assistant" in applied["spec"]["chatTemplate"]  # translated to Jinja
         # The template reaches the engine as a file of the ConfigMap the operator owns.
-        template = json.loads(node.kubectl("get", "configmap", f"{NAME}-chat-template", "-o", "json").stdout)
+        node.wait(lambda: node.get("configmap", f"{NAME}-chat-template"), "the chat template's ConfigMap", 60)
+        template = node.get("configmap", f"{NAME}-chat-template") or {}
         assert list(template["data"].values()) == [applied["spec"]["chatTemplate"]]
         shown = node.kubectl("get", "modelserver", NAME, "-o", "json", "--show-managed-fields").stdout
         managers = {entry["manager"] for entry in json.loads(shown)["metadata"]["managedFields"]}
@@ -117,7 +118,7 @@ def test_create_list_show_run_and_rm_from_a_modelfile(node: NodeView, node_clust
         removed = modelserve("rm", NAME, "-n", ns)
         assert removed.returncode == 0 and removed.stdout == f'deleted ModelServer "{NAME}" in namespace "{ns}"\n'
         node.wait(lambda: node.get("modelserver", NAME) is None, f"ModelServer {NAME} gone")
-        node.wait(lambda: not node.pods(NAME), f"the pods of {NAME} gone", timeout=120)
+        node.wait(lambda: not node.pods(NAME), f"the pods of {NAME} gone", timeout=240)
         again = modelserve("rm", NAME, "-n", ns)
         assert again.returncode == 1
         assert again.stderr == f'modelserve rm: ModelServer "{NAME}" not found in namespace "{ns}"\n'

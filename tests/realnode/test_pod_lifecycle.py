@@ -51,8 +51,9 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
     streamed: dict[str, object] = {}
 
     def long_stream() -> None:
-        # Well inside the drain deadline (60 s) even on a busy 2-core machine.
-        request = {"model": "draining", "messages": PROMPT, "max_tokens": 64, "stream": True, "logit_bias": NO_END}
+        # Outlasts the preStop (5 s), so the drain really holds it, and stays well inside the drain
+        # deadline (60 s) even on a busy 2-core machine.
+        request = {"model": "draining", "messages": PROMPT, "max_tokens": 600, "stream": True, "logit_bias": NO_END}
         try:
             with httpx.stream("POST", f"{base}/v1/chat/completions", json=request, timeout=120) as response:
                 streamed["body"] = b"".join(response.iter_raw())
@@ -61,13 +62,14 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
             streamed["error"] = repr(error)
         timeline.add("stream ended")
 
+    pods = node.ready_pods("draining")  # listed once: each poll below is then two quick requests
     thread = threading.Thread(target=long_stream)
     thread.start()
     # The replica serving the stream is the one whose sidecar counts a request in flight.
     serving = None
     deadline = time.monotonic() + 30
     while serving is None and time.monotonic() < deadline:
-        for pod in node.ready_pods("draining"):
+        for pod in pods:
             metrics = httpx.get(f"http://{pod['status']['podIP']}:8080/metrics", timeout=10).text
             if "modelserve_sidecar_in_flight_requests 1.0" in metrics:
                 serving = pod["metadata"]["name"]
@@ -101,9 +103,17 @@ def test_a_bad_engine_flag_shows_as_crash_loop(node: NodeView) -> None:
     node.apply(cpu_server("crashing", public=True, engineArgs=["--no-such-flag"]))
     condition = node.wait_reason("crashing", "Degraded", "True", "CrashLoop", timeout=180)
     assert "engine" in condition["message"] and "code 1" in condition["message"], condition
-    # Ready turning False is a Normal Event; Degraded turning True is the Warning.
-    warnings = [e for e in node.events("crashing") if e["reason"] == "CrashLoop" and e["type"] == "Warning"]
-    assert warnings and warnings[0]["message"].startswith("Degraded is True: "), warnings
+    # Ready turning False is a Normal Event; Degraded turning True is the Warning (written just after
+    # the status, so waited for).
+    warnings: list[dict] = []
+
+    def warned() -> bool:
+        events = node.events("crashing")
+        warnings[:] = [e for e in events if e["reason"] == "CrashLoop" and e["type"] == "Warning"]
+        return bool(warnings)
+
+    node.wait(warned, "the CrashLoop Warning Event", 30)
+    assert warnings[0]["message"].startswith("Degraded is True: "), warnings
     assert "code 1" in warnings[0]["message"]
 
 

@@ -49,6 +49,8 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
     assert timeline.first("ms Ready=True reason=Ready") is not None, f"never Ready:\n{timeline}"
     loading = timeline.first("ms Ready=False reason=ModelLoading")
     assert loading is not None and loading < timeline.first("ms Ready=True reason=Ready"), str(timeline)
+    # The operator writes the status, then the Event: wait for the Ready one.
+    node.wait(lambda: "Ready" in [e["reason"] for e in node.events(NAME)], "the Ready Event", 30)
     events = [e["reason"] for e in sorted(node.events(NAME), key=lambda e: e["firstTimestamp"])]
     assert "ModelLoading" in events and events.index("ModelLoading") < events.index("Ready"), events
 
