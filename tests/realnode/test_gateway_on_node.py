@@ -24,6 +24,7 @@ import openai
 import pytest
 
 from modelserve_sandbox.cluster import Cluster
+from tests.helpers.gateway_routing import gateway_replicas, routed_beside_long_streams
 from tests.helpers.node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server, install_chart
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,39 +170,14 @@ def test_a_slow_request_sends_the_next_ones_to_the_other_replica(installed: Inst
     view = installed.view
     view.wait_phase("alpha", "Ready")
     assert len(view.ready_pods("alpha")) == 2
-    slow_replica: dict[str, str] = {}
-    first_chunk = threading.Event()
-    release = threading.Event()
-    # Far longer than the quick requests take even on two busy cores (maxModelLen 2048): the stream is
-    # cut by the test once they are done, never ended by the engine while they run.
-    request = {"model": "alpha", "messages": PROMPT, "max_tokens": 1900, "stream": True, "logit_bias": NO_END}
-
-    def slow() -> None:
-        with httpx.stream("POST", f"{installed.base}/v1/chat/completions", json=request, timeout=180) as answer:
-            slow_replica["pod"] = answer.headers["x-modelserve-replica"]
-            for _ in answer.iter_raw():
-                first_chunk.set()
-                if release.is_set():
-                    break
-
-    thread = threading.Thread(target=slow)
-    thread.start()
-    try:
-        assert first_chunk.wait(120), "the slow stream never started"
-        quick = []
-        for _ in range(4):
-            answer = httpx.post(
-                f"{installed.base}/v1/chat/completions",
-                json={"model": "alpha", "messages": HELLO, "max_tokens": 4},
-                timeout=120,
-            )
-            assert answer.status_code == 200, answer.text
-            quick.append(answer.headers["x-modelserve-replica"])
-        assert slow_replica["pod"] not in quick, f"slow on {slow_replica['pod']}, quick ones on {quick}"
-        assert len(set(quick)) == 1
-    finally:
-        release.set()
-        thread.join(timeout=60)
+    view.wait(lambda: gateway_replicas(installed.base, "alpha") == 2, "the gateway routes to both replicas", 60)
+    # The slow stream is cut once the quick requests are done; the gateway's counters say which of
+    # them it routed while the slow one held its replica.
+    slow = {"model": "alpha", "messages": PROMPT, "max_tokens": 1900, "stream": True, "logit_bias": NO_END}
+    quick = {"model": "alpha", "messages": HELLO, "max_tokens": 4}
+    held, rounds = routed_beside_long_streams(installed.base, slow, quick)
+    assert len(held) >= 4, f"too few quick requests routed beside the slow stream: {rounds}"
+    assert all(slow_pod != quick_pod for slow_pod, quick_pod in held), rounds
 
 
 def test_a_replica_deleted_under_load_loses_no_request(installed: Installed) -> None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from modelserve_sandbox import realnode
 from modelserve_sandbox.processes import wait_until
+from tests.helpers.gateway_routing import gateway_replicas, routed_beside_long_streams
 from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, vllm_example
 
 # One request in flight per replica: three concurrent streams want three, capped at max 2.
@@ -70,140 +70,16 @@ def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView, h
     # The same two real replicas behind the gateway: while a long stream holds one, the next
     # requests go to the other (least in flight), as the gateway tests show with llama.cpp.
     wait_until(lambda: gateway_replicas(host_gateway, name) == 2, 60, "the gateway routes to both replicas")
-    rounds: list[Round] = []
-    held: list[tuple[str, str]] = []
-    for _ in range(HOLD_ROUNDS):
-        this_round = route_beside_a_long_stream(host_gateway, name)
-        rounds.append(this_round)
-        # A quick request shows the routing choice only when the long stream was in flight at the
-        # gateway all the while (the gateway's own count says so, not the client's clock: a starved
-        # client reads chunks late) and the policy alone placed it (no failover after an error).
-        held += [
-            (this_round.long_pod, quick.pod)
-            for quick in this_round.quick
-            if quick.beside_long and quick.decisions == {"least_in_flight": 1}
-        ]
-        if len(held) >= 4:
-            break
+    long_stream = {"model": name, "messages": QUESTION, "max_tokens": 480, "stream": True, "ignore_eos": True}
+    quick = {"model": name, "messages": QUESTION, "max_tokens": 1}
+    # On two shared cores a quick request takes about a fifth of the long stream: a round gives one
+    # to three quick requests the gateway routed while the long one ran.
+    held, rounds = routed_beside_long_streams(host_gateway, long_stream, quick)
     restarts = {pod["metadata"]["name"]: restart_count(pod) for pod in node.pods(name)}
     report = f"rounds: {rounds}; container restarts: {restarts}"
     print(report)
     assert len(held) >= 4, f"too few quick requests routed by the policy beside a long stream: {report}"
     assert all(long_pod != quick_pod for long_pod, quick_pod in held), f"{held}; {report}"
-
-
-# Long streams at most, until four quick requests were routed beside one: on two shared cores a
-# quick request takes about as long as a fifth of the long stream, so a round gives one to three.
-HOLD_ROUNDS = 12
-QUICK_PER_ROUND = 4
-
-
-@dataclass
-class Quick:
-    pod: str  # the replica that answered (the gateway's x-modelserve-replica header)
-    beside_long: bool  # the gateway held the long stream from before this request until after it
-    decisions: dict[str, float]  # the gateway's routing decisions while it ran, by kind
-    errors: dict[str, float]  # the gateway's upstream errors while it ran, by kind
-
-
-@dataclass
-class Round:
-    long_pod: str
-    quick: list[Quick] = field(default_factory=list)
-
-
-def route_beside_a_long_stream(gateway: str, name: str) -> Round:
-    """One long stream (it holds one replica) and quick requests sent one after another while it runs."""
-    long_stream = {"model": name, "messages": QUESTION, "max_tokens": 480, "stream": True, "ignore_eos": True}
-    seen: dict[str, Any] = {}
-    first_chunk, ended = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with httpx.stream("POST", f"{gateway}/v1/chat/completions", json=long_stream, timeout=300) as answer:
-            seen["pod"] = answer.headers["x-modelserve-replica"]
-            for _ in answer.iter_raw():
-                first_chunk.set()
-        ended.set()
-
-    holder = threading.Thread(target=hold, daemon=True)
-    holder.start()
-    quick: list[Quick] = []
-    try:
-        assert first_chunk.wait(120), "the long stream never started"
-        for _ in range(QUICK_PER_ROUND):
-            if ended.is_set():
-                break
-            before = gateway_counters(gateway, name)
-            answer = httpx.post(
-                f"{gateway}/v1/chat/completions",
-                json={"model": name, "messages": QUESTION, "max_tokens": 1},
-                timeout=120,
-            )
-            assert answer.status_code == 200, answer.text
-            # The gateway counts a request once it has ended there (in the step that sends its last
-            # bytes): one more ended and one still in flight mean the long stream outlasted this one.
-            after = counted_after(gateway, name, finished(before))
-            quick.append(
-                Quick(
-                    answer.headers["x-modelserve-replica"],
-                    in_flight(before) == 1 and finished(after) == finished(before) + 1 and in_flight(after) == 1,
-                    rises(before, after, "modelserve_gateway_routing_decisions_total", "decision"),
-                    rises(before, after, "modelserve_gateway_upstream_errors_total", "kind"),
-                )
-            )
-    finally:
-        holder.join(timeout=300)
-    return Round(seen["pod"], quick)
-
-
-def gateway_counters(gateway: str, model: str) -> dict[str, float]:
-    """The gateway's /metrics samples for `model`, by their whole series line."""
-    samples = {}
-    for line in httpx.get(f"{gateway}/metrics", timeout=10).text.splitlines():
-        if not line.startswith("#") and f'model="{model}"' in line:
-            series, value = line.rsplit(" ", 1)
-            samples[series] = float(value)
-    return samples
-
-
-def rises(before: dict[str, float], after: dict[str, float], metric: str, label: str) -> dict[str, float]:
-    """How much each `label` value of counter `metric` rose between two samples (pure)."""
-    rises = {}
-    for series, value in after.items():
-        if series.startswith(metric + "{") and value > before.get(series, 0.0):
-            rises[series.split(f'{label}="', 1)[1].split('"', 1)[0]] = value - before.get(series, 0.0)
-    return rises
-
-
-def counted_after(gateway: str, model: str, ended_before: float) -> dict[str, float]:
-    """The gateway's samples once it counts more ended requests than `ended_before` (30 s at most)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        samples = gateway_counters(gateway, model)
-        if finished(samples) > ended_before:
-            return samples
-        time.sleep(0.1)
-    raise TimeoutError("the gateway never counted the quick request")
-
-
-def finished(samples: dict[str, float]) -> float:
-    """Requests the gateway has ended, of any status (pure)."""
-    return sum(value for series, value in samples.items() if series.startswith("modelserve_gateway_requests_total{"))
-
-
-def in_flight(samples: dict[str, float]) -> float:
-    """Requests the gateway holds at replicas now (pure)."""
-    return sum(
-        value for series, value in samples.items() if series.startswith("modelserve_gateway_in_flight_requests{")
-    )
-
-
-def gateway_replicas(gateway: str, model: str) -> float:
-    """The gateway's own count of the replicas it routes `model` to (its /metrics)."""
-    for series, value in gateway_counters(gateway, model).items():
-        if series.startswith("modelserve_gateway_ready_replicas{"):
-            return value
-    return 0.0
 
 
 def restart_count(pod: dict[str, Any]) -> dict[str, int]:
