@@ -110,8 +110,13 @@ def test_a_model_at_zero_wakes_on_its_first_requests(installed: Installed) -> No
     assert "error" not in answers, f"{answers['error']}\n{timeline}"
     assert answers.get("stream") and answers.get("plain"), f"{answers}\n{timeline}"
     assert max(held_seen, default=0) == 2, f"the gateway's /held showed {held_seen}"
+    # The gateway routes on the pod's readiness, the status follows on the operator's next reconcile.
+    view.wait(
+        lambda: ((view.get("modelserver", "beta") or {}).get("status") or {}).get("readyReplicas") == 1,
+        "readyReplicas 1 in the status",
+        60,
+    )
     scaled = view.get("modelserver", "beta") or {}
-    assert scaled["status"]["readyReplicas"] == 1
     assert "held" in scaled["status"]["scaling"]["message"], scaled["status"]["scaling"]
 
 

@@ -67,6 +67,11 @@ def test_the_host_gateway_wakes_a_model_at_zero(sandbox: HostPrograms, view: Nod
     asking.join(timeout=10)
     assert max(held_seen, default=0) == 1, f"the host gateway's /held showed {held_seen}\n{timeline}"
     assert answer.get("content"), f"{answer}\n{timeline}"
+    # The gateway routes on the pod's readiness, the status follows on the operator's next reconcile.
+    view.wait(
+        lambda: ((view.get("modelserver", "sleeper") or {}).get("status") or {}).get("readyReplicas") == 1,
+        "readyReplicas 1 in the status",
+        60,
+    )
     scaled = view.get("modelserver", "sleeper") or {}
-    assert scaled["status"]["readyReplicas"] == 1
     assert "held" in scaled["status"]["scaling"]["message"], scaled["status"]["scaling"]
