@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from tests.helpers.node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
+from tests.helpers.node_view import GREEDY, NO_END, PROMPT, NodeView, Timeline, cpu_server
 
 # One request in flight per replica: three concurrent streams want three, capped at max 2.
 REPLICAS = {
@@ -50,7 +50,14 @@ class Load:
             thread.join(timeout=180)
 
     def _client(self, index: int) -> None:
-        request = {"model": "elastic", "messages": PROMPT, "max_tokens": 48, "stream": True, "logit_bias": NO_END}
+        request = {
+            "model": "elastic",
+            "messages": PROMPT,
+            "max_tokens": 48,
+            "stream": True,
+            "logit_bias": NO_END,
+            **GREEDY,
+        }
         deadline = time.monotonic() + LOAD_SECONDS_AT_MOST
         while time.monotonic() < deadline:
             with self._lock:

@@ -25,7 +25,7 @@ import pytest
 
 from modelserve_sandbox.cluster import Cluster
 from tests.helpers.gateway_routing import gateway_replicas, routed_beside_long_streams
-from tests.helpers.node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server, install_chart
+from tests.helpers.node_view import GREEDY, NO_END, PROMPT, NodeView, Timeline, cpu_server, install_chart
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -179,7 +179,7 @@ def test_a_slow_request_sends_the_next_ones_to_the_other_replica(installed: Inst
     # The slow stream is cut once the quick requests are done; the gateway's counters say which of
     # them it routed while the slow one held its replica.
     slow = {"model": "alpha", "messages": PROMPT, "max_tokens": 1900, "stream": True, "logit_bias": NO_END}
-    quick = {"model": "alpha", "messages": HELLO, "max_tokens": 4}
+    quick = {"model": "alpha", "messages": HELLO, "max_tokens": 4, **GREEDY}
     held, rounds = routed_beside_long_streams(installed.base, slow, quick)
     assert len(held) >= 4, f"too few quick requests routed beside the slow stream: {rounds}"
     assert all(slow_pod != quick_pod for slow_pod, quick_pod in held), rounds
@@ -198,7 +198,7 @@ def test_a_replica_deleted_under_load_loses_no_request(installed: Installed) -> 
             try:
                 answer = httpx.post(
                     f"{installed.base}/v1/chat/completions",
-                    json={"model": "alpha", "messages": HELLO, "max_tokens": 4},
+                    json={"model": "alpha", "messages": HELLO, "max_tokens": 4, **GREEDY},
                     timeout=120,
                 )
                 outcome = (answer.status_code, answer.headers.get("x-modelserve-replica") or answer.text[:200])

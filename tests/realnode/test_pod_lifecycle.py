@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from modelserve_sandbox import realnode
-from tests.helpers.node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
+from tests.helpers.node_view import GREEDY, NO_END, PROMPT, NodeView, Timeline, cpu_server
 
 
 def _chat(base: str, key: str | None, name: str) -> httpx.Response:
@@ -20,7 +20,7 @@ def _chat(base: str, key: str | None, name: str) -> httpx.Response:
         f"{base}/v1/chat/completions",
         timeout=60,
         headers={"Authorization": f"Bearer {key}"} if key else {},
-        json={"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        json={"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **GREEDY},
     )
 
 
@@ -53,7 +53,14 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
     def long_stream() -> None:
         # Outlasts the preStop (5 s), so the drain really holds it, and stays well inside the drain
         # deadline (60 s) even on a busy 2-core machine.
-        request = {"model": "draining", "messages": PROMPT, "max_tokens": 600, "stream": True, "logit_bias": NO_END}
+        request = {
+            "model": "draining",
+            "messages": PROMPT,
+            "max_tokens": 600,
+            "stream": True,
+            "logit_bias": NO_END,
+            **GREEDY,
+        }
         try:
             with httpx.stream("POST", f"{base}/v1/chat/completions", json=request, timeout=120) as response:
                 streamed["body"] = b"".join(response.iter_raw())

@@ -88,7 +88,9 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
     # A stream arrives as it is generated, not in one piece at the end.
     arrivals: list[float] = []
     started = time.monotonic()
-    stream = client.chat.completions.create(model=NAME, messages=PROMPT, max_tokens=64, stream=True, logit_bias=NO_END)
+    stream = client.chat.completions.create(
+        model=NAME, messages=PROMPT, max_tokens=64, stream=True, logit_bias=NO_END, temperature=0
+    )
     text = ""
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
