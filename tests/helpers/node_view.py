@@ -93,6 +93,11 @@ class Timeline:
         return "\n".join(f"{t:7.2f}s {w}" for t, w in self.entries)
 
 
+def restart_counts(pod: dict[str, Any]) -> dict[str, int]:
+    """Each container's restart count, by container name."""
+    return {c["name"]: c.get("restartCount", 0) for c in pod.get("status", {}).get("containerStatuses", [])}
+
+
 def remove_namespace(cluster: Any, namespace: str, what: str) -> None:
     """Delete a test's namespace and wait (bounded) until its pods are gone: a real pod holds the
     node's CPU and memory until it ends, and the next test needs them."""

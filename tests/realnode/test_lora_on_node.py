@@ -25,7 +25,14 @@ from modelserve_sandbox import tiny_model
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import wait_until
 from tests.helpers.engine_parsers import SETTINGS, parsed, sglang_container, sglang_volume, vllm_container
-from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, remove_namespace, vllm_example
+from tests.helpers.node_view import (
+    QUESTION,
+    VLLM_READY_SECONDS,
+    NodeView,
+    remove_namespace,
+    restart_counts,
+    vllm_example,
+)
 
 NAME = "tiny-lora"
 ADAPTER = "pirate"
@@ -191,10 +198,6 @@ class Streams:
         return any(start <= moment <= end for start, end, _, _ in self.spans)
 
 
-def _restarts(pod: dict[str, Any]) -> dict[str, int]:
-    return {c["name"]: c["restartCount"] for c in pod["status"]["containerStatuses"]}
-
-
 def test_adding_and_removing_an_adapter_while_streams_run_on_the_base(served) -> None:
     view, base, key = served
     (before,) = view.ready_pods(NAME)
@@ -233,7 +236,7 @@ def test_adding_and_removing_an_adapter_while_streams_run_on_the_base(served) ->
     assert streams.covered(loaded) and streams.covered(unloaded), (loaded, unloaded, streams.spans)
     (after,) = view.ready_pods(NAME)
     assert after["metadata"]["uid"] == before["metadata"]["uid"], "the pod was replaced"
-    assert _restarts(after) == _restarts(before), (_restarts(before), _restarts(after))
+    assert restart_counts(after) == restart_counts(before), (restart_counts(before), restart_counts(after))
 
 
 def test_a_source_the_hub_does_not_have_fails_with_vllms_message(served) -> None:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import httpx
 
 from modelserve_sandbox import realnode
 from modelserve_sandbox.processes import wait_until
 from tests.helpers.gateway_routing import gateway_replicas, routed_beside_long_streams
-from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, vllm_example
+from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, restart_counts, vllm_example
 
 # One request in flight per replica: three concurrent streams want three, capped at max 2.
 REPLICAS = {"min": 1, "buffer": 0, "max": 2, "targetPerReplica": 1, "scaleDownDelaySeconds": 600}
@@ -75,15 +74,11 @@ def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView, h
     # On two shared cores a quick request takes about a fifth of the long stream: a round gives one
     # to three quick requests the gateway routed while the long one ran.
     held, rounds = routed_beside_long_streams(host_gateway, long_stream, quick)
-    restarts = {pod["metadata"]["name"]: restart_count(pod) for pod in node.pods(name)}
+    restarts = {pod["metadata"]["name"]: restart_counts(pod) for pod in node.pods(name)}
     report = f"rounds: {rounds}; container restarts: {restarts}"
     print(report)
     assert len(held) >= 4, f"too few quick requests routed by the policy beside a long stream: {report}"
     assert all(long_pod != quick_pod for long_pod, quick_pod in held), f"{held}; {report}"
-
-
-def restart_count(pod: dict[str, Any]) -> dict[str, int]:
-    return {c["name"]: c.get("restartCount", 0) for c in pod.get("status", {}).get("containerStatuses", [])}
 
 
 def test_a_flag_vllm_refuses_shows_as_crash_loop_in_vllms_words(node: NodeView) -> None:
