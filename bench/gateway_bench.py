@@ -74,7 +74,8 @@ def serve_gateway(spec: dict[str, Any]) -> None:
         }
     )
     app = build_app(settings, FixedDiscovery([model]))
-    serve(app, settings.listen_host, settings.listen_port, settings.drain_seconds, log_level="warning")
+    direct = app.direct_routes()
+    serve(app, settings.listen_host, settings.listen_port, settings.drain_seconds, direct, log_level="warning")
 
 
 def start_gateway(

@@ -17,6 +17,7 @@ from modelserve.contracts.gateway import HEALTH_ROUTE, HELD_ROUTE, METRICS_ROUTE
 from modelserve.contracts.names import PACKAGE_VERSION, Key
 from modelserve.http import ollama
 from modelserve.http.allowlist import in_error_shape, refuse
+from modelserve.http.direct import DirectRoutes
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.relay import authorization_header
 from modelserve.http.upstream import open_pool, open_session
@@ -52,10 +53,19 @@ class Dispatcher:
         self.api = api
         self.proxy = proxy
 
+    def direct_routes(self) -> DirectRoutes:
+        """The requests the server hands the proxy without ASGI (direct.py): exactly those this
+        dispatcher would send to `self.proxy` with their answers as they are (not Ollama's)."""
+        return {
+            (method.encode(), path.encode()): self.proxy.direct
+            for method, path in routes.FORWARDED
+            if path not in OWN_ROUTES and not _model_list(method, path) and routes.error_shape(path) == routes.OPENAI
+        }
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in OWN_ROUTES:
             await self.api(scope, receive, send)
-        elif _model_list(scope):
+        elif _model_list(scope["method"], scope["path"]):
             await self.api(scope, receive, in_error_shape(send, scope["path"]))
         elif routes.allowed(scope["method"], scope["path"]) is None:
             await refuse(scope, send, self.proxy.metrics.refused)
@@ -63,11 +73,8 @@ class Dispatcher:
             await self.proxy(scope, receive, in_error_shape(send, scope["path"]))
 
 
-def _model_list(scope: dict[str, Any]) -> bool:
-    path = scope["path"]
-    return scope["method"] == "GET" and (
-        path == MODELS_ROUTE or path.startswith(MODELS_ROUTE + "/") or path in OLLAMA_GETS
-    )
+def _model_list(method: str, path: str) -> bool:
+    return method == "GET" and (path == MODELS_ROUTE or path.startswith(MODELS_ROUTE + "/") or path in OLLAMA_GETS)
 
 
 def build_app(settings: GatewaySettings, discovery: Discovery, directory: Directory | None = None) -> Dispatcher:

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         settings.hold_seconds,
     )
     app = build_app(settings, KubeDiscovery(settings.namespaces))
-    serve(app, settings.listen_host, settings.listen_port, settings.drain_seconds)
+    serve(app, settings.listen_host, settings.listen_port, settings.drain_seconds, app.direct_routes())
 
 
 if __name__ == "__main__":

@@ -18,16 +18,10 @@ import aiohttp
 
 from modelserve.contracts.names import Key
 from modelserve.http import errors
+from modelserve.http.direct import DirectDownstream
+from modelserve.http.downstream import AsgiDownstream, Downstream, Exchange, Headers, answer
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
-from modelserve.http.relay import (
-    HOP_BY_HOP,
-    Exchange,
-    filter_headers,
-    read_limited_body,
-    relay,
-    respond,
-    upstream_error_kind,
-)
+from modelserve.http.relay import HOP_BY_HOP, filter_headers, read_limited_body, relay, upstream_error_kind
 from modelserve.http.upstream_pool import ConnectFailed, Disconnected, Pool, Response, UpstreamError
 
 from . import errors as gateway_errors
@@ -68,57 +62,61 @@ class GatewayProxy:
         self.rng = random.Random()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The ASGI way in: Ollama's routes (their errors reworded), and any request the server's fast
+        lane left to ASGI."""
+        client = AsgiDownstream(receive, send)
+        try:
+            await self.serve(scope["path"], scope["headers"], client)
+        finally:
+            client.close()
+
+    async def direct(self, request: DirectDownstream) -> None:
+        """The server's fast lane (direct.py) for the OpenAI consumer routes."""
+        await self.serve(request.path, request.headers, request)
+
+    async def serve(self, path: str, headers: Headers, client: Downstream) -> None:
         exchange = Exchange(perf_counter())
         key = NO_MODEL
         try:
-            key = await self._handle(scope, receive, send, exchange)
+            key = await self._handle(path, headers, client, exchange)
         finally:
             label = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
             self.metrics.observe(key, label, perf_counter() - exchange.start, exchange.ttfb)
 
-    async def _handle(self, scope: dict[str, Any], receive: Any, send: Any, exchange: Exchange) -> Key:
-        body = await read_limited_body(scope["headers"], receive, send, self.settings.max_body_bytes, exchange)
+    async def _handle(self, path: str, headers: Headers, client: Downstream, exchange: Exchange) -> Key:
+        body = await read_limited_body(headers, client, self.settings.max_body_bytes, exchange)
         if body is None:
             return NO_MODEL
 
         request, refusal = parse_request(body)
         if refusal is not None:
-            exchange.status = await respond(send, refusal)
+            exchange.status = await answer(client, refusal)
             return NO_MODEL
         requested = request["model"]
         try:
             model = self.directory.resolve(requested)
         except Ambiguous as ambiguous:
-            exchange.status = await respond(send, gateway_errors.ambiguous_model(ambiguous.name, ambiguous.namespaces))
+            exchange.status = await answer(client, gateway_errors.ambiguous_model(ambiguous.name, ambiguous.namespaces))
             return NO_MODEL
         if model is None:
-            exchange.status = await respond(send, gateway_errors.unknown_model(requested))
+            exchange.status = await answer(client, gateway_errors.unknown_model(requested))
             return NO_MODEL
         served = served_name(requested)
         if requested != served:  # `namespace/name`: the replica serves it as `name`
             body = json.dumps({**request, "model": served}).encode()
 
-        disconnected: asyncio.Future[Any] | None = None
-        try:
-            if not model.replicas:
-                disconnected = asyncio.ensure_future(_disconnect(receive))
-                receive = _replayed_disconnect(disconnected)
-                held = await self._hold(model, send, exchange, disconnected)
-                if held is None:
-                    return model.key
-                model = held
-            prefix = conversation_prefix(request) if self.settings.routing == PREFIX_AFFINITY else None
-            if prefix is not None:
-                prefix = affinity_key(prefix, served, model.name)
-            await self._forward(scope, receive, send, body, model, prefix, exchange)
-            return model.key
-        finally:
-            if disconnected is not None:
-                disconnected.cancel()
+        if not model.replicas:
+            held = await self._hold(model, client, exchange)
+            if held is None:
+                return model.key
+            model = held
+        prefix = conversation_prefix(request) if self.settings.routing == PREFIX_AFFINITY else None
+        if prefix is not None:
+            prefix = affinity_key(prefix, served, model.name)
+        await self._forward(path, headers, client, body, model, prefix, exchange)
+        return model.key
 
-    async def _hold(
-        self, model: Model, send: Any, exchange: Exchange, disconnected: asyncio.Future[Any]
-    ) -> Model | None:
+    async def _hold(self, model: Model, client: Downstream, exchange: Exchange) -> Model | None:
         """Wait for a ready replica of `model`; None when the request was answered (or gone) here."""
         key = model.key
         deadline = exchange.start + self.settings.hold_seconds
@@ -129,7 +127,7 @@ class GatewayProxy:
             if remaining <= 0:
                 outcome = Outcome.TIMEOUT
                 break
-            outcome = await self.holding.wait(key, remaining, disconnected)
+            outcome = await self.holding.wait(key, remaining, client.gone())
             current = self.directory.models.get(key)
             if outcome is not Outcome.READY:
                 break
@@ -139,29 +137,28 @@ class GatewayProxy:
             return current
         self.metrics.hold.labels(*key, outcome.value).observe(waited)
         if current is None:
-            exchange.status = await respond(send, gateway_errors.unknown_model(model.name))
+            exchange.status = await answer(client, gateway_errors.unknown_model(model.name))
         elif outcome is Outcome.GONE:
             exchange.client_gone = True
         elif outcome is Outcome.FULL:
-            exchange.status = await respond(send, gateway_errors.hold_queue_full(model.name, self.settings.max_held))
+            exchange.status = await answer(client, gateway_errors.hold_queue_full(model.name, self.settings.max_held))
         else:
-            exchange.status = await respond(send, gateway_errors.hold_timeout(model.name, self.settings.hold_seconds))
+            exchange.status = await answer(client, gateway_errors.hold_timeout(model.name, self.settings.hold_seconds))
         return None
 
     async def _forward(
         self,
-        scope: dict[str, Any],
-        receive: Any,
-        send: Any,
+        path: str,
+        headers: Headers,
+        client: Downstream,
         body: bytes,
         model: Model,
         prefix: bytes | None,
         exchange: Exchange,
     ) -> None:
-        headers = filter_headers(scope["headers"], DROP_TO_REPLICA)
-        # The consumer route the dispatcher checked, as it is spelt there: never the client's raw path
-        # or query (allowlist.py).
-        path = scope["path"]
+        to_replica = filter_headers(headers, DROP_TO_REPLICA)
+        # `path`: the consumer route the dispatcher checked, as it is spelt there; never the client's
+        # raw path or query (allowlist.py).
         key = model.key
         tried: list[str] = []
         chosen: list[tuple[str, str]] = []  # (address, pod): the replica holding this request's count
@@ -179,10 +176,10 @@ class GatewayProxy:
                 self._enter(replica, key)
                 chosen[:] = [(replica, current.pods.get(replica, ""))]
                 try:
-                    answer = await self.pool.request("POST", f"http://{replica}{path}", headers, body)
-                    if answer.status != RETRIABLE_STATUS or attempt or not _others(current, tried):
-                        return answer
-                    answer.release()
+                    response = await self.pool.request("POST", f"http://{replica}{path}", to_replica, body)
+                    if response.status != RETRIABLE_STATUS or attempt or not _others(current, tried):
+                        return response
+                    response.release()
                     self._leave(replica, key)
                     chosen.clear()
                     self.metrics.upstream_errors.labels(*key, "status_503").inc()
@@ -200,7 +197,7 @@ class GatewayProxy:
             return [(REPLICA_HEADER, chosen[0][1].encode())] if chosen and chosen[0][1] else []
 
         try:
-            _, error = await relay(receive, send, exchange, open_upstream, self._failure, extra_headers=replica_header)
+            _, error = await relay(client, exchange, open_upstream, self._failure, extra_headers=replica_header)
             if error is not None and not isinstance(error, (*RETRIABLE, _NoReplica)):
                 self.metrics.upstream_errors.labels(*key, upstream_error_kind(error)).inc()
         finally:
@@ -248,20 +245,3 @@ def parse_request(body: bytes) -> tuple[dict[str, Any], errors.ErrorResponse | N
     if not isinstance(model, str) or not model:
         return {}, gateway_errors.missing_model()
     return request, None
-
-
-async def _disconnect(receive: Any) -> None:
-    """Completes when the client hangs up (the body has been read: nothing else arrives)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-def _replayed_disconnect(disconnected: asyncio.Future[Any]) -> Any:
-    """A `receive` for the relay once the hold has its own watcher on the real one (ASGI allows one
-    reader): it reports the same disconnect."""
-
-    async def receive() -> dict[str, Any]:
-        await asyncio.shield(disconnected)
-        return {"type": "http.disconnect"}
-
-    return receive

@@ -1,6 +1,6 @@
 """The hot path both the sidecar and the gateway run: read a request body, send it upstream
-(upstream_pool.py), and stream the answer back to the ASGI client chunk by chunk, untouched. Raw ASGI, no
-framework layer; a client that goes away cancels the upstream request (which aborts the generation).
+(upstream_pool.py), and stream the answer back to the client (downstream.py) chunk by chunk, untouched.
+No framework layer; a client that goes away cancels the upstream request (which aborts the generation).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from time import perf_counter
 from typing import Any
 
 from . import errors
+from .downstream import AsgiDownstream, ClientGone, Downstream, Exchange, answer
 from .upstream_pool import ConnectFailed, Response, UpstreamError
 from .usage import ResponseTail
 
@@ -43,14 +44,17 @@ def authorization_header(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None
 
 
 def filter_headers(headers: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes]) -> Headers:
-    """Headers without `drop` and without any header the Connection header names (pure)."""
+    """Headers without `drop` and without any header the Connection header names, names lower-cased
+    (pure; `drop` holds Connection)."""
     kept: Headers = []
+    named: set[bytes] | None = None
     for raw_name, value in headers:
         name = raw_name.lower()
         if name == b"connection":
-            drop = drop | {token.strip().lower() for token in value.split(b",")}
-        kept.append((name, value))
-    return [(name, value) for name, value in kept if name not in drop]
+            named = (named or set()) | {token.strip().lower() for token in value.split(b",")}
+        elif name not in drop:
+            kept.append((name, value))
+    return kept if named is None else [(name, value) for name, value in kept if name not in named]
 
 
 def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
@@ -70,69 +74,30 @@ def upstream_error_kind(exc: BaseException) -> str:
     return "connect" if isinstance(exc, ConnectFailed) else "disconnected"
 
 
-class ClientGone(Exception):
-    """The client disconnected while its request body was being read."""
-
-
-class Exchange:
-    """What one request did, for its metrics."""
-
-    __slots__ = ("client_gone", "start", "status", "ttfb")
-
-    def __init__(self, start: float) -> None:
-        self.start = start
-        self.status = 500
-        self.ttfb: float | None = None
-        self.client_gone = False
-
-
 async def respond(send: Any, error: errors.ErrorResponse, close: bool = False) -> int:
-    body = error.body()
-    headers = error.headers(body)
-    if close:  # the rest of an oversized body is not read, so the connection cannot be reused
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-    return error.status
+    """`answer` through an ASGI `send`."""
+    return await answer(AsgiDownstream(None, send), error, close)
 
 
-async def read_body(receive: Any, limit: int) -> bytes | None:
-    """The whole request body, or None when it grows beyond `limit` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def read_limited_body(headers: Headers, receive: Any, send: Any, limit: int, exchange: Exchange) -> bytes | None:
+async def read_limited_body(headers: Headers, client: Downstream, limit: int, exchange: Exchange) -> bytes | None:
     """The request body, or None when the request was settled here: a 413 for a body larger than
     `limit` (declared or read), or the client gone while it was read (exchange.client_gone)."""
     declared = content_length(headers)
     if declared is not None and declared > limit:
-        exchange.status = await respond(send, errors.body_too_large(limit), close=True)
+        exchange.status = await answer(client, errors.body_too_large(limit), close=True)
         return None
     try:
-        body = await read_body(receive, limit)
+        body = await client.read_body(limit)
     except ClientGone:
         exchange.client_gone = True
         return None
     if body is None:
-        exchange.status = await respond(send, errors.body_too_large(limit), close=True)
+        exchange.status = await answer(client, errors.body_too_large(limit), close=True)
     return body
 
 
 async def relay(
-    receive: Any,
-    send: Any,
+    client: Downstream,
     exchange: Exchange,
     open_upstream: Callable[[], Awaitable[Response]],
     failed: Callable[[BaseException], errors.ErrorResponse],
@@ -144,11 +109,11 @@ async def relay(
     Returns the end of the answer when `count_usage` and it may carry usage, and the upstream
     error if there was one (after a status was sent, the answer just ends without its final
     chunk, which tells the client it was cut; before, the client gets `failed(error)`)."""
-    # receive() only returns again when the client goes away: that cancels this task, which
-    # closes the upstream connection, which makes the engine abort the generation.
+    # A client that goes away cancels this task, which closes the upstream connection, which makes
+    # the engine abort the generation.
     task = asyncio.current_task()
     assert task is not None
-    watcher = task.get_loop().create_task(_cancel_on_disconnect(receive, task, exchange))
+    client.cancel_on_disconnect(task, exchange)
     started = False
     try:
         upstream = await open_upstream()
@@ -157,10 +122,18 @@ async def relay(
             headers = filter_headers(upstream.raw_headers, HOP_BY_HOP)
             if extra_headers is not None:  # known once the upstream is chosen (the gateway's replica)
                 headers.extend(extra_headers())
-            await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
-            started = True
             counted = count_usage and upstream.status == 200 and upstream.content_type in USAGE_TYPES
             tail = ResponseTail() if counted else None
+            started = True
+            if upstream.complete:  # the whole answer came with its headers: out in one write
+                body = await upstream.read_chunk()
+                if body:
+                    exchange.ttfb = perf_counter() - exchange.start
+                    if tail is not None:
+                        tail.add(body)
+                await client.whole(upstream.status, headers, body)
+                return (tail.bytes() if tail is not None else None), None
+            await client.start(upstream.status, headers)
             last = b""
             while chunk := await upstream.read_chunk():
                 if exchange.ttfb is None:
@@ -170,9 +143,8 @@ async def relay(
                 if upstream.at_end:  # the answer's last bytes: they end it, in one write (a short answer's all)
                     last = chunk
                     break
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            watcher.cancel()  # before the last send: after it, receive() reports a disconnect
-            await send({"type": "http.response.body", "body": last, "more_body": False})
+                await client.write(chunk)
+            await client.end(last)
         return (tail.bytes() if tail is not None else None), None
     except asyncio.CancelledError:
         if not exchange.client_gone:
@@ -180,15 +152,6 @@ async def relay(
         task.uncancel()
     except (TimeoutError, UpstreamError) as exc:
         if not started:
-            exchange.status = await respond(send, failed(exc))
+            exchange.status = await answer(client, failed(exc))
         return None, exc
-    finally:
-        watcher.cancel()
     return None, None
-
-
-async def _cancel_on_disconnect(receive: Any, task: asyncio.Task[Any], exchange: Exchange) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    exchange.client_gone = True
-    task.cancel()

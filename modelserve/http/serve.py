@@ -1,26 +1,29 @@
-"""Serving as the sidecar and the gateway both do: the ASGI app served with uvloop and httptools, no
-access log (the metrics count every request; a log line each would cost more than the proxying),
-no Server or Date header of uvicorn's own (the upstream's pass through), and a drain on SIGTERM."""
+"""Serving as the sidecar and the gateway both do: the ASGI app served by uvicorn with uvloop and
+httptools, the proxied consumer routes on the protocol's fast lane (direct.py), no access log (the
+metrics count every request; a log line each would cost more than the proxying), no Server or Date
+header of uvicorn's own (the upstream's pass through), and a drain on SIGTERM."""
 
 from __future__ import annotations
 
 import gc
+import sys
 from typing import Any
 
 import uvicorn
+from uvicorn.main import STARTUP_FAILURE
+
+from .direct import DirectRoutes, protocol_for
 
 
-def serve(app: Any, host: str, port: int, drain_seconds: float, log_level: str = "info") -> None:
-    # Everything loaded so far (the frameworks, the app) lives as long as the process: out of the
-    # collector's sight, a full collection no longer walks it while requests allocate.
-    gc.collect()
-    gc.freeze()
-    uvicorn.run(
+def config(
+    app: Any, host: str, port: int, drain_seconds: float, direct: DirectRoutes, log_level: str = "info"
+) -> uvicorn.Config:
+    return uvicorn.Config(
         app,
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=protocol_for(direct),
         lifespan="on",
         access_log=False,
         server_header=False,
@@ -32,3 +35,14 @@ def serve(app: Any, host: str, port: int, drain_seconds: float, log_level: str =
         # deadline, then cancels them and runs the lifespan shutdown.
         timeout_graceful_shutdown=drain_seconds,
     )
+
+
+def serve(app: Any, host: str, port: int, drain_seconds: float, direct: DirectRoutes, log_level: str = "info") -> None:
+    # Everything loaded so far (the frameworks, the app) lives as long as the process: out of the
+    # collector's sight, a full collection no longer walks it while requests allocate.
+    gc.collect()
+    gc.freeze()
+    server = uvicorn.Server(config(app, host, port, drain_seconds, direct, log_level))
+    server.run()
+    if not server.started:  # as uvicorn.run: the port was taken, or the lifespan's start failed
+        sys.exit(STARTUP_FAILURE)

@@ -126,6 +126,11 @@ class Response:
         return await self._connection.read_chunk()
 
     @property
+    def complete(self) -> bool:
+        """The whole body has arrived (some of it may not have been read yet)."""
+        return self._connection.complete
+
+    @property
     def at_end(self) -> bool:
         """The whole body has been read (the last chunk may go out as the last one, in one write)."""
         connection = self._connection

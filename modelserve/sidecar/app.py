@@ -15,6 +15,7 @@ from modelserve.contracts import routes
 from modelserve.contracts.adapters import ADAPTERS_ROUTE
 from modelserve.contracts.sidecar import HEALTH_ROUTE, LOAD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Settings
 from modelserve.http.allowlist import refuse
+from modelserve.http.direct import DirectRoutes
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.ollama import ROUTES as OLLAMA_ROUTES
 from modelserve.http.upstream import METRICS_TIMEOUT, open_pool, open_session
@@ -37,6 +38,15 @@ class Dispatcher:
         self.api = api
         self.proxy = proxy
         self.ollama = ollama
+
+    def direct_routes(self) -> DirectRoutes:
+        """The requests the server hands the proxy without ASGI (direct.py): exactly those this
+        dispatcher would send to `self.proxy` as they are."""
+        return {
+            (method.encode(), path.encode()): self.proxy.direct
+            for method, path in routes.FORWARDED
+            if path not in OWN_ROUTES and path not in OLLAMA_ROUTES
+        }
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in OWN_ROUTES:

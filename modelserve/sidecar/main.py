@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
         dict(settings.sampling_defaults),
         settings.max_body_bytes,
     )
-    serve(build_app(settings), settings.listen_host, settings.listen_port, settings.drain_seconds)
+    app = build_app(settings)
+    serve(app, settings.listen_host, settings.listen_port, settings.drain_seconds, app.direct_routes())
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ from typing import Any
 from modelserve.contracts.names import PACKAGE_VERSION
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import ollama
+from modelserve.http.downstream import ClientGone, read_body
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
 from modelserve.http.ollama_errors import OllamaErrors, send_whole
-from modelserve.http.relay import ClientGone, content_length, read_body
+from modelserve.http.relay import content_length
 
 from .auth import refusal_reason
 from .metrics import ROUTE_SCOPE_KEY, route_label

@@ -12,16 +12,10 @@ from typing import Any
 from modelserve.contracts import routes
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import errors
-from modelserve.http.metrics import status_class
-from modelserve.http.relay import (
-    HOP_BY_HOP,
-    Exchange,
-    filter_headers,
-    read_limited_body,
-    relay,
-    respond,
-    upstream_error_kind,
-)
+from modelserve.http.direct import DirectDownstream
+from modelserve.http.downstream import AsgiDownstream, Downstream, Exchange, Headers, answer
+from modelserve.http.metrics import CLIENT_CLOSED, status_class
+from modelserve.http.relay import HOP_BY_HOP, filter_headers, read_limited_body, relay, upstream_error_kind
 from modelserve.http.upstream_pool import ConnectFailed, Disconnected, Pool, Response
 from modelserve.http.usage import usage_from_tail
 
@@ -39,7 +33,6 @@ log = logging.getLogger(__name__)
 # whole body is here) and Authorization (the engine has no use for the key; keeps it out of its logs).
 DROP_TO_ENGINE = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authorization"}
 RETRY_AFTER_SECONDS = 5
-CLIENT_CLOSED = "client_closed"
 
 
 class Proxy:
@@ -51,6 +44,8 @@ class Proxy:
         self.keys = keys  # None in public mode
         self.metrics = metrics
         self.demand = Demand()
+        # Read when scraped: the demand counts requests in flight already, without the gauge's lock.
+        metrics.in_flight.set_function(lambda: self.demand.in_flight)
         self.pool: Pool | None = None  # opened by the app's lifespan
         self._targets = {path: settings.upstream_url + path for _, path in routes.FORWARDED}
 
@@ -65,37 +60,47 @@ class Proxy:
         return errors.unauthorized(reason)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The ASGI way in: the Ollama adapter's, and any request the server's fast lane left to ASGI."""
+        client = AsgiDownstream(receive, send)
+        try:
+            label = scope.get(ROUTE_SCOPE_KEY) or scope["path"]
+            await self.serve(scope["method"], scope["path"], scope["headers"], label, client)
+        finally:
+            client.close()
+
+    async def direct(self, request: DirectDownstream) -> None:
+        """The server's fast lane (direct.py) for the consumer routes forwarded as they are."""
+        await self.serve(request.method, request.path, request.headers, request.path, request)
+
+    async def serve(self, method: str, path: str, headers: Headers, label: str, client: Downstream) -> None:
         start = perf_counter()
-        route = route_label(scope.get(ROUTE_SCOPE_KEY) or scope["path"])
+        route = route_label(label)
         exchange = Exchange(start)
-        self.metrics.in_flight.inc()
         self.demand.in_flight += 1
         try:
-            await self._handle(scope, receive, send, exchange)
+            await self._handle(method, path, headers, client, exchange)
         finally:
-            self.metrics.in_flight.dec()
             self.demand.in_flight -= 1
-            label = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
-            self.metrics.observe(route, label, perf_counter() - start, exchange.ttfb)
+            status = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
+            self.metrics.observe(route, status, perf_counter() - start, exchange.ttfb)
 
-    async def _handle(self, scope: dict[str, Any], receive: Any, send: Any, exchange: Exchange) -> None:
-        headers = scope["headers"]
+    async def _handle(self, method: str, path: str, headers: Headers, client: Downstream, exchange: Exchange) -> None:
         refused = self.key_refusal(headers)
         if refused is not None:
-            exchange.status = await respond(send, refused)
+            exchange.status = await answer(client, refused)
             return
         self.demand.arrived()
 
-        body = await read_limited_body(headers, receive, send, self.settings.max_body_bytes, exchange)
+        body = await read_limited_body(headers, client, self.settings.max_body_bytes, exchange)
         if body is None:
             return
 
-        route = routes.FORWARDED.get((scope["method"], scope["path"]))
+        route = routes.FORWARDED.get((method, path))
         if route is None:
             # The dispatcher's allowlist (allowlist.py) sends only these, and so does the Ollama
             # adapter but for the requests it hands over to be refused (bad key, body too large),
             # which a key reloaded in between could let through to here: nothing else is forwarded.
-            exchange.status = await respond(send, errors.unknown_route(scope["method"], scope["path"]))
+            exchange.status = await answer(client, errors.unknown_route(method, path))
             return
         model = None
         if route.method == "POST":
@@ -112,13 +117,13 @@ class Proxy:
                 adapters.engine_names if adapters else {},
             )
             if isinstance(checked, errors.ErrorResponse):
-                exchange.status = await respond(send, checked)
+                exchange.status = await answer(client, checked)
                 return
             body = checked
             if adapters:
                 # Only with adapters: one more parse of the body, for usage per adapter.
                 model = self._model_label(request_model(body), adapters)
-        await self._forward(scope, receive, send, route, body, exchange, model)
+        await self._forward(headers, client, route, body, exchange, model)
 
     def _model_label(self, model: str | None, adapters: Adapters) -> str:
         """The served name or an adapter's name (as the client named it), else "other": bounded labels."""
@@ -128,9 +133,8 @@ class Proxy:
 
     async def _forward(
         self,
-        scope: dict[str, Any],
-        receive: Any,
-        send: Any,
+        headers: Headers,
+        client: Downstream,
         route: routes.Route,
         body: bytes,
         exchange: Exchange,
@@ -139,10 +143,9 @@ class Proxy:
         # The route's own path, the one that was checked: never the raw path the client spelt, and no
         # query (no consumer route takes one; an engine might read one).
         target = self._targets[route.path]
-        to_engine = filter_headers(scope["headers"], DROP_TO_ENGINE)
+        to_engine = filter_headers(headers, DROP_TO_ENGINE)
         tail, error = await relay(
-            receive,
-            send,
+            client,
             exchange,
             lambda: self._open(route.method, target, to_engine, body),
             self._failure,

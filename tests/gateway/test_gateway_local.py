@@ -25,7 +25,7 @@ from modelserve.gateway.directory import Model
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
-from modelserve.http import ollama
+from modelserve.http import ollama, serve
 from modelserve_sandbox.processes import wait_until
 from tests.helpers.sidecar_harness import (
     API_KEY,
@@ -100,7 +100,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             }
         )
         app = build_app(settings, discovery)
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        # Served as modelserve-gateway serves it: the OpenAI routes on the protocol's fast lane.
+        server = uvicorn.Server(serve.config(app, "127.0.0.1", port, 5.0, app.direct_routes(), log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         url = f"http://127.0.0.1:{port}"
