@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
 
 from .downstream import ClientGone, Exchange, Headers
 
@@ -68,6 +68,7 @@ class DirectDownstream:
         "path",
         "response_complete",
         "response_started",
+        "task",
         "waiting_for_100_continue",
     )
 
@@ -100,6 +101,7 @@ class DirectDownstream:
         self._chunked = False
         self._gone: asyncio.Future[None] | None = None
         self._cancel: tuple[asyncio.Task[Any], Exchange] | None = None
+        self.task: asyncio.Task[None] | None = None  # the one running the proxy for it
 
     # --- fed by the protocol ------------------------------------------------------------------
 
@@ -156,9 +158,10 @@ class DirectDownstream:
         return body[0] if len(body) == 1 else b"".join(body)
 
     async def start(self, status: int, headers: Headers) -> None:
-        head = await self._head(status, headers)
-        if head is not None:
-            self._transport.write(head)
+        if self._flow.write_paused and not self.disconnected:
+            await self._flow.drain()
+        if not self.disconnected:
+            self._transport.write(self._head(status, headers))
 
     async def write(self, chunk: bytes) -> None:
         if self._flow.write_paused and not self.disconnected:
@@ -182,10 +185,11 @@ class DirectDownstream:
     async def whole(self, status: int, headers: Headers, body: bytes) -> None:
         """A complete answer, head and body in one write (one segment for a short answer)."""
         self._cancel = None
-        head = await self._head(status, headers)
-        if head is None:
+        if self._flow.write_paused and not self.disconnected:
+            await self._flow.drain()
+        if self.disconnected:
             return
-        self._transport.write(head + self._framed_last(body))
+        self._transport.write(self._head(status, headers) + self._framed_last(body))
         self._completed()
 
     def gone(self) -> asyncio.Future[None]:
@@ -195,26 +199,22 @@ class DirectDownstream:
                 self._gone.set_result(None)
         return self._gone
 
-    def cancel_on_disconnect(self, task: asyncio.Task[Any], exchange: Exchange) -> None:
-        self._cancel = (task, exchange)
+    def cancel_on_disconnect(self, exchange: Exchange) -> None:
+        assert self.task is not None
+        self._cancel = (self.task, exchange)
 
     # --- the wire -----------------------------------------------------------------------------
 
-    async def _head(self, status: int, headers: Headers) -> bytes | None:
-        """The status line and headers as uvicorn writes them, choosing the framing; None when the
-        client is gone."""
-        if self._flow.write_paused and not self.disconnected:
-            await self._flow.drain()
-        if self.disconnected:
-            return None
-        self.response_started = True
-        self.waiting_for_100_continue = False
+    def _head(self, status: int, headers: Headers) -> bytes:
+        """The status line and headers as uvicorn writes them, choosing the framing."""
         content = [STATUS_LINE[status]]
         for name, value in self.default_headers:
             content += (name, b": ", value, b"\r\n")
         framed = False
         closes = False
         for raw_name, value in headers:
+            if HEADER_VALUE_RE.search(value):  # as uvicorn: never a header that could split the answer
+                raise RuntimeError("Invalid HTTP header value.")
             name = raw_name.lower()
             if name == b"content-length":
                 framed = True
@@ -230,6 +230,8 @@ class DirectDownstream:
             self._chunked = True
             content.append(b"transfer-encoding: chunked\r\n")
         content.append(b"\r\n")
+        self.response_started = True
+        self.waiting_for_100_continue = False
         return b"".join(content)
 
     def _framed_last(self, chunk: bytes) -> bytes:
@@ -317,7 +319,7 @@ class DirectProtocol(HttpToolsProtocol):
             super()._start_asgi_task(cycle, app)
             return
         self.running = cycle
-        task = self.loop.create_task(_run(cycle, app))
+        task = cycle.task = self.loop.create_task(_run(cycle, app))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 

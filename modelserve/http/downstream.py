@@ -54,9 +54,10 @@ class Downstream(Protocol):
     def gone(self) -> asyncio.Future[None]:
         """Done when the client goes away (only asked for while the request is held or relayed)."""
 
-    def cancel_on_disconnect(self, task: asyncio.Task[Any], exchange: Exchange) -> None:
-        """From now until `end`, a client that goes away sets `exchange.client_gone` and cancels `task`
-        (which closes the upstream connection, which makes the engine abort the generation)."""
+    def cancel_on_disconnect(self, exchange: Exchange) -> None:
+        """From now until `end`, a client that goes away sets `exchange.client_gone` and cancels the
+        task serving the request (which closes the upstream connection, which makes the engine abort
+        the generation)."""
 
 
 async def answer(client: Downstream, error: errors.ErrorResponse, close: bool = False) -> int:
@@ -127,7 +128,9 @@ class AsgiDownstream:
             self._watch()
         return self._gone
 
-    def cancel_on_disconnect(self, task: asyncio.Task[Any], exchange: Exchange) -> None:
+    def cancel_on_disconnect(self, exchange: Exchange) -> None:
+        task = asyncio.current_task()
+        assert task is not None
         self._cancel = (task, exchange)
         self._watch()
 

@@ -111,13 +111,11 @@ async def relay(
     chunk, which tells the client it was cut; before, the client gets `failed(error)`)."""
     # A client that goes away cancels this task, which closes the upstream connection, which makes
     # the engine abort the generation.
-    task = asyncio.current_task()
-    assert task is not None
-    client.cancel_on_disconnect(task, exchange)
+    client.cancel_on_disconnect(exchange)
     started = False
     try:
         upstream = await open_upstream()
-        async with upstream:
+        try:
             exchange.status = upstream.status
             headers = filter_headers(upstream.raw_headers, HOP_BY_HOP)
             if extra_headers is not None:  # known once the upstream is chosen (the gateway's replica)
@@ -126,7 +124,7 @@ async def relay(
             tail = ResponseTail() if counted else None
             started = True
             if upstream.complete:  # the whole answer came with its headers: out in one write
-                body = await upstream.read_chunk()
+                body = upstream.rest()
                 if body:
                     exchange.ttfb = perf_counter() - exchange.start
                     if tail is not None:
@@ -145,10 +143,14 @@ async def relay(
                     break
                 await client.write(chunk)
             await client.end(last)
+        finally:
+            upstream.release()  # pooled again if read to its end, else closed
         return (tail.bytes() if tail is not None else None), None
     except asyncio.CancelledError:
         if not exchange.client_gone:
             raise  # shutdown, not a disconnect
+        task = asyncio.current_task()
+        assert task is not None
         task.uncancel()
     except (TimeoutError, UpstreamError) as exc:
         if not started:

@@ -16,6 +16,7 @@ import asyncio
 import base64
 import ssl
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -110,25 +111,28 @@ class Response:
     Used as `async with`: on leaving, the connection goes back to the pool if the body was read to
     its end, and is closed otherwise (which is how an upstream learns a client went away)."""
 
-    __slots__ = ("_connection", "raw_headers", "status")
+    __slots__ = ("_connection", "raw_headers", "read_chunk", "status")
 
     def __init__(self, connection: _Connection, status: int, raw_headers: Headers) -> None:
         self._connection = connection
         self.status = status
         self.raw_headers = raw_headers
+        # What has arrived of the body since the last call (waiting for some), b"" at its end: the
+        # connection's own coroutine, not one more wrapped around it on every chunk.
+        self.read_chunk: Callable[[], Awaitable[bytes]] = connection.read_chunk
 
     @property
     def content_type(self) -> str:
         return mime_type(self.raw_headers)
 
-    async def read_chunk(self) -> bytes:
-        """What has arrived of the body since the last call (waiting for some), b"" at its end."""
-        return await self._connection.read_chunk()
-
     @property
     def complete(self) -> bool:
         """The whole body has arrived (some of it may not have been read yet)."""
         return self._connection.complete
+
+    def rest(self) -> bytes:
+        """What has arrived of the body and not been read, without waiting: all of it when complete."""
+        return self._connection.take()
 
     @property
     def at_end(self) -> bool:
@@ -270,18 +274,19 @@ class _Connection(asyncio.Protocol):
         except BaseException:
             self.close()
             raise
-        chunk = self.body.popleft() if len(self.body) == 1 else b"".join(self._drain())
-        self.buffered = 0 if not self.body else self.buffered - len(chunk)
+        return self.take()
+
+    def take(self) -> bytes:
+        """The body bytes buffered so far (reading on if a slow reader had paused them)."""
+        body = self.body
+        chunk = body.popleft() if len(body) == 1 else b"".join(body)
+        body.clear()
+        self.buffered = 0
         if self.paused and self.transport is not None:
             self.paused = False
             self.last_read = self.loop.time()
             self.transport.resume_reading()
         return chunk
-
-    def _drain(self) -> list[bytes]:
-        chunks = list(self.body)
-        self.body.clear()
-        return chunks
 
     def done(self) -> None:
         """The caller is finished with the response: pool the connection, or close it."""
@@ -340,7 +345,7 @@ class Pool:
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self._idle: dict[str, list[_Connection]] = {}
+        self._idle_by_origin: dict[str, list[_Connection]] = {}
         self._open = 0
         self._all: set[_Connection] = set()
         self._waiting: deque[asyncio.Future[None]] = deque()
@@ -360,20 +365,27 @@ class Pool:
             if len(self._origins) > 4096:  # gateway URLs follow replicas: never an unbounded cache
                 self._origins.clear()
         origin, target = split
-        connection = await self._acquire(origin)
+        connection = self._idle(origin) or await self._acquire(origin)
         return await connection.exchange(method, target, headers, body)
+
+    def _idle(self, origin: Origin) -> _Connection | None:
+        """A pooled connection to `origin` still fresh, if there is one."""
+        idle = self._idle_by_origin.get(origin.key)
+        if idle:
+            now = idle[-1].loop.time()
+            while idle:
+                connection = idle.pop()
+                fresh = now - connection.idle_since < KEEPALIVE_SECONDS
+                if fresh and not connection.closed and not connection.transport.is_closing():  # type: ignore[union-attr]
+                    return connection
+                connection.close()
+        return None
 
     async def _acquire(self, origin: Origin) -> _Connection:
         while True:
-            idle = self._idle.get(origin.key)
-            if idle:
-                now = idle[-1].loop.time()
-                while idle:
-                    connection = idle.pop()
-                    fresh = now - connection.idle_since < KEEPALIVE_SECONDS
-                    if fresh and not connection.closed and not connection.transport.is_closing():  # type: ignore[union-attr]
-                        return connection
-                    connection.close()
+            connection = self._idle(origin)
+            if connection is not None:
+                return connection
             if self._open < self.max_connections:
                 break
             waiter = asyncio.get_running_loop().create_future()  # all connections are busy: rare
@@ -425,7 +437,7 @@ class Pool:
 
     def put_back(self, connection: _Connection) -> None:
         connection.idle_since = connection.loop.time()  # the next exchange resets the rest
-        self._idle.setdefault(connection.origin.key, []).append(connection)
+        self._idle_by_origin.setdefault(connection.origin.key, []).append(connection)
         self._wake_one()
 
     def forget(self, connection: _Connection) -> None:
@@ -433,7 +445,7 @@ class Pool:
         if connection in self._all:
             self._all.discard(connection)
             self._open -= 1
-            idle = self._idle.get(connection.origin.key)
+            idle = self._idle_by_origin.get(connection.origin.key)
             if idle and connection in idle:
                 idle.remove(connection)
             self._wake_one()

@@ -92,11 +92,11 @@ def raw_request(
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
     answer_headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in header_lines)}
     if answer_headers.get("transfer-encoding") == "chunked":
-        rest = _dechunk(rest)
+        rest = dechunk(rest)
     return RawAnswer(int(status_line.split()[1]), answer_headers, rest)
 
 
-def _dechunk(data: bytes) -> bytes:
+def dechunk(data: bytes) -> bytes:
     out = b""
     while data:
         size_line, _, data = data.partition(b"\r\n")
