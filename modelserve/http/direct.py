@@ -26,7 +26,7 @@ import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
 
-from .downstream import ClientGone, Exchange, Headers
+from .downstream import ClientGone, Exchange, Headers, hung_up
 
 log = logging.getLogger(__name__)
 
@@ -124,13 +124,8 @@ class DirectDownstream:
             return
         self.disconnected = True
         self._wake()
-        if self._gone is not None and not self._gone.done():
-            self._gone.set_result(None)
-        if self._cancel is not None:
-            task, exchange = self._cancel
-            self._cancel = None
-            exchange.client_gone = True
-            task.cancel()
+        cancel, self._cancel = self._cancel, None
+        hung_up(self._gone, cancel)
 
     def _wake(self) -> None:
         waiter = self._waiter

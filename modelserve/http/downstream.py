@@ -60,6 +60,17 @@ class Downstream(Protocol):
         the generation)."""
 
 
+def hung_up(gone: asyncio.Future[None] | None, cancel: tuple[asyncio.Task[Any], Exchange] | None) -> None:
+    """The client went away: `gone` is done, and the task relaying its answer (if any) is marked
+    and cancelled."""
+    if gone is not None and not gone.done():
+        gone.set_result(None)
+    if cancel is not None:
+        task, exchange = cancel
+        exchange.client_gone = True
+        task.cancel()
+
+
 async def answer(client: Downstream, error: errors.ErrorResponse, close: bool = False) -> int:
     """Answer with one of our own errors; its status."""
     body = error.body()
@@ -147,10 +158,5 @@ class AsgiDownstream:
     async def _wait_for_disconnect(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
-        if self._gone is not None and not self._gone.done():
-            self._gone.set_result(None)
-        if self._cancel is not None:
-            task, exchange = self._cancel
-            self._cancel = None
-            exchange.client_gone = True
-            task.cancel()
+        cancel, self._cancel = self._cancel, None
+        hung_up(self._gone, cancel)
