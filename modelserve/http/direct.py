@@ -202,6 +202,8 @@ class DirectDownstream:
 
     def _head(self, status: int, headers: Headers) -> bytes:
         """The status line and headers as uvicorn writes them, choosing the framing."""
+        self.response_started = True  # as uvicorn: an invalid header below then closes, no 500
+        self.waiting_for_100_continue = False
         content = [STATUS_LINE[status]]
         for name, value in self.default_headers:
             content += (name, b": ", value, b"\r\n")
@@ -225,8 +227,6 @@ class DirectDownstream:
             self._chunked = True
             content.append(b"transfer-encoding: chunked\r\n")
         content.append(b"\r\n")
-        self.response_started = True
-        self.waiting_for_100_continue = False
         return b"".join(content)
 
     def _framed_last(self, chunk: bytes) -> bytes:
@@ -247,10 +247,11 @@ class DirectDownstream:
         self._transport.close()
 
     def internal_error(self) -> None:
-        """uvicorn's answer to an app that failed before answering."""
+        """uvicorn's answer to an app that failed before answering (none to a client gone)."""
         self.response_started = True
         self.response_complete = True
-        self._transport.write(_INTERNAL_ERROR)
+        if not self.disconnected:
+            self._transport.write(_INTERNAL_ERROR)
         self._transport.close()
         self.on_response()
 
