@@ -57,7 +57,7 @@ class Dispatcher:
         """The requests the server hands the proxy without ASGI (direct.py): exactly those this
         dispatcher would send to `self.proxy` with their answers as they are (not Ollama's)."""
         return {
-            (method.encode(), path.encode()): self.proxy.direct
+            (method.encode(), path.encode()): self.proxy
             for method, path in routes.FORWARDED
             if path not in OWN_ROUTES and not _model_list(method, path) and routes.error_shape(path) == routes.OPENAI
         }

@@ -20,6 +20,7 @@ from modelserve.contracts.names import Key
 from modelserve.http import errors
 from modelserve.http.direct import DirectDownstream
 from modelserve.http.downstream import AsgiDownstream, Downstream, Exchange, Headers, answer
+from modelserve.http.express import FirstTry, Forward, answer_now
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
 from modelserve.http.relay import HOP_BY_HOP, filter_headers, read_limited_body, relay, upstream_error_kind
 from modelserve.http.upstream_pool import ConnectFailed, Disconnected, Pool, Response, UpstreamError
@@ -48,6 +49,24 @@ class _NoReplica(UpstreamError):
     """Every ready replica was tried (or none is left)."""
 
 
+# A request's model, the body to send its replica and the prefix its affinity is keyed by.
+Planned = tuple[Model, bytes, bytes | None]
+
+
+class _Tries:
+    """The replicas one request was sent to, and the one holding its in-flight count (address, pod)."""
+
+    __slots__ = ("chosen", "tried")
+
+    def __init__(self) -> None:
+        self.tried: list[str] = []
+        self.chosen: list[tuple[str, str]] = []
+
+    def replica_header(self) -> list[tuple[bytes, bytes]]:
+        chosen = self.chosen
+        return [(REPLICA_HEADER, chosen[0][1].encode())] if chosen and chosen[0][1] else []
+
+
 class GatewayProxy:
     def __init__(
         self, settings: GatewaySettings, directory: Directory, holding: Holding, metrics: GatewayMetrics
@@ -74,47 +93,95 @@ class GatewayProxy:
         """The server's fast lane (direct.py) for the OpenAI consumer routes."""
         await self.serve(request.path, request.headers, request)
 
+    def express(self, request: DirectDownstream) -> bool:
+        """The fast lane's first try (express.py): the same steps as `serve`, without awaiting, for a
+        request whose body is in and whose model has a ready replica; the async way from where it
+        cannot go on so (a retry, a stream)."""
+        if request.body_size > self.settings.max_body_bytes or request.write_paused or self.pool is None:
+            return False  # the 413 (and its closed connection), or a client not reading: the async way's
+        exchange = Exchange(perf_counter())
+        planned = self._plan(request.body())
+        if isinstance(planned, errors.ErrorResponse):
+            exchange.status = answer_now(request, planned)
+            self._end(exchange, NO_MODEL)
+            return True
+        model, body, prefix = planned
+        if not model.replicas:
+            return False  # held until one is ready: the async way's (it reads the body again)
+        key = model.key
+        tries = _Tries()
+        replica = self._try(model, prefix, tries, 0)
+        assert replica is not None  # a model with replicas, none tried yet
+        path = request.path
+        headers = request.headers
+
+        async def go_on(outcome: FirstTry) -> None:
+            try:
+                await self._forward(path, headers, request, body, model, prefix, exchange, tries, outcome)
+            finally:
+                self._end(exchange, key)
+
+        def retried(response: Response) -> bool:
+            return response.status == RETRIABLE_STATUS and _others(self.directory.models.get(key) or model, tries.tried)
+
+        def end() -> None:
+            self._leave(tries.chosen[0][0], key)
+            self._end(exchange, key)
+
+        forward = Forward(request, exchange, False, tries.replica_header, _nothing_to_settle, end, go_on, retried)
+        forward.send(self.pool, "POST", f"http://{replica}{path}", filter_headers(headers, DROP_TO_REPLICA), body)
+        return True
+
     async def serve(self, path: str, headers: Headers, client: Downstream) -> None:
         exchange = Exchange(perf_counter())
         key = NO_MODEL
         try:
             key = await self._handle(path, headers, client, exchange)
         finally:
-            label = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
-            self.metrics.observe(key, label, perf_counter() - exchange.start, exchange.ttfb)
+            self._end(exchange, key)
+
+    def _end(self, exchange: Exchange, key: Key) -> None:
+        """Every request's count, however it ended."""
+        label = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
+        self.metrics.observe(key, label, perf_counter() - exchange.start, exchange.ttfb)
 
     async def _handle(self, path: str, headers: Headers, client: Downstream, exchange: Exchange) -> Key:
         body = await read_limited_body(headers, client, self.settings.max_body_bytes, exchange)
         if body is None:
             return NO_MODEL
-
-        request, refusal = parse_request(body)
-        if refusal is not None:
-            exchange.status = await answer(client, refusal)
+        planned = self._plan(body)
+        if isinstance(planned, errors.ErrorResponse):
+            exchange.status = await answer(client, planned)
             return NO_MODEL
-        requested = request["model"]
-        try:
-            model = self.directory.resolve(requested)
-        except Ambiguous as ambiguous:
-            exchange.status = await answer(client, gateway_errors.ambiguous_model(ambiguous.name, ambiguous.namespaces))
-            return NO_MODEL
-        if model is None:
-            exchange.status = await answer(client, gateway_errors.unknown_model(requested))
-            return NO_MODEL
-        served = served_name(requested)
-        if requested != served:  # `namespace/name`: the replica serves it as `name`
-            body = json.dumps({**request, "model": served}).encode()
-
+        model, body, prefix = planned
         if not model.replicas:
             held = await self._hold(model, client, exchange)
             if held is None:
                 return model.key
             model = held
+        await self._forward(path, headers, client, body, model, prefix, exchange)
+        return model.key
+
+    def _plan(self, body: bytes) -> Planned | errors.ErrorResponse:
+        """The ModelServer the body names, the body for its replicas (named as they serve it) and the
+        affinity prefix, or the error to answer with."""
+        request, refusal = parse_request(body)
+        if refusal is not None:
+            return refusal
+        requested = request["model"]
+        try:
+            model = self.directory.resolve(requested)
+        except Ambiguous as ambiguous:
+            return gateway_errors.ambiguous_model(ambiguous.name, ambiguous.namespaces)
+        if model is None:
+            return gateway_errors.unknown_model(requested)
+        served = served_name(requested)
+        if requested != served:  # `namespace/name`: the replica serves it as `name`
+            body = json.dumps({**request, "model": served}).encode()
         prefix = conversation_prefix(request) if self.settings.routing == PREFIX_AFFINITY else None
         if prefix is not None:
             prefix = affinity_key(prefix, served, model.name)
-        await self._forward(path, headers, client, body, model, prefix, exchange)
-        return model.key
+        return model, body, prefix
 
     async def _hold(self, model: Model, client: Downstream, exchange: Exchange) -> Model | None:
         """Wait for a ready replica of `model`; None when the request was answered (or gone) here."""
@@ -155,54 +222,68 @@ class GatewayProxy:
         model: Model,
         prefix: bytes | None,
         exchange: Exchange,
+        tries: _Tries | None = None,
+        first: FirstTry = None,
     ) -> None:
+        """Relay from a replica, retrying once on another; `tries` and `first`: the replica the express
+        lane chose and sent to, and what that gave."""
         to_replica = filter_headers(headers, DROP_TO_REPLICA)
         # `path`: the consumer route the dispatcher checked, as it is spelt there; never the client's
         # raw path or query (allowlist.py).
         key = model.key
-        tried: list[str] = []
-        chosen: list[tuple[str, str]] = []  # (address, pod): the replica holding this request's count
+        tries = tries or _Tries()
+        sent = tries.chosen[0][0] if tries.chosen else None
 
         async def open_upstream() -> Response:
             assert self.pool is not None, "the upstream pool opens in the app's lifespan"
             last: BaseException = _NoReplica(f"no ready replica of {model.name}")
             for attempt in range(2):
                 current = self.directory.models.get(key) or model  # replicas may have changed while held
-                replica, decision = self._choose(current, prefix, tried)
+                replica = sent if attempt == 0 and sent else self._try(current, prefix, tries, attempt)
                 if replica is None:
                     break
-                tried.append(replica)
-                self.metrics.routed(key, "retry" if attempt else decision)
-                self._enter(replica, key)
-                chosen[:] = [(replica, current.pods.get(replica, ""))]
                 try:
-                    response = await self.pool.request("POST", f"http://{replica}{path}", to_replica, body)
-                    if response.status != RETRIABLE_STATUS or attempt or not _others(current, tried):
+                    if attempt == 0 and sent and first is not None:
+                        if not isinstance(first, Response):
+                            raise first
+                        response = first
+                    else:
+                        response = await self.pool.request("POST", f"http://{replica}{path}", to_replica, body)
+                    if response.status != RETRIABLE_STATUS or attempt or not _others(current, tries.tried):
                         return response
                     response.release()
                     self._leave(replica, key)
-                    chosen.clear()
+                    tries.chosen.clear()
                     self.metrics.upstream_errors.labels(*key, "status_503").inc()
                     last = _NoReplica(f"{replica} answered 503")
                     continue
                 except RETRIABLE as exc:
                     self._leave(replica, key)
-                    chosen.clear()
+                    tries.chosen.clear()
                     self.metrics.upstream_errors.labels(*key, upstream_error_kind(exc)).inc()
                     log.info("%s/%s: replica %s failed before answering (%s)", *key, replica, type(exc).__name__)
                     last = exc
             raise last
 
-        def replica_header() -> list[tuple[bytes, bytes]]:
-            return [(REPLICA_HEADER, chosen[0][1].encode())] if chosen and chosen[0][1] else []
-
         try:
-            _, error = await relay(client, exchange, open_upstream, self._failure, extra_headers=replica_header)
+            _, error = await relay(client, exchange, open_upstream, self._failure, extra_headers=tries.replica_header)
             if error is not None and not isinstance(error, (*RETRIABLE, _NoReplica)):
                 self.metrics.upstream_errors.labels(*key, upstream_error_kind(error)).inc()
         finally:
-            if chosen:
-                self._leave(chosen[0][0], key)
+            if tries.chosen:
+                self._leave(tries.chosen[0][0], key)
+
+    def _try(self, model: Model, prefix: bytes | None, tries: _Tries, attempt: int) -> str | None:
+        """Choose a replica not tried yet and count the request on it; None when none is left."""
+        replica, decision = self._choose(model, prefix, tries.tried)
+        if replica is None:
+            return None
+        key = model.key
+        tries.tried.append(replica)
+        self.metrics.routed(key, "retry" if attempt else decision)
+        self._enter(replica, key)
+        tries.chosen[:] = [(replica, model.pods.get(replica, ""))]
+        return replica
 
     def _choose(self, model: Model, prefix: bytes | None, tried: list[str]) -> tuple[str | None, str]:
         if prefix is not None and model.ring is not None:
@@ -227,6 +308,10 @@ class GatewayProxy:
         if isinstance(exc, asyncio.TimeoutError):
             return errors.upstream_timeout(self.settings.upstream_timeout_seconds)
         return gateway_errors.replica_unavailable()
+
+
+def _nothing_to_settle(tail: bytes | None, error: BaseException | None) -> None:
+    """A complete answer on the express lane: the gateway counts no usage, and it had no error."""
 
 
 def _others(model: Model, tried: list[str]) -> bool:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
@@ -31,8 +31,21 @@ from .downstream import ClientGone, Exchange, Headers, hung_up
 log = logging.getLogger(__name__)
 
 Handler = Callable[["DirectDownstream"], Awaitable[None]]
+
+
+class DirectHandler(Protocol):
+    """A proxy on the fast lane: `express` first (once the body is in, from the protocol's callbacks,
+    without a task: express.py), and `direct` in a task when it declines or cannot start at once."""
+
+    async def direct(self, request: DirectDownstream) -> None: ...
+
+    def express(self, request: DirectDownstream) -> bool:
+        """Serve the request (or start serving it) without awaiting; False, with nothing done, to
+        leave it to `direct`."""
+
+
 # (method, raw path) -> the handler: exact bytes, so a path that needs decoding takes the ASGI way.
-DirectRoutes = Mapping[tuple[bytes, bytes], Handler]
+DirectRoutes = Mapping[tuple[bytes, bytes], DirectHandler]
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
@@ -55,15 +68,17 @@ class DirectDownstream:
         "_chunked",
         "_flow",
         "_gone",
-        "_loop",
+        "_protocol",
         "_transport",
         "_waiter",
         "default_headers",
         "disconnected",
         "headers",
         "keep_alive",
+        "loop",
         "method",
         "more_body",
+        "on_lost",
         "on_response",
         "path",
         "response_complete",
@@ -87,10 +102,11 @@ class DirectDownstream:
         self.keep_alive = keep_alive
         self.waiting_for_100_continue = expect_100_continue
         self.default_headers = protocol.server_state.default_headers
+        self._protocol = protocol
         self.on_response: Callable[[], None] = protocol.on_response_complete
         self._transport = protocol.transport
         self._flow = protocol.flow
-        self._loop = protocol.loop
+        self.loop = protocol.loop
         self._body: list[bytes] = []
         self._body_size = 0
         self.more_body = True
@@ -102,6 +118,8 @@ class DirectDownstream:
         self._gone: asyncio.Future[None] | None = None
         self._cancel: tuple[asyncio.Task[Any], Exchange] | None = None
         self.task: asyncio.Task[None] | None = None  # the one running the proxy for it
+        # The express lane's (express.py) instead of a task to cancel: called once if the client goes.
+        self.on_lost: Callable[[], None] | None = None
 
     # --- fed by the protocol ------------------------------------------------------------------
 
@@ -126,13 +144,16 @@ class DirectDownstream:
         self._wake()
         cancel, self._cancel = self._cancel, None
         hung_up(self._gone, cancel)
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
 
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    # --- the Downstream -----------------------------------------------------------------------
+    # --- the Downstream, awaiting ---------------------------------------------------------------
 
     async def read_body(self, limit: int) -> bytes | None:
         if self.waiting_for_100_continue and not self._transport.is_closing():
@@ -140,7 +161,7 @@ class DirectDownstream:
             self.waiting_for_100_continue = False
         while self.more_body and not self.disconnected and self._body_size <= limit:
             self._flow.resume_reading()
-            self._waiter = self._loop.create_future()
+            self._waiter = self.loop.create_future()
             try:
                 await self._waiter
             finally:
@@ -151,6 +172,43 @@ class DirectDownstream:
             return None
         body = self._body
         return body[0] if len(body) == 1 else b"".join(body)
+
+    # --- without awaiting (the express lane) -------------------------------------------------------
+
+    @property
+    def body_size(self) -> int:
+        return self._body_size
+
+    @property
+    def write_paused(self) -> bool:
+        return self._flow.write_paused
+
+    def body(self) -> bytes:
+        """The whole body, once the protocol has it all (`more_body` false)."""
+        body = self._body
+        return body[0] if len(body) == 1 else b"".join(body)
+
+    def whole_now(self, status: int, headers: Headers, body: bytes) -> None:
+        """`whole` without waiting for a slow client to read (the transport buffers what it must)."""
+        self._cancel = None
+        if self.disconnected:
+            return
+        self._transport.write(self._head(status, headers) + self._framed_last(body))
+        self._completed()
+
+    def spawn(self, handler: Handler) -> None:
+        """Go on in a task of this request's own, as if `handler` had been its handler."""
+        self._protocol.start_task(self, handler)
+
+    def track(self, job: Any) -> None:
+        """While the express lane serves it: `job.cancel()` is the server's drain deadline, as a
+        task's cancel (uvicorn waits for its tasks on shutdown, then cancels them)."""
+        self._protocol.tasks.add(job)
+
+    def untrack(self, job: Any) -> None:
+        self._protocol.tasks.discard(job)
+
+    # --- the Downstream -------------------------------------------------------------------------
 
     async def start(self, status: int, headers: Headers) -> None:
         if self._flow.write_paused and not self.disconnected:
@@ -189,7 +247,7 @@ class DirectDownstream:
 
     def gone(self) -> asyncio.Future[None]:
         if self._gone is None:
-            self._gone = self._loop.create_future()
+            self._gone = self.loop.create_future()
             if self.disconnected:
                 self._gone.set_result(None)
         return self._gone
@@ -262,6 +320,8 @@ class DirectProtocol(HttpToolsProtocol):
 
     routes: ClassVar[DirectRoutes] = MappingProxyType({})
     running: DirectDownstream | None = None  # the fast-lane request answering now, if any
+    # A request whose handler starts once its whole body is in (express first), and that handler.
+    deferred: tuple[DirectDownstream, DirectHandler] | None = None
 
     def on_message_begin(self) -> None:
         # The ASGI scope is built only for a request that takes the ASGI way (on_headers_complete).
@@ -291,7 +351,10 @@ class DirectProtocol(HttpToolsProtocol):
             self.expect_100_continue,
         )
         if previous is None or previous.response_complete:
-            self._start_asgi_task(self.cycle, handler)  # type: ignore[arg-type]
+            if self._body_fits(self.cycle):  # type: ignore[arg-type]
+                self.deferred = (self.cycle, handler)  # type: ignore[assignment]
+            else:
+                self._start_asgi_task(self.cycle, handler)  # type: ignore[arg-type]
         else:  # pipelined behind an answer still going out: its turn comes in on_response_complete
             self.flow.pause_reading()
             self.pipeline.appendleft((self.cycle, handler))  # type: ignore[arg-type]
@@ -310,12 +373,46 @@ class DirectProtocol(HttpToolsProtocol):
             "state": self.app_state.copy(),
         }
 
+    @staticmethod
+    def _body_fits(cycle: DirectDownstream) -> bool:
+        """A body the protocol can collect before the handler starts: a declared length within the
+        read buffer, and no client waiting for 100-continue before it sends it."""
+        if cycle.waiting_for_100_continue:
+            return False
+        for name, value in cycle.headers:
+            if name == b"content-length":
+                return value.isdigit() and int(value) <= HIGH_WATER_LIMIT
+            if name == b"transfer-encoding":
+                return False
+        return True  # no body
+
+    def _start_deferred(self) -> None:
+        deferred, self.deferred = self.deferred, None
+        if deferred is None:
+            return
+        cycle, handler = deferred
+        self.running = cycle
+        try:
+            if handler.express(cycle):
+                return
+        except Exception as exc:  # as a task's failure (_run): a 500, or the answer cut
+            log.error("Exception in %s %s", cycle.method, cycle.path, exc_info=exc)
+            if not cycle.response_started:
+                cycle.internal_error()
+            elif not cycle.response_complete:
+                cycle.cut()
+            return
+        self._start_asgi_task(cycle, handler)
+
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         if not isinstance(cycle, DirectDownstream):
             super()._start_asgi_task(cycle, app)
             return
+        self.start_task(cycle, app.direct)
+
+    def start_task(self, cycle: DirectDownstream, handler: Handler) -> None:
         self.running = cycle
-        task = cycle.task = self.loop.create_task(_run(cycle, app))
+        task = cycle.task = self.loop.create_task(_run(cycle, handler))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
@@ -328,10 +425,16 @@ class DirectProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         if isinstance(self.cycle, DirectDownstream):
             self.cycle.complete()
+            if self.deferred is not None:
+                self._start_deferred()
         else:
             super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.deferred is not None:  # gone before its body was in: the task finds it gone
+            cycle, handler = self.deferred
+            self.deferred = None
+            self._start_asgi_task(cycle, handler)
         running = self.running
         if running is not None:
             running.lost()

@@ -96,6 +96,31 @@ async def read_limited_body(headers: Headers, client: Downstream, limit: int, ex
     return body
 
 
+def answer_head(
+    upstream: Response,
+    exchange: Exchange,
+    count_usage: bool,
+    extra_headers: Callable[[], Iterable[tuple[bytes, bytes]]] | None,
+) -> tuple[Headers, ResponseTail | None]:
+    """The headers to answer with, and the tail to keep when the answer's usage is counted."""
+    exchange.status = upstream.status
+    headers = filter_headers(upstream.raw_headers, HOP_BY_HOP)
+    if extra_headers is not None:  # known once the upstream is chosen (the gateway's replica)
+        headers.extend(extra_headers())
+    counted = count_usage and upstream.status == 200 and upstream.content_type in USAGE_TYPES
+    return headers, (ResponseTail() if counted else None)
+
+
+def whole_body(upstream: Response, exchange: Exchange, tail: ResponseTail | None) -> bytes:
+    """A complete answer's body (what came with its headers), timed and kept for its usage."""
+    body = upstream.rest()
+    if body:
+        exchange.ttfb = perf_counter() - exchange.start
+        if tail is not None:
+            tail.add(body)
+    return body
+
+
 async def relay(
     client: Downstream,
     exchange: Exchange,
@@ -116,20 +141,10 @@ async def relay(
     try:
         upstream = await open_upstream()
         try:
-            exchange.status = upstream.status
-            headers = filter_headers(upstream.raw_headers, HOP_BY_HOP)
-            if extra_headers is not None:  # known once the upstream is chosen (the gateway's replica)
-                headers.extend(extra_headers())
-            counted = count_usage and upstream.status == 200 and upstream.content_type in USAGE_TYPES
-            tail = ResponseTail() if counted else None
+            headers, tail = answer_head(upstream, exchange, count_usage, extra_headers)
             started = True
             if upstream.complete:  # the whole answer came with its headers: out in one write
-                body = upstream.rest()
-                if body:
-                    exchange.ttfb = perf_counter() - exchange.start
-                    if tail is not None:
-                        tail.add(body)
-                await client.whole(upstream.status, headers, body)
+                await client.whole(upstream.status, headers, whole_body(upstream, exchange, tail))
                 return (tail.bytes() if tail is not None else None), None
             await client.start(upstream.status, headers)
             last = b""

@@ -174,6 +174,9 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
+        # Instead of a waiter: called once the response headers are in (after the whole segment that
+        # brought them was parsed) or the exchange failed. The server's express lane (express.py).
+        self.on_answer: Callable[[_Connection], None] | None = None
         self.last_read = 0.0
         self.released = False
 
@@ -191,6 +194,8 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(Disconnected(f"malformed response: {exc}") if not self.headers_done else BodyCut(str(exc)))
+        if self.headers_done and self.on_answer is not None:
+            self._answered()
 
     def eof_received(self) -> bool:
         return False  # close the transport: connection_lost follows
@@ -243,7 +248,8 @@ class _Connection(asyncio.Protocol):
 
     # --- the exchange -------------------------------------------------------------------------
 
-    async def exchange(self, method: str, target: bytes, headers: Headers, body: bytes) -> Response:
+    def send(self, method: str, target: bytes, headers: Headers, body: bytes) -> None:
+        """Write the request (raises Disconnected when the connection is closing under us)."""
         self._reset()
         head = request_head(method, target, self.origin, headers, len(body))
         assert self.transport is not None
@@ -257,6 +263,21 @@ class _Connection(asyncio.Protocol):
             raise Disconnected(f"the connection closed before the request was sent: {exc}") from exc
         self.last_read = self.loop.time()
         self.pool.watch(self)
+
+    def answer(self) -> Response | BaseException:
+        """Once `on_answer` was called: the response (its headers in, maybe its body), or the error."""
+        if self.headers_done:
+            return Response(self, self.parser.get_status_code(), self.headers)
+        assert self.error is not None
+        return self.error
+
+    def _answered(self) -> None:
+        on_answer, self.on_answer = self.on_answer, None
+        if on_answer is not None:
+            on_answer(self)
+
+    async def exchange(self, method: str, target: bytes, headers: Headers, body: bytes) -> Response:
+        self.send(method, target, headers, body)
         try:
             while not self.headers_done:
                 await self._wait()
@@ -327,6 +348,8 @@ class _Connection(asyncio.Protocol):
             self.error = error
         self._wake()
         self.close()
+        if self.on_answer is not None and not self.headers_done:
+            self._answered()
 
     def check_silence(self, now: float, timeout: float) -> None:
         """Fail the exchange if the upstream has sent nothing for `timeout` seconds (aiohttp's
@@ -359,14 +382,31 @@ class Pool:
 
     async def request(self, method: str, url: str, headers: Headers, body: bytes = b"") -> Response:
         """Send the request; the response's status and headers have arrived when this returns."""
+        origin, target = self._split(url)
+        connection = self._idle(origin) or await self._acquire(origin)
+        return await connection.exchange(method, target, headers, body)
+
+    def send_now(
+        self, method: str, url: str, headers: Headers, body: bytes, on_answer: Callable[[_Connection], None]
+    ) -> _Connection | None:
+        """Send the request at once on an idle pooled connection, which calls `on_answer` when the
+        response headers are in or the exchange failed (its `answer()` says which); None, and nothing
+        sent, when no idle connection is fresh. Raises Disconnected when the write fails."""
+        origin, target = self._split(url)
+        connection = self._idle(origin)
+        if connection is None:
+            return None
+        connection.send(method, target, headers, body)
+        connection.on_answer = on_answer  # nothing can arrive before the loop's next read
+        return connection
+
+    def _split(self, url: str) -> tuple[Origin, bytes]:
         split = self._origins.get(url)
         if split is None:
             split = self._origins[url] = split_url(url)
             if len(self._origins) > 4096:  # gateway URLs follow replicas: never an unbounded cache
                 self._origins.clear()
-        origin, target = split
-        connection = self._idle(origin) or await self._acquire(origin)
-        return await connection.exchange(method, target, headers, body)
+        return split
 
     def _idle(self, origin: Origin) -> _Connection | None:
         """A pooled connection to `origin` still fresh, if there is one."""

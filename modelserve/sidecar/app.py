@@ -43,7 +43,7 @@ class Dispatcher:
         """The requests the server hands the proxy without ASGI (direct.py): exactly those this
         dispatcher would send to `self.proxy` as they are."""
         return {
-            (method.encode(), path.encode()): self.proxy.direct
+            (method.encode(), path.encode()): self.proxy
             for method, path in routes.FORWARDED
             if path not in OWN_ROUTES and path not in OLLAMA_ROUTES
         }

@@ -14,6 +14,7 @@ from modelserve.contracts.sidecar import Settings
 from modelserve.http import errors
 from modelserve.http.direct import DirectDownstream
 from modelserve.http.downstream import AsgiDownstream, Downstream, Exchange, Headers, answer
+from modelserve.http.express import FirstTry, Forward, answer_now
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
 from modelserve.http.relay import HOP_BY_HOP, filter_headers, read_limited_body, relay, upstream_error_kind
 from modelserve.http.upstream_pool import ConnectFailed, Disconnected, Pool, Response
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 # whole body is here) and Authorization (the engine has no use for the key; keeps it out of its logs).
 DROP_TO_ENGINE = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authorization"}
 RETRY_AFTER_SECONDS = 5
+# A request's route, the body to send the engine and its model label (with adapters only).
+Planned = tuple[routes.Route, bytes, str | None]
 
 
 class Proxy:
@@ -72,17 +75,63 @@ class Proxy:
         """The server's fast lane (direct.py) for the consumer routes forwarded as they are."""
         await self.serve(request.method, request.path, request.headers, request.path, request)
 
+    def express(self, request: DirectDownstream) -> bool:
+        """The fast lane's first try (express.py): the same steps as `serve`, without awaiting, for a
+        request whose body is in; the async way from where it cannot go on so."""
+        if request.body_size > self.settings.max_body_bytes or request.write_paused or self.pool is None:
+            return False  # the 413 (and its closed connection), or a client not reading: the async way's
+        exchange = Exchange(perf_counter())
+        route_name = route_label(request.path)
+        self.demand.in_flight += 1
+
+        def end() -> None:
+            self._end(exchange, route_name)
+
+        try:
+            refused = self.key_refusal(request.headers)
+            if refused is not None:
+                exchange.status = answer_now(request, refused)
+                end()
+                return True
+            self.demand.arrived()
+            planned = self._plan(request.method, request.path, request.body())
+            if isinstance(planned, errors.ErrorResponse):
+                exchange.status = answer_now(request, planned)
+                end()
+                return True
+        except BaseException:
+            end()
+            raise
+        route, body, model = planned
+        headers = request.headers
+
+        async def go_on(outcome: FirstTry) -> None:
+            try:
+                await self._forward(headers, request, route, body, model, exchange, outcome)
+            finally:
+                end()
+
+        def settle(tail: bytes | None, error: BaseException | None) -> None:
+            self._settle(exchange, tail, error, model)
+
+        forward = Forward(request, exchange, route.metered, None, settle, end, go_on)
+        forward.send(self.pool, route.method, self._targets[route.path], filter_headers(headers, DROP_TO_ENGINE), body)
+        return True
+
     async def serve(self, method: str, path: str, headers: Headers, label: str, client: Downstream) -> None:
-        start = perf_counter()
+        exchange = Exchange(perf_counter())
         route = route_label(label)
-        exchange = Exchange(start)
         self.demand.in_flight += 1
         try:
             await self._handle(method, path, headers, client, exchange)
         finally:
-            self.demand.in_flight -= 1
-            status = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
-            self.metrics.observe(route, status, perf_counter() - start, exchange.ttfb)
+            self._end(exchange, route)
+
+    def _end(self, exchange: Exchange, route: str) -> None:
+        """Every request's count, however it ended."""
+        self.demand.in_flight -= 1
+        status = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
+        self.metrics.observe(route, status, perf_counter() - exchange.start, exchange.ttfb)
 
     async def _handle(self, method: str, path: str, headers: Headers, client: Downstream, exchange: Exchange) -> None:
         refused = self.key_refusal(headers)
@@ -94,14 +143,23 @@ class Proxy:
         body = await read_limited_body(headers, client, self.settings.max_body_bytes, exchange)
         if body is None:
             return
+        planned = self._plan(method, path, body)
+        if isinstance(planned, errors.ErrorResponse):
+            exchange.status = await answer(client, planned)
+            return
+        await self._forward(headers, client, *planned, exchange)
 
+    def _plan(
+        self, method: str, path: str, body: bytes
+    ) -> tuple[routes.Route, bytes, str | None] | errors.ErrorResponse:
+        """The route, the body to send and the model label (with adapters) of a request whose key
+        passed, or the error to answer with."""
         route = routes.FORWARDED.get((method, path))
         if route is None:
             # The dispatcher's allowlist (allowlist.py) sends only these, and so does the Ollama
             # adapter but for the requests it hands over to be refused (bad key, body too large),
             # which a key reloaded in between could let through to here: nothing else is forwarded.
-            exchange.status = await answer(client, errors.unknown_route(method, path))
-            return
+            return errors.unknown_route(method, path)
         model = None
         if route.method == "POST":
             settings = self.settings
@@ -117,13 +175,12 @@ class Proxy:
                 adapters.engine_names if adapters else {},
             )
             if isinstance(checked, errors.ErrorResponse):
-                exchange.status = await answer(client, checked)
-                return
+                return checked
             body = checked
             if adapters:
                 # Only with adapters: one more parse of the body, for usage per adapter.
                 model = self._model_label(request_model(body), adapters)
-        await self._forward(headers, client, route, body, exchange, model)
+        return route, body, model
 
     def _model_label(self, model: str | None, adapters: Adapters) -> str:
         """The served name or an adapter's name (as the client named it), else "other": bounded labels."""
@@ -137,8 +194,9 @@ class Proxy:
         client: Downstream,
         route: routes.Route,
         body: bytes,
+        model: str | None,
         exchange: Exchange,
-        model: str | None = None,
+        first: FirstTry = None,
     ) -> None:
         # The route's own path, the one that was checked: never the raw path the client spelt, and no
         # query (no consumer route takes one; an engine might read one).
@@ -147,10 +205,14 @@ class Proxy:
         tail, error = await relay(
             client,
             exchange,
-            lambda: self._open(route.method, target, to_engine, body),
+            lambda: self._open(route.method, target, to_engine, body, first),
             self._failure,
             route.metered,
         )
+        self._settle(exchange, tail, error, model)
+
+    def _settle(self, exchange: Exchange, tail: bytes | None, error: BaseException | None, model: str | None) -> None:
+        """A relayed answer's counts: the engine's failures, and the usage it reported."""
         if error is not None:
             kind = upstream_error_kind(error)
             self.metrics.upstream_errors.labels(kind).inc()
@@ -162,10 +224,17 @@ class Proxy:
         if model is not None:
             self.metrics.count_model(model, exchange.status, usage)
 
-    async def _open(self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
-        """Send the request; the engine's response headers have arrived when this returns."""
+    async def _open(
+        self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes, first: FirstTry = None
+    ) -> Response:
+        """Send the request; the engine's response headers have arrived when this returns. `first`:
+        what the express lane's try gave, if it was sent."""
         assert self.pool is not None, "the upstream pool opens in the app's lifespan"
         try:
+            if isinstance(first, Response):
+                return first
+            if first is not None:
+                raise first
             return await self.pool.request(method, target, headers, body)
         except (Disconnected, ConnectFailed):
             # Nearly always a pooled keep-alive connection the engine had just closed or reset (servers

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import unquote
 
 import httpx
@@ -151,6 +152,38 @@ def test_a_refused_connection_is_retried_on_another_replica(setup: Setup) -> Non
     assert {a.headers["x-modelserve-replica"] for a in answers} <= {"a-pod-1", "a-pod-2"}
     assert _metric(setup, 'modelserve_gateway_upstream_errors_total{kind="connect",model="tiny",namespace="a"}') > 0
     assert _metric(setup, 'modelserve_gateway_routing_decisions_total{decision="retry",model="tiny",namespace="a"}') > 0
+
+
+def test_a_replica_answering_503_is_retried_on_another(setup: Setup, tmp_path: Path) -> None:
+    """A sidecar whose engine went away answers 503 before any byte reached the client: another
+    replica answers instead. The 503 comes on the connection the gateway pooled while that replica
+    still answered (the express lane's, which hands it on to the retry)."""
+    engine = start_replay()
+    failing = launch_sidecar(tmp_path, engine.url, "tiny", {"MODELSERVE_AUTH": "public"})
+    key = ("d", "tiny")
+    engine_running = True
+    try:
+        wait_ready(failing)
+        setup.discovery.update(_model("d", [failing.url.removeprefix("http://"), setup.public[0]]))
+        answered = []  # ties go to a random replica: until the failing one answered (40 at most)
+        while len(answered) < 40 and "d-pod-0" not in answered:
+            answered.append(_chat(setup, "d/tiny").headers.get("x-modelserve-replica"))
+        assert "d-pod-0" in answered
+        engine.stop()  # the gateway's connection to that sidecar stays pooled, idle for 3 s
+        engine_running = False
+        retried = 'modelserve_gateway_upstream_errors_total{kind="status_503",model="tiny",namespace="d"}'
+        answers = []
+        while len(answers) < 40 and _metric(setup, retried) == 0:
+            answers.append(_chat(setup, "d/tiny"))
+        assert _metric(setup, retried) == 1
+        assert [(a.status_code, a.headers["x-modelserve-replica"]) for a in answers] == [(200, "d-pod-1")] * len(
+            answers
+        )
+    finally:
+        setup.discovery.update(key)
+        stop_process(failing.process)
+        if engine_running:
+            engine.stop()
 
 
 def test_streams_pass_through_whole(setup: Setup) -> None:
