@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -73,10 +74,59 @@ def status_class(status: int) -> str:
     return f"{status // 100}xx"
 
 
+class _Tally:
+    """What one label set counted since the last scrape: requests, and each histogram's observations
+    by bucket (the last one +Inf) and their sum."""
+
+    __slots__ = ("children", "duration_buckets", "duration_sum", "requests", "ttfb_buckets", "ttfb_sum")
+
+    def __init__(self, children: tuple[Counter, Histogram, Histogram]) -> None:
+        self.children = children
+        self.requests = 0
+        self.duration_buckets = [0] * (len(DURATION_BUCKETS) + 1)
+        self.duration_sum = 0.0
+        self.ttfb_buckets = [0] * (len(TTFT_BUCKETS) + 1)
+        self.ttfb_sum = 0.0
+
+    def flush(self) -> None:
+        requests, duration, ttfb = self.children
+        if self.requests:
+            requests.inc(self.requests)
+            self.requests = 0
+        _add(duration, self.duration_buckets, self.duration_sum)
+        self.duration_sum = 0.0
+        _add(ttfb, self.ttfb_buckets, self.ttfb_sum)
+        self.ttfb_sum = 0.0
+
+
+def _add(histogram: Histogram, buckets: list[int], total: float) -> None:
+    """Add tallied observations to a histogram child (prometheus_client's own bucket and sum values:
+    its observe() takes one observation at a time), and empty the tally."""
+    for i, count in enumerate(buckets):
+        if count:
+            histogram._buckets[i].inc(count)
+            buckets[i] = 0
+    if total:
+        histogram._sum.inc(total)
+
+
+class _FlushFirst:
+    """Registered before a RequestSeries' metrics, so every collect (a scrape) finds them up to date."""
+
+    def __init__(self, series: RequestSeries) -> None:
+        self.series = series
+
+    def collect(self) -> list[object]:
+        self.series.flush()
+        return []
+
+
 class RequestSeries:
     """What both proxies count of every request under their own labels: requests by status class,
-    the time to the last byte and to the first. Label lookups take a lock and hash a tuple, so the
-    hot path reuses each label set's resolved children."""
+    the time to the last byte and to the first. Each request is tallied in plain numbers (a bucket
+    found by bisection, no lock: the proxies count from one thread) and the tallies go into the
+    prometheus metrics when they are collected: prometheus_client's inc() and observe() took a lock
+    and several calls each, a tenth of a proxy's CPU per request in profiles."""
 
     def __init__(
         self,
@@ -86,6 +136,7 @@ class RequestSeries:
         registry: CollectorRegistry,
     ) -> None:
         requests_help, duration_help, ttfb_help = helps
+        registry.register(_FlushFirst(self))  # type: ignore[arg-type]  # a collector without describe()
         self.requests = Counter(f"{prefix}_requests", requests_help, [*labels, "status_class"], registry=registry)
         self.duration = Histogram(
             f"{prefix}_request_duration_seconds", duration_help, labels, buckets=DURATION_BUCKETS, registry=registry
@@ -93,23 +144,29 @@ class RequestSeries:
         self.ttfb = Histogram(
             f"{prefix}_time_to_first_byte_seconds", ttfb_help, labels, buckets=TTFT_BUCKETS, registry=registry
         )
-        self._children: dict[tuple[tuple[str, ...], str], tuple[Counter, Histogram, Histogram]] = {}
+        self._tallies: dict[tuple[tuple[str, ...], str], _Tally] = {}
 
     def observe(self, labels: tuple[str, ...], status_label: str, duration: float, ttfb: float | None) -> None:
         """One finished request: its count by status class, its duration and time to first byte."""
-        children = self._children.get((labels, status_label))
-        if children is None:
+        tally = self._tallies.get((labels, status_label))
+        if tally is None:
             children = (
                 self.requests.labels(*labels, status_label),
                 self.duration.labels(*labels),
                 self.ttfb.labels(*labels),
             )
-            self._children[(labels, status_label)] = children
-        requests, duration_histogram, ttfb_histogram = children
-        requests.inc()
-        duration_histogram.observe(duration)
+            tally = self._tallies[(labels, status_label)] = _Tally(children)
+        tally.requests += 1
+        # bisect_left: the first bucket whose bound is >= the value, as prometheus_client's `<=`
+        tally.duration_buckets[bisect_left(DURATION_BUCKETS, duration)] += 1
+        tally.duration_sum += duration
         if ttfb is not None:
-            ttfb_histogram.observe(ttfb)
+            tally.ttfb_buckets[bisect_left(TTFT_BUCKETS, ttfb)] += 1
+            tally.ttfb_sum += ttfb
+
+    def flush(self) -> None:
+        for tally in self._tallies.values():
+            tally.flush()
 
     def forget(self, leading: tuple[str, ...]) -> None:
         """Drop every series whose labels start with `leading` (a deleted ModelServer's)."""
@@ -117,8 +174,8 @@ class RequestSeries:
             for labels in list(metric._metrics):
                 if labels[: len(leading)] == leading:
                     metric.remove(*labels)
-        for cached in [cached for cached in self._children if cached[0][: len(leading)] == leading]:
-            del self._children[cached]
+        for cached in [cached for cached in self._tallies if cached[0][: len(leading)] == leading]:
+            del self._tallies[cached]
 
 
 def refusal_counter(prefix: str, registry: CollectorRegistry) -> Counter:
