@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from modelserve.contracts.names import Key
-from modelserve.http.metrics import RequestSeries, refusal_counter
+from modelserve.http.metrics import RequestSeries, flush_on_collect, refusal_counter
 
 PREFIX = "modelserve_gateway"
 # From an instant to a GPU cold start of many minutes.
@@ -18,6 +18,7 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         ProcessCollector(namespace=PREFIX, registry=self.registry)
         r = self.registry
+        flush_on_collect(r, self.flush_routed)  # first: a scrape finds the counters it adds to up to date
         self.series = RequestSeries(
             PREFIX,
             MODEL,
@@ -57,26 +58,41 @@ class GatewayMetrics:
         )
         self.refused = refusal_counter(PREFIX, r)
         self.replicas = Gauge(f"{PREFIX}_ready_replicas", "Replicas the gateway routes to.", MODEL, registry=r)
-        # Label lookups take a lock and hash a tuple; the hot path reuses resolved children (forget()
-        # drops a deleted ModelServer's along with its series).
-        self._in_flight: dict[Key, Gauge] = {}
-        self._routed: dict[tuple[Key, str], Counter] = {}
+        # The hot path only counts in plain numbers: requests in flight per ModelServer, read when
+        # scraped, and routing decisions, added to their counter then (prometheus_client's inc() and
+        # dec() take a lock and several calls each).
+        self._in_flight: dict[Key, int] = {}
+        self._routed: dict[tuple[Key, str], list[int]] = {}  # -> [decisions not yet added]
 
     def observe(self, key: Key, status_label: str, duration: float, ttfb: float | None) -> None:
         """One finished request: its count by status class, its duration and time to first byte."""
         self.series.observe(key, status_label, duration, ttfb)
 
-    def in_flight_of(self, key: Key) -> Gauge:
-        child = self._in_flight.get(key)
-        if child is None:
-            child = self._in_flight[key] = self.in_flight.labels(*key)
-        return child
+    def enter(self, key: Key) -> None:
+        """A request sent to one of the ModelServer's replicas."""
+        count = self._in_flight.get(key)
+        if count is None:
+            self.in_flight.labels(*key).set_function(lambda: self._in_flight.get(key, 0))
+            count = 0
+        self._in_flight[key] = count + 1
+
+    def leave(self, key: Key) -> None:
+        count = self._in_flight.get(key)
+        if count is not None:  # else forgotten (deleted) while the request was in flight
+            self._in_flight[key] = count - 1
 
     def routed(self, key: Key, decision: str) -> None:
-        child = self._routed.get((key, decision))
-        if child is None:
-            child = self._routed[(key, decision)] = self.routing.labels(*key, decision)
-        child.inc()
+        pending = self._routed.get((key, decision))
+        if pending is None:
+            self.routing.labels(*key, decision)  # the series shows from the first decision
+            pending = self._routed[(key, decision)] = [0]
+        pending[0] += 1
+
+    def flush_routed(self) -> None:
+        for (key, decision), pending in self._routed.items():
+            if pending[0]:
+                self.routing.labels(*key, decision).inc(pending[0])
+                pending[0] = 0
 
     def forget(self, key: Key) -> None:
         """Drop a deleted ModelServer's series (the labelled children of every metric)."""

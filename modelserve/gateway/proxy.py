@@ -294,7 +294,7 @@ class GatewayProxy:
 
     def _enter(self, replica: str, key: Key) -> None:
         self.in_flight[replica] = self.in_flight.get(replica, 0) + 1
-        self.metrics.in_flight_of(key).inc()
+        self.metrics.enter(key)
 
     def _leave(self, replica: str, key: Key) -> None:
         left = self.in_flight.get(replica, 1) - 1
@@ -302,7 +302,7 @@ class GatewayProxy:
             self.in_flight[replica] = left
         else:
             self.in_flight.pop(replica, None)  # replicas come and go: keep no zero entries
-        self.metrics.in_flight_of(key).dec()
+        self.metrics.leave(key)
 
     def _failure(self, exc: BaseException) -> errors.ErrorResponse:
         if isinstance(exc, asyncio.TimeoutError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -110,15 +110,21 @@ def _add(histogram: Histogram, buckets: list[int], total: float) -> None:
         histogram._sum.inc(total)
 
 
-class _FlushFirst:
-    """Registered before a RequestSeries' metrics, so every collect (a scrape) finds them up to date."""
+class _FlushOnCollect:
+    """A collector of no series that calls `flush` whenever its registry is collected."""
 
-    def __init__(self, series: RequestSeries) -> None:
-        self.series = series
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self.flush = flush
 
     def collect(self) -> list[object]:
-        self.series.flush()
+        self.flush()
         return []
+
+
+def flush_on_collect(registry: CollectorRegistry, flush: Callable[[], None]) -> None:
+    """Have every collect (a scrape) call `flush` first: registered before the metrics that `flush`
+    adds tallies to, the scrape finds them up to date."""
+    registry.register(_FlushOnCollect(flush))  # type: ignore[arg-type]  # a collector without describe()
 
 
 class RequestSeries:
@@ -136,7 +142,7 @@ class RequestSeries:
         registry: CollectorRegistry,
     ) -> None:
         requests_help, duration_help, ttfb_help = helps
-        registry.register(_FlushFirst(self))  # type: ignore[arg-type]  # a collector without describe()
+        flush_on_collect(registry, self.flush)
         self.requests = Counter(f"{prefix}_requests", requests_help, [*labels, "status_class"], registry=registry)
         self.duration = Histogram(
             f"{prefix}_request_duration_seconds", duration_help, labels, buckets=DURATION_BUCKETS, registry=registry

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 
 from modelserve.contracts import routes
-from modelserve.http.metrics import RequestSeries, refusal_counter, status_class
+from modelserve.http.metrics import RequestSeries, flush_on_collect, refusal_counter, status_class
 
 PREFIX = "modelserve_sidecar"
 
@@ -27,6 +27,10 @@ class SidecarMetrics:
         self.registry = CollectorRegistry()
         ProcessCollector(namespace=PREFIX, registry=self.registry)
         r = self.registry
+        flush_on_collect(r, self.flush_tokens)  # first: a scrape finds the counters it adds to up to date
+        # Tokens counted per request in plain numbers, added to their counters when scraped (each
+        # inc() takes a lock and several calls).
+        self._tokens = [0, 0]  # prompt, completion
         self.series = RequestSeries(
             PREFIX,
             ["route"],
@@ -86,8 +90,17 @@ class SidecarMetrics:
 
     def count_usage(self, counts: tuple[int, int] | None) -> None:
         if counts is not None:
-            self.prompt_tokens.inc(counts[0])
-            self.completion_tokens.inc(counts[1])
+            tokens = self._tokens
+            tokens[0] += counts[0]
+            tokens[1] += counts[1]
+
+    def flush_tokens(self) -> None:
+        prompt, completion = self._tokens
+        if prompt:
+            self.prompt_tokens.inc(prompt)
+        if completion:
+            self.completion_tokens.inc(completion)
+        self._tokens[:] = [0, 0]
 
     def count_model(self, model: str, status: int, counts: tuple[int, int] | None) -> None:
         label = status_class(status)

@@ -46,7 +46,8 @@ def check_body(
         changes["model"] = engine_name
     if route.samples:
         changes.update(missing_sampling(request, _named_for(route, sampling_defaults)))
-        changes.update(engine_names({**request, **changes}, sampling_aliases))
+        if sampling_aliases:
+            changes.update(engine_names({**request, **changes}, sampling_aliases))
     changes.update({name: value for name, value in route.forced if request.get(name) is not value})
     return json.dumps({**request, **changes}).encode() if changes else body
 

@@ -278,7 +278,7 @@ def test_a_forgotten_model_leaves_no_series_and_counts_afresh() -> None:
     for key in (kept, gone):
         metrics.observe(key, "2xx", 0.2, 0.01)
         metrics.routed(key, "least_in_flight")
-        metrics.in_flight_of(key).inc()
+        metrics.enter(key)
     metrics.forget(gone)
     text = metrics.render().decode()
     assert 'model="gone"' not in text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import time
 
 import httptools
 import pytest
@@ -167,6 +168,27 @@ def test_one_connection_serves_many_requests_and_stays_open(replay_sidecar: Side
             assert answer["status"] == 200
             assert ("connection", "close") not in answer["headers"]
         assert not reader.closed
+
+
+def test_a_connection_idle_for_the_keep_alive_timeout_is_closed_and_a_busy_one_is_not(
+    replay_sidecar: Sidecar,
+) -> None:
+    """uvicorn's keep-alive timeout (5 s from the end of the last answer), kept with one timer per
+    connection: requests 3 s apart outlast two timeouts on one connection, then it closes 5 s after
+    the last answer."""
+    with connect(replay_sidecar) as connection:
+        reader = Answers(connection)
+        for _ in range(4):
+            connection.sendall(request("POST", "/v1/chat/completions", CHAT))
+            (answer,) = reader.read(1)
+            assert answer["status"] == 200 and not reader.closed
+            time.sleep(3)
+        connection.sendall(request("POST", "/v1/chat/completions", CHAT))
+        assert reader.read(1)[0]["status"] == 200
+        last_answer = time.monotonic()
+        connection.settimeout(15)
+        assert connection.recv(1) == b""  # closed by the sidecar
+        assert 4.5 <= time.monotonic() - last_answer < 10
 
 
 def test_expect_100_continue_is_answered_when_the_body_is_wanted(replay_sidecar: Sidecar) -> None:
