@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +27,7 @@ from modelserve.cli import run as cli_run
 from modelserve.cli import views as cli_views
 from modelserve.cli.chat_client import ChatError
 from modelserve.cli.cluster import ClusterError
+from modelserve_sandbox.processes import wait_until
 
 CLI_SECONDS = 60
 PLAIN_MODELFILE = "FROM unsloth/gemma-3-270m-it-GGUF:Q4_K_M\nPARAMETER temperature 0.1\nPARAMETER top_k 50\n"
@@ -336,13 +336,25 @@ def test_ctrl_c_in_a_chat_ends_it_quietly() -> None:
         text=True,
     )
     try:
-        time.sleep(1.5)  # waiting for a line
+        # Interrupted once it waits for a line: blocked in read(2) on its standard input. Its input
+        # stays open until it has exited: closed at once (communicate()), a busy machine could let it
+        # read the end of input before the interrupt, and end as a chat at its end does (CI saw 0).
+        wait_until(lambda: reading_stdin(process.pid), CLI_SECONDS, "the chat to wait for a line", interval=0.05)
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=CLI_SECONDS)
+        process.wait(timeout=CLI_SECONDS)
+        err = process.stderr.read()  # type: ignore[union-attr]
     finally:
         process.kill()
         process.wait()
-    assert process.returncode == 130 and "Traceback" not in err
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            pipe.close()  # type: ignore[union-attr]
+    assert process.returncode == 130 and "Traceback" not in err, (process.returncode, err)
+
+
+def reading_stdin(pid: int) -> bool:
+    """The process is blocked in read(2) on file descriptor 0 (/proc/PID/syscall: number, then args)."""
+    fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    return fields[:2] == ["0", "0x0"]
 
 
 # --- the port-forward, with a stand-in kubectl ----------------------------------------------------
