@@ -122,7 +122,7 @@ class GatewayProxy:
                 self._end(exchange, key)
 
         def retried(response: Response) -> bool:
-            return response.status == RETRIABLE_STATUS and _others(self.directory.models.get(key) or model, tries.tried)
+            return _retried(response, self.directory.models.get(key) or model, tries.tried)
 
         def end() -> None:
             self._leave(tries.chosen[0][0], key)
@@ -249,7 +249,7 @@ class GatewayProxy:
                         response = first
                     else:
                         response = await self.pool.request("POST", f"http://{replica}{path}", to_replica, body)
-                    if response.status != RETRIABLE_STATUS or attempt or not _others(current, tries.tried):
+                    if attempt or not _retried(response, current, tries.tried):
                         return response
                     response.release()
                     self._leave(replica, key)
@@ -314,8 +314,9 @@ def _nothing_to_settle(tail: bytes | None, error: BaseException | None) -> None:
     """A complete answer on the express lane: the gateway counts no usage, and it had no error."""
 
 
-def _others(model: Model, tried: list[str]) -> bool:
-    return any(replica not in tried for replica in model.replicas)
+def _retried(response: Response, model: Model, tried: list[str]) -> bool:
+    """A first answer that another replica is asked instead: a sidecar's 503, with a replica untried."""
+    return response.status == RETRIABLE_STATUS and any(replica not in tried for replica in model.replicas)
 
 
 def parse_request(body: bytes) -> tuple[dict[str, Any], errors.ErrorResponse | None]:

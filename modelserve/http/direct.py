@@ -170,8 +170,7 @@ class DirectDownstream:
             raise ClientGone
         if self._body_size > limit:
             return None
-        body = self._body
-        return body[0] if len(body) == 1 else b"".join(body)
+        return self.body()
 
     # --- without awaiting (the express lane) -------------------------------------------------------
 
@@ -240,10 +239,7 @@ class DirectDownstream:
         self._cancel = None
         if self._flow.write_paused and not self.disconnected:
             await self._flow.drain()
-        if self.disconnected:
-            return
-        self._transport.write(self._head(status, headers) + self._framed_last(body))
-        self._completed()
+        self.whole_now(status, headers, body)
 
     def gone(self) -> asyncio.Future[None]:
         if self._gone is None:
@@ -303,6 +299,15 @@ class DirectDownstream:
     def cut(self) -> None:
         """End the connection in the middle of the answer: the client sees it was cut."""
         self._transport.close()
+
+    def failed(self, exc: BaseException) -> None:
+        """The proxy failed serving it, as uvicorn answers an app that raised: a 500 before the answer
+        started, after it the connection closed (the client sees the answer cut)."""
+        log.error("Exception in %s %s", self.method, self.path, exc_info=exc)
+        if not self.response_started:
+            self.internal_error()
+        elif not self.response_complete:
+            self.cut()
 
     def internal_error(self) -> None:
         """uvicorn's answer to an app that failed before answering (none to a client gone)."""
@@ -399,12 +404,8 @@ class DirectProtocol(HttpToolsProtocol):
         try:
             if handler.express(cycle):
                 return
-        except Exception as exc:  # as a task's failure (_run): a 500, or the answer cut
-            log.error("Exception in %s %s", cycle.method, cycle.path, exc_info=exc)
-            if not cycle.response_started:
-                cycle.internal_error()
-            elif not cycle.response_complete:
-                cycle.cut()
+        except Exception as exc:  # as a task's failure (_run)
+            cycle.failed(exc)
             return
         self._start_asgi_task(cycle, handler)
 
@@ -489,11 +490,7 @@ async def _run(request: DirectDownstream, handler: Handler) -> None:
     try:
         await handler(request)
     except BaseException as exc:
-        log.error("Exception in %s %s", request.method, request.path, exc_info=exc)
-        if not request.response_started:
-            request.internal_error()
-        elif not request.response_complete:
-            request.cut()
+        request.failed(exc)
     else:
         if not request.response_started and not request.disconnected:
             log.error("%s %s returned without answering", request.method, request.path)

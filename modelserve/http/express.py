@@ -107,9 +107,8 @@ class Forward:
         try:
             headers, tail = answer_head(outcome, self.exchange, self.count_usage, self.extra_headers)
             request.whole_now(outcome.status, headers, whole_body(outcome, self.exchange, tail))
-        except Exception as exc:  # as a task's failure (direct._run): a 500, or the answer cut
-            log.error("Exception in %s %s", request.method, request.path, exc_info=exc)
-            request.internal_error() if not request.response_started else request.cut()
+        except Exception as exc:  # as a task's failure (direct._run)
+            request.failed(exc)
             self.end()
             return
         finally:
