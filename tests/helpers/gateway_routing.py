@@ -18,6 +18,7 @@ class Quick:
     beside_long: bool  # the gateway held the long stream from before this request until after it
     decisions: dict[str, float]  # the gateway's routing decisions while it ran, by kind
     errors: dict[str, float]  # the gateway's upstream errors while it ran, by kind
+    seconds: float = 0.0  # from sending it to its answer (the report's clue when rounds fall short)
 
     @property
     def by_policy_beside_long(self) -> bool:
@@ -29,6 +30,7 @@ class Quick:
 class Round:
     long_pod: str
     quick: list[Quick] = field(default_factory=list)
+    long_seconds: float = 0.0  # the long stream, from its first chunk to its end as its client read it
 
 
 def routed_beside_long_streams(
@@ -60,9 +62,12 @@ def route_beside_a_long_stream(
         with httpx.stream("POST", f"{gateway}/v1/chat/completions", json=long_request, timeout=300) as answer:
             seen["pod"] = answer.headers["x-modelserve-replica"]
             for _ in answer.iter_raw():
+                if not first_chunk.is_set():
+                    seen["first"] = time.monotonic()
                 first_chunk.set()
                 if release.is_set():
                     break
+        seen["seconds"] = round(time.monotonic() - seen.get("first", time.monotonic()), 3)
         ended.set()
 
     holder = threading.Thread(target=hold, daemon=True)
@@ -74,7 +79,9 @@ def route_beside_a_long_stream(
             if ended.is_set():
                 break
             before = gateway_counters(gateway, model)
+            sent = time.monotonic()
             answer = httpx.post(f"{gateway}/v1/chat/completions", json=quick_request, timeout=120)
+            seconds = round(time.monotonic() - sent, 3)
             assert answer.status_code == 200, answer.text
             # The gateway counts a request once it has ended there (in the step that sends its last
             # bytes): one more ended and one still in flight mean the long stream outlasted this one.
@@ -85,12 +92,13 @@ def route_beside_a_long_stream(
                     in_flight(before) == 1 and finished(after) == finished(before) + 1 and in_flight(after) == 1,
                     rises(before, after, "modelserve_gateway_routing_decisions_total", "decision"),
                     rises(before, after, "modelserve_gateway_upstream_errors_total", "kind"),
+                    seconds,
                 )
             )
     finally:
         release.set()
         holder.join(timeout=300)
-    return Round(seen["pod"], quick)
+    return Round(seen["pod"], quick, seen.get("seconds", 0.0))
 
 
 def gateway_counters(gateway: str, model: str) -> dict[str, float]:
