@@ -328,17 +328,24 @@ def test_run_without_a_cluster_or_key_says_so() -> None:
 
 
 def test_ctrl_c_in_a_chat_ends_it_quietly() -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "modelserve.cli.main", "run", "x", "--url", "http://127.0.0.1:9", "--key", "k"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # The chat starts with SIGINT at its default, as a terminal's foreground job has it. A job that a
+    # non-interactive shell started in the background (CI's runner may be one) ignores SIGINT, its
+    # children inherit that, and Python keeps an ignored SIGINT ignored: the chat then read the end of
+    # its input and exited 0, or waited out the timeout. A handler, unlike SIG_IGN, is not inherited.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "modelserve.cli.main", "run", "x", "--url", "http://127.0.0.1:9", "--key", "k"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         # Interrupted once it waits for a line: blocked in read(2) on its standard input. Its input
-        # stays open until it has exited: closed at once (communicate()), a busy machine could let it
-        # read the end of input before the interrupt, and end as a chat at its end does (CI saw 0).
+        # stays open until it has exited, so the end of input cannot end the chat first.
         wait_until(lambda: reading_stdin(process.pid), CLI_SECONDS, "the chat to wait for a line", interval=0.05)
         process.send_signal(signal.SIGINT)
         process.wait(timeout=CLI_SECONDS)
