@@ -380,9 +380,16 @@ class Pool:
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_seconds = min(1.0, read_timeout / 4)
 
-    async def request(self, method: str, url: str, headers: Headers, body: bytes = b"") -> Response:
-        """Send the request; the response's status and headers have arrived when this returns."""
+    async def request(
+        self, method: str, url: str, headers: Headers, body: bytes = b"", fresh: bool = False
+    ) -> Response:
+        """Send the request; the response's status and headers have arrived when this returns.
+        `fresh`: on a new connection, the idle ones to that origin closed first (the retry after a
+        pooled connection failed: its peer may have closed the others it left idle too)."""
         origin, target = self._split(url)
+        if fresh:
+            for connection in self._idle_by_origin.pop(origin.key, []):
+                connection.close()
         connection = self._idle(origin) or await self._acquire(origin)
         return await connection.exchange(method, target, headers, body)
 

@@ -240,8 +240,9 @@ class Proxy:
             # Nearly always a pooled keep-alive connection the engine had just closed or reset (servers
             # close idle or errored connections at will; llama.cpp's closes after every stream while
             # advertising keep-alive), which the request never reached: once more, on a new
-            # connection. An engine that is really gone then refuses it, which answers 503.
-            return await self.pool.request(method, target, headers, body)
+            # connection (the other idle ones may be as stale). An engine that is really gone then
+            # refuses it, which answers 503.
+            return await self.pool.request(method, target, headers, body, fresh=True)
 
     def _failure(self, exc: BaseException) -> errors.ErrorResponse:
         if isinstance(exc, asyncio.TimeoutError):

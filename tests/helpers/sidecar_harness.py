@@ -324,7 +324,9 @@ class ReplayEngine:
 
     Test-only knobs, sent as request headers through the sidecar: `x-replay-gap` (seconds between
     SSE events, to make a stream last), `x-replay-stall` (seconds before answering) and
-    `x-replay-drop-once: <id>` (close the connection instead of answering, the first time); and
+    `x-replay-drop-once: <id>` (close the connection instead of answering, the first time),
+    `x-replay-drop-reused` (close a connection that served before instead of answering, as llama.cpp
+    leaves its kept-alive connections after a stream); and
     as attributes: `healthy` and `health_delay` (seconds /health takes, as a busy SGLang's does)."""
 
     port: int
@@ -341,6 +343,7 @@ class ReplayEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
         self._dropped: set[str] = set()
+        self._served: set[int] = set()  # ids of the connections (transports) that have answered
 
     def start(self) -> ReplayEngine:
         self._thread.start()
@@ -405,8 +408,13 @@ class ReplayEngine:
         body = await request.json()
         self.received.append(body)
         drop = request.headers.get("x-replay-drop-once")
-        if drop and drop not in self._dropped:  # hang up without answering, as a dying server does
-            self._dropped.add(drop)
+        reused = id(request.transport) in self._served
+        self._served.add(id(request.transport))
+        # Hang up without answering, as a dying server does, or as llama.cpp's kept-alive connection
+        # is by the time it is reused.
+        if (drop and drop not in self._dropped) or (reused and "x-replay-drop-reused" in request.headers):
+            if drop:
+                self._dropped.add(drop)
             request.transport.close()
             return web.Response()
         return await self._replay(request, read_recording(recording_for_chat(body)))

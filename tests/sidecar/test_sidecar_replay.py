@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -357,6 +358,22 @@ def test_a_connection_the_engine_drops_before_answering_is_retried_once(
     answer = chat(replay_sidecar, {"model": "tiny", "messages": HELLO}, headers={"x-replay-drop-once": "a"})
     assert answer.status_code == 200 and answer.content == read_recording("chat.http").body
     assert len(replay.received) == before + 2  # dropped, then answered on a new connection
+
+
+def test_the_retry_after_a_stale_pooled_connection_opens_a_new_one(
+    replay: ReplayEngine, replay_sidecar: Sidecar
+) -> None:
+    # Two requests at once leave the sidecar at least two pooled connections, which the engine
+    # (as llama.cpp after its streams) has given up: the request fails on one, and its one retry
+    # must not take the other.
+    stalled = {"x-replay-stall": "0.5"}
+    with ThreadPoolExecutor(2) as both:
+        warm = list(both.map(lambda _: chat(replay_sidecar, {"model": "tiny", "messages": HELLO}, stalled), range(2)))
+    assert [answer.status_code for answer in warm] == [200, 200]
+    before = len(replay.received)
+    answer = chat(replay_sidecar, {"model": "tiny", "messages": HELLO}, headers={"x-replay-drop-reused": "1"})
+    assert answer.status_code == 200 and answer.content == read_recording("chat.http").body, answer.text
+    assert len(replay.received) == before + 2  # dropped on a pooled connection, answered on a new one
 
 
 def test_silent_engine_times_out_with_504(replay_sidecar: Sidecar) -> None:
