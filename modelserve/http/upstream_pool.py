@@ -384,8 +384,9 @@ class Pool:
         self, method: str, url: str, headers: Headers, body: bytes = b"", fresh: bool = False
     ) -> Response:
         """Send the request; the response's status and headers have arrived when this returns.
-        `fresh`: on a new connection, the idle ones to that origin closed first (the retry after a
-        pooled connection failed: its peer may have closed the others it left idle too)."""
+        `fresh`: the idle connections to that origin closed first, so it goes on a new one (the retry
+        after a pooled connection failed: its peer may have closed the others it left idle too). At
+        the connection limit it waits, and may then take one another request has just put back."""
         origin, target = self._split(url)
         if fresh:
             for connection in self._idle_by_origin.pop(origin.key, []):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -343,7 +344,9 @@ class ReplayEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
         self._dropped: set[str] = set()
-        self._served: set[int] = set()  # ids of the connections (transports) that have answered
+        # The connections that have answered: weakly held, so a new one never passes for an old one
+        # whose id it was given.
+        self._served: weakref.WeakSet[asyncio.BaseTransport] = weakref.WeakSet()
 
     def start(self) -> ReplayEngine:
         self._thread.start()
@@ -408,8 +411,8 @@ class ReplayEngine:
         body = await request.json()
         self.received.append(body)
         drop = request.headers.get("x-replay-drop-once")
-        reused = id(request.transport) in self._served
-        self._served.add(id(request.transport))
+        reused = request.transport in self._served
+        self._served.add(request.transport)
         # Hang up without answering, as a dying server does, or as llama.cpp's kept-alive connection
         # is by the time it is reused.
         if (drop and drop not in self._dropped) or (reused and "x-replay-drop-reused" in request.headers):
