@@ -63,7 +63,7 @@ def conversation_prefix(request: Mapping[str, Any]) -> bytes | None:
         for message in messages:
             if not isinstance(message, dict):
                 continue
-            opening.append(f"{message.get('role')}\x1f{_text(message.get('content'))[:PART_CHARS]}")
+            opening.append(f"{_string(message.get('role'))}\x1f{_text(message.get('content'))[:PART_CHARS]}")
             if message.get("role") == "user":
                 break
         return "\x1e".join(opening).encode()
@@ -82,10 +82,16 @@ def _text(content: Any) -> str:
     pieces = []
     for part in content:
         if isinstance(part, dict):
-            text = part.get("text")
-            url = (part.get("image_url") or {}).get("url") if isinstance(part.get("image_url"), dict) else None
-            pieces.append(str(text if text is not None else url or "")[:PART_CHARS])
+            text, image = part.get("text"), part.get("image_url")
+            url = _string(image.get("url")) if isinstance(image, dict) else ""
+            pieces.append((text if isinstance(text, str) else url)[:PART_CHARS])
     return "\x1d".join(pieces)
+
+
+def _string(value: Any) -> str:
+    """A string field, else "": never str() of a client's value, which for 100,000 nested lists
+    raises RecursionError (and costs its whole size)."""
+    return value if isinstance(value, str) else ""
 
 
 class Ring:

@@ -54,6 +54,14 @@ def bad_request(message: str, code: str, param: str | None = None) -> ErrorRespo
     return ErrorResponse(400, message, INVALID_REQUEST_ERROR, code, param)
 
 
+def invalid_json(reason: str) -> ErrorResponse:
+    return bad_request(f"Request body is not valid JSON: {reason}", "invalid_json")
+
+
+def body_not_allowed(method: str, path: str) -> ErrorResponse:
+    return bad_request(f"A {method} {path} request takes no body.", "body_not_allowed")
+
+
 def body_too_large(limit: int) -> ErrorResponse:
     message = f"Request body is larger than the limit of {limit} bytes."
     return ErrorResponse(413, message, INVALID_REQUEST_ERROR, "body_too_large")

@@ -79,6 +79,8 @@ from typing import Any
 
 from modelserve.contracts import routes
 
+from .json_body import BadJson, encode, parse
+
 CHAT_ROUTE = routes.OLLAMA_CHAT.path
 GENERATE_ROUTE = routes.OLLAMA_GENERATE.path
 TAGS_ROUTE = routes.OLLAMA_TAGS.path
@@ -165,10 +167,9 @@ def plan(route: str, body: bytes, served: str, adapters: Collection[str] = ()) -
     the LoRA adapters served beside the base, asked for by their own names as the base is."""
     if route in (TAGS_ROUTE, VERSION_ROUTE, PS_ROUTE):
         return Plan(route, "GET", ENGINE_MODELS, b"", listed_name(served))
-    try:
-        request = json.loads(body) if body.strip() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return Refusal(400, f"invalid JSON in the request body: {exc}")
+    request = parse(body) if body.strip() else {}
+    if isinstance(request, BadJson):
+        return invalid_json(request)
     if not isinstance(request, dict):
         return Refusal(400, "the request body must be a JSON object")
     if route == SHOW_ROUTE:
@@ -195,7 +196,14 @@ def plan(route: str, body: bytes, served: str, adapters: Collection[str] = ()) -
     if stream:
         openai["stream"] = True
         openai["stream_options"] = {"include_usage": True}
-    return Plan(route, "POST", ENGINE_CHAT, json.dumps(openai).encode(), model, stream)
+    encoded = encode(openai)  # the request's schemas and tools a few levels deeper: maybe too deep
+    if isinstance(encoded, BadJson):
+        return invalid_json(encoded)
+    return Plan(route, "POST", ENGINE_CHAT, encoded, model, stream)
+
+
+def invalid_json(bad: BadJson) -> Refusal:
+    return Refusal(400, f"invalid JSON in the request body: {bad.reason}")
 
 
 def _target(requested: str, served: str, adapters: Collection[str]) -> str | None:
@@ -260,7 +268,13 @@ def chat_messages(messages: list[Any]) -> list[dict[str, Any]] | Refusal:
         if calls:
             if not isinstance(calls, list):
                 return Refusal(400, f"messages[{i}].tool_calls must be a list")
-            item["tool_calls"] = pending_calls = [_openai_call(call, f"call_{i}_{k}") for k, call in enumerate(calls)]
+            pending_calls = []
+            for k, call in enumerate(calls):
+                openai_call = _openai_call(call, f"call_{i}_{k}", f"messages[{i}].tool_calls[{k}]")
+                if isinstance(openai_call, Refusal):
+                    return openai_call
+                pending_calls.append(openai_call)
+            item["tool_calls"] = pending_calls
             pending = [(call["id"], call["function"]["name"]) for call in pending_calls]
         if role == "tool":
             call_id = message.get("tool_call_id") or _answered(pending, message.get("tool_name"))
@@ -279,16 +293,22 @@ def _answered(pending: list[tuple[str, str]], name: Any) -> str | None:
     return pending.pop(0)[0] if pending else None
 
 
-def _openai_call(call: Any, default_id: str) -> dict[str, Any]:
-    function = call.get("function", {}) if isinstance(call, dict) else {}
+def _openai_call(call: Any, default_id: str, where: str) -> dict[str, Any] | Refusal:
+    """An Ollama tool call as OpenAI's (arguments as a JSON string); its name a string, as Ollama's
+    own types have it (it is compared with the tool messages' `tool_name`)."""
+    function = call.get("function", {}) if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name", ""), str):
+        return Refusal(400, f"{where} must be an object with a function name")
     arguments = function.get("arguments", {})
+    if not isinstance(arguments, str):
+        encoded = encode(arguments)
+        if isinstance(encoded, BadJson):
+            return Refusal(400, f"invalid JSON in {where}.function.arguments: {encoded.reason}")
+        arguments = encoded.decode()
     return {
         "id": call.get("id") or default_id,
         "type": "function",
-        "function": {
-            "name": function.get("name", ""),
-            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-        },
+        "function": {"name": function.get("name", ""), "arguments": arguments},
     }
 
 
@@ -365,7 +385,7 @@ def translate_options(options: Any) -> dict[str, Any] | Refusal:
                 return Refusal(400, f"option {name!r} must be a number")
             out[_NUMBER_OPTIONS[name]] = value
         elif name in _INTEGER_OPTIONS:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+            if not _is_integer(value):
                 return Refusal(400, f"option {name!r} must be an integer")
             if name == "num_predict" and value < 0:
                 continue  # -1 infinite, -2 fill the context: no limit asked for
@@ -452,12 +472,10 @@ def _message(text: str, thinking: Any, tool_calls: Any) -> dict[str, Any]:
 
 def ollama_call(call: Mapping[str, Any]) -> dict[str, Any]:
     """An OpenAI tool call as Ollama's: the arguments as an object (`{}` if they are not one)."""
-    function = call.get("function") or {}
+    function = call.get("function")
+    function = function if isinstance(function, dict) else {}
     raw = function.get("arguments") or "{}"
-    try:
-        arguments = json.loads(raw) if isinstance(raw, str) else raw
-    except json.JSONDecodeError:
-        arguments = {}
+    arguments = parse(raw) if isinstance(raw, str) else raw  # the model's text: maybe not JSON at all
     return {
         "function": {"name": function.get("name", ""), "arguments": arguments if isinstance(arguments, dict) else {}}
     }
@@ -465,11 +483,15 @@ def ollama_call(call: Mapping[str, Any]) -> dict[str, Any]:
 
 def error_message(body: bytes, status: int) -> str:
     """The message of an OpenAI-shaped error answer (the sidecar's, vLLM's, SGLang's, llama.cpp's)."""
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    data = parse(body)
+    if isinstance(data, BadJson):
         text = body.decode("utf-8", "replace").strip()
         return text or f"the engine answered HTTP {status}"
+    return error_text(data, status)
+
+
+def error_text(data: Any, status: int) -> str:
+    """The message of a decoded OpenAI-shaped error."""
     if isinstance(data, dict):
         error = data.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
@@ -629,11 +651,8 @@ class StreamTranslator:
         data = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
         if not data or data == b"[DONE]":
             return []
-        try:
-            payload = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return []
-        return self.event(payload, created_at)
+        payload = parse(data)
+        return [] if isinstance(payload, BadJson) else self.event(payload, created_at)
 
     def event(self, event: Any, created_at: str) -> list[dict[str, Any]]:
         """One decoded OpenAI stream event as Ollama objects (none for events without text)."""
@@ -641,7 +660,7 @@ class StreamTranslator:
             return []
         if "error" in event:  # vLLM reports a failure mid-stream as an event
             self.failed = True
-            return [{"error": error_message(json.dumps(event).encode(), 500)}]
+            return [{"error": error_text(event, 500)}]
         if event.get("usage"):
             self._usage = event["usage"]
         if event.get("timings"):  # llama.cpp's own measurements
@@ -689,3 +708,11 @@ def _count(value: Any) -> int:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_integer(value: Any) -> bool:
+    """An integer, or a float with no fraction (JSON's 8.0); never float() of a long integer, which
+    overflows past 309 digits."""
+    if isinstance(value, float):
+        return value.is_integer()
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -32,6 +32,8 @@ READ_AHEAD_BYTES = 256 * 1024
 JOIN_BODY_BYTES = 64 * 1024
 # Methods whose empty body still gets `Content-Length: 0`, as aiohttp sent it (the engines saw that).
 _LENGTH_WHEN_EMPTY = frozenset({"POST", "PUT", "PATCH"})
+# Methods never sent with a body: a server that does not frame one reads it as the next request.
+_BODILESS = frozenset({"GET", "HEAD"})
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -51,6 +53,10 @@ class Disconnected(UpstreamError):
 
 class BodyCut(UpstreamError):
     """The connection ended in the middle of the response body."""
+
+
+class _Surplus(Exception):
+    """Raised from the parser's callback to stop it at a second message after a complete response."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,12 @@ def split_url(url: str) -> tuple[Origin, bytes]:
     key = f"{parts.scheme}://{shown}:{port}"
     origin = Origin(key, parts.scheme, host, port, host_header.encode("idna"), authorization)
     return origin, target.encode("latin-1")
+
+
+def forbid_get_body(method: str, body: bytes) -> None:
+    """Raise ValueError for a body on a GET or HEAD (the proxies refuse one before: never sent)."""
+    if body and method in _BODILESS:
+        raise ValueError(f"a {method} request is never sent with a body")
 
 
 def request_head(method: str, target: bytes, origin: Origin, headers: Headers, body_length: int) -> bytes:
@@ -186,14 +198,21 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if self.released:  # bytes nobody asked for on a pooled connection: it cannot be trusted again
+        if self.released or self.complete:
+            # Bytes after the response's end (nobody asked for them): a desynchronised or smuggling
+            # upstream, never trusted again; the complete response is what was answered. (In the
+            # read that ends it, llhttp skips CR and LF between messages: they can carry nothing.)
             self.close()
             return
         self.last_read = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(Disconnected(f"malformed response: {exc}") if not self.headers_done else BodyCut(str(exc)))
+            if self.complete:  # more after the end in this read (stopped by on_message_begin): likewise
+                self.close()
+            else:
+                error = Disconnected(f"malformed response: {exc}") if not self.headers_done else BodyCut(str(exc))
+                self._fail(error)
         if self.headers_done and self.on_answer is not None:
             self._answered()
 
@@ -220,6 +239,10 @@ class _Connection(asyncio.Protocol):
         pass
 
     # --- httptools callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second message in the read that ended the first: stop before it
+            raise _Surplus
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
@@ -387,6 +410,7 @@ class Pool:
         `fresh`: the idle connections to that origin closed first, so it goes on a new one (the retry
         after a pooled connection failed: its peer may have closed the others it left idle too). At
         the connection limit it waits, and may then take one another request has just put back."""
+        forbid_get_body(method, body)
         origin, target = self._split(url)
         if fresh:
             for connection in self._idle_by_origin.pop(origin.key, []):
@@ -400,6 +424,7 @@ class Pool:
         """Send the request at once on an idle pooled connection, which calls `on_answer` when the
         response headers are in or the exchange failed (its `answer()` says which); None, and nothing
         sent, when no idle connection is fresh. Raises Disconnected when the write fails."""
+        forbid_get_body(method, body)
         origin, target = self._split(url)
         connection = self._idle(origin)
         if connection is None:

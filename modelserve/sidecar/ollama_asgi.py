@@ -12,6 +12,7 @@ from modelserve.contracts.names import PACKAGE_VERSION
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import ollama
 from modelserve.http.downstream import ClientGone, read_body
+from modelserve.http.json_body import BadJson, parse
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
 from modelserve.http.ollama_errors import OllamaErrors, send_whole
 from modelserve.http.relay import content_length
@@ -156,9 +157,8 @@ class _Reply(OllamaErrors):
         if self.status != 200:
             await self.send_error()
             return
-        try:
-            answer = json.loads(self.body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        answer = parse(self.body)
+        if isinstance(answer, BadJson):
             await send_whole(
                 self.send, 502, ollama.error_body("the engine's answer is not JSON"), b"application/json", []
             )

@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 from modelserve.contracts.routes import Route
-from modelserve.http.errors import ErrorResponse, bad_request
+from modelserve.http.errors import ErrorResponse, bad_request, invalid_json
+from modelserve.http.json_body import BadJson, encode, parse
 
-IMAGE_PART_TYPES = frozenset({"image_url"})
+# What only a multimodal model reads: the content parts of these types (Chat Completions', the
+# Responses API's, vLLM's own), and a part with a field of one of these names (vLLM takes a part
+# without a `type` by the media field it carries).
+MEDIA_PARTS = frozenset(
+    {
+        "image_url",
+        "input_image",
+        "image",
+        "image_pil",
+        "image_embeds",
+        "video_url",
+        "video",
+        "audio_url",
+        "input_audio",
+        "audio",
+        "audio_embeds",
+        "file",
+        "input_file",
+    }
+)
+# Where a request carries content parts: Chat Completions' (and vLLM's chat-style embeddings')
+# `messages`, the Responses API's `input` items.
+_TURNS = ("messages", "input")
 
 
 def check_body(
@@ -28,15 +50,15 @@ def check_body(
     checks; `sampling_aliases`: OpenAI name -> the engine's own name of a sampling field;
     `upstream_model`: the upstream's own model id, sent instead of the client's (the served name);
     `adapter_models`: an adapter's name -> how the engine is asked for it (SGLang's <base>:<adapter>)."""
-    try:
-        request = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return bad_request(f"Request body is not valid JSON: {exc}", "invalid_json")
+    request = parse(body)
+    if isinstance(request, BadJson):
+        return invalid_json(request.reason)
     if not isinstance(request, dict):
         return bad_request("Request body must be a JSON object.", "invalid_json")
-    if not vision and _has_image_part(request):
+    media = None if vision else media_field(request)
+    if media is not None:
         # vLLM's own words, so a client sees the same error with or without the sidecar.
-        return bad_request(f"{served_model} is not a multimodal model", "not_multimodal", "messages")
+        return bad_request(f"{served_model} is not a multimodal model", "not_multimodal", media)
     changes: dict[str, Any] = {}
     if upstream_model and request.get("model") != upstream_model:
         # An external server knows its model by its own id; this ModelServer serves only that one.
@@ -49,12 +71,16 @@ def check_body(
         if sampling_aliases:
             changes.update(engine_names({**request, **changes}, sampling_aliases))
     changes.update({name: value for name, value in route.forced if request.get(name) is not value})
-    return json.dumps({**request, **changes}).encode() if changes else body
+    if not changes:
+        return body
+    changed = encode({**request, **changes})
+    return invalid_json(changed.reason) if isinstance(changed, BadJson) else changed
 
 
 def request_model(body: bytes) -> str | None:
     """The `model` a checked (valid JSON object) body names, if a string."""
-    model = json.loads(body).get("model")
+    request = parse(body)
+    model = request.get("model") if isinstance(request, dict) else None
     return model if isinstance(model, str) else None
 
 
@@ -85,14 +111,23 @@ def engine_names(request: Mapping[str, Any], aliases: Mapping[str, str]) -> dict
     }
 
 
-def _has_image_part(request: Mapping[str, Any]) -> bool:
-    messages = request.get("messages")
-    if not isinstance(messages, list):
+def media_field(request: Mapping[str, Any]) -> str | None:
+    """The field (`messages` or `input`) whose turns carry a media part, or None: a turn's content is
+    a string, a list of parts or (as some clients send it) one part."""
+    for field in _TURNS:
+        turns = request.get(field)
+        for turn in turns if isinstance(turns, list) else ():
+            content = turn.get("content") if isinstance(turn, dict) else None
+            parts = [content] if isinstance(content, dict) else content if isinstance(content, list) else ()
+            for part in parts:
+                if is_media(part):
+                    return field
+    return None
+
+
+def is_media(part: Any) -> bool:
+    """A content part only a multimodal model reads, by its type or by a media field it carries."""
+    if not isinstance(part, dict):
         return False
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES:
-                    return True
-    return False
+    kind = part.get("type")
+    return (isinstance(kind, str) and kind in MEDIA_PARTS) or not MEDIA_PARTS.isdisjoint(part)

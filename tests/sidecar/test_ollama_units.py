@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 
 import pytest
 
 from modelserve.http import ollama
 from modelserve.http.ollama import Clock, Plan, Refusal, StreamTranslator
 from modelserve.sidecar.metrics import route_label
-from tests.helpers.sidecar_harness import read_recording
+from tests.helpers.sidecar_harness import hostile_json, nested_object, read_recording
 
 SERVED = "gemma-3-270m"
 NOW = "2026-11-23T03:28:09.211038Z"
@@ -129,6 +130,12 @@ def test_options_translate_and_unknown_ones_are_ignored() -> None:
     }
 
 
+def test_integer_options_of_any_size_never_overflow() -> None:
+    huge = int("9" * 400)  # float() of it overflows
+    assert ollama.translate_options({"seed": huge, "num_predict": 8.0}) == {"seed": huge, "max_tokens": 8}
+    assert ollama.translate_options({"top_k": 1e308 * 10}) == Refusal(400, "option 'top_k' must be an integer")
+
+
 @pytest.mark.parametrize("unlimited", [-1, -2])
 def test_unlimited_num_predict_leaves_max_tokens_out(unlimited: int) -> None:
     assert ollama.translate_options({"num_predict": unlimited, "stop": ["a", "b"]}) == {"stop": ["a", "b"]}
@@ -231,6 +238,41 @@ def test_refusals_in_ollamas_words(route: str, body: object, refusal: Refusal) -
 def test_invalid_json_is_refused() -> None:
     refusal = ollama.plan(ollama.CHAT_ROUTE, b'{"model": ', SERVED)
     assert isinstance(refusal, Refusal) and refusal.status == 400 and "invalid JSON" in refusal.message
+
+
+@pytest.mark.parametrize("name", sorted(hostile_json()))
+def test_hostile_json_is_refused_in_ollamas_words(name: str) -> None:
+    for route in (ollama.CHAT_ROUTE, ollama.GENERATE_ROUTE, ollama.SHOW_ROUTE):
+        refusal = ollama.plan(route, hostile_json()[name], SERVED)
+        assert isinstance(refusal, Refusal) and refusal.status == 400, (route, name)
+        assert refusal.message.startswith("invalid JSON in the request body: ")
+
+
+def test_a_format_nested_to_the_limit_is_planned_or_refused_never_raised() -> None:
+    # Every depth around the recursion limit, wherever the stack stands: read, put two objects
+    # deeper into response_format and written, or refused; never raised.
+    limit = sys.getrecursionlimit()
+    for depth in range(limit - 150, limit + 10):
+        body = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "format": %s}' % (
+            SERVED.encode(),
+            nested_object(depth),
+        )
+        answer = ollama.plan(ollama.CHAT_ROUTE, body, SERVED)
+        assert isinstance(answer, Plan) or (answer.status, answer.message[:12]) == (400, "invalid JSON"), depth
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (1, "messages[0].tool_calls[0] must be an object with a function name"),
+        ({"function": "f"}, "messages[0].tool_calls[0] must be an object with a function name"),
+        ({"function": {"name": ["f"]}}, "messages[0].tool_calls[0] must be an object with a function name"),
+    ],
+)
+def test_a_tool_call_that_is_no_call_is_refused(call: object, message: str) -> None:
+    messages = [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "tool_name": ["f"]}]
+    body = json.dumps({"model": SERVED, "messages": messages}).encode()
+    assert ollama.plan(ollama.CHAT_ROUTE, body, SERVED) == Refusal(400, message)
 
 
 def test_show_takes_model_or_the_older_name_field() -> None:
@@ -444,6 +486,18 @@ def test_an_error_event_mid_stream_becomes_an_ollama_error_and_no_done() -> None
 def test_error_messages_from_every_shape(body: bytes, status: int, message: str | None) -> None:
     expected = message or json.loads(body)["error"]["message"]
     assert ollama.error_message(body, status) == expected
+
+
+def test_an_engines_json_that_python_cannot_read_is_not_json() -> None:
+    # The model writes tool-call arguments and may be asked to write anything: an integer of 5,000
+    # digits, 100,000 brackets.
+    for arguments in ('{"n": ' + "1" * 5000 + "}", "[" * 100_000):
+        call = {"function": {"name": "f", "arguments": arguments}}
+        assert ollama.ollama_call(call) == {"function": {"name": "f", "arguments": {}}}
+    long_integer = b"1" * 5000
+    assert ollama.error_message(long_integer, 500) == long_integer.decode()
+    stream = StreamTranslator(ollama.CHAT_ROUTE, SERVED)
+    assert stream.feed(b'data: {"choices": [], "n": ' + long_integer + b"}\n\n", NOW) == []
 
 
 def test_tags_and_show_from_vllms_and_llama_cpps_model_lists() -> None:

@@ -11,14 +11,21 @@ from modelserve.contracts import routes
 from modelserve.contracts.env import ConfigError
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import errors
+from modelserve.http.json_body import NESTED_TOO_DEEPLY, BadJson, encode, parse
 from modelserve.http.usage import ResponseTail, usage_from_tail
 from modelserve.sidecar.auth import extract_key, refusal_reason
 from modelserve.sidecar.keys import KeyStore, key_files, parse_keys
 from modelserve.sidecar.metrics import SidecarMetrics, route_label
-from modelserve.sidecar.proxy import DROP_TO_ENGINE, HOP_BY_HOP, filter_headers
+from modelserve.sidecar.proxy import DROP_TO_ENGINE, HOP_BY_HOP, Proxy, filter_headers
 from modelserve.sidecar.readiness import listed_models
-from modelserve.sidecar.request_checks import check_body, missing_sampling
-from tests.helpers.sidecar_harness import API_KEY, IMAGE_MESSAGES, SecretDir, read_recording
+from modelserve.sidecar.request_checks import check_body, missing_sampling, request_model
+from tests.helpers.sidecar_harness import (
+    API_KEY,
+    IMAGE_MESSAGES,
+    SecretDir,
+    hostile_json,
+    read_recording,
+)
 
 REQUIRED = {"MODELSERVE_UPSTREAM_URL": "http://127.0.0.1:8000/", "MODELSERVE_SERVED_MODEL": "tiny"}
 
@@ -185,6 +192,29 @@ def test_check_body_refuses_invalid_json_and_non_objects() -> None:
     assert isinstance(check_body(CHAT, b"\xff\xfe", "tiny", False, {}), errors.ErrorResponse)
 
 
+@pytest.mark.parametrize("name", sorted(hostile_json()))
+def test_hostile_json_is_refused_as_invalid_json_never_raised(name: str) -> None:
+    body = hostile_json()[name]
+    for route in (CHAT, routes.RESPONSES, routes.EMBEDDINGS):
+        refused = check_body(route, body, "tiny", False, {"temperature": 0.1})
+        assert isinstance(refused, errors.ErrorResponse), (route, name)
+        assert (refused.status, refused.code) == (400, "invalid_json")
+        assert "sys." not in refused.message  # says what is wrong, not how Python's limit is set
+    assert request_model(body) is None
+
+
+def test_json_body_reads_and_writes_without_raising() -> None:
+    assert parse(b'{"a": [1, 2.5, "x"]}') == {"a": [1, 2.5, "x"]}
+    assert parse(b"[" * 100_000) == BadJson(NESTED_TOO_DEEPLY)
+    assert parse(b"1" * 5000) == BadJson("a number has more than 4300 digits")
+    assert isinstance(parse(b'{"a":'), BadJson) and isinstance(parse(b"\xff"), BadJson)
+    assert encode({"a": [1]}) == b'{"a": [1]}'
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert encode(deep) == BadJson(NESTED_TOO_DEEPLY)
+
+
 def test_check_body_leaves_unchanged_bodies_alone() -> None:
     body = b'{"model": "tiny", "messages": [], "temperature": 1}'
     assert check_body(CHAT, body, "tiny", False, {"temperature": 0.1}) is body  # byte-for-byte
@@ -202,6 +232,43 @@ def test_image_part_to_a_text_model_is_refused_in_vllms_words() -> None:
     assert isinstance(refused, errors.ErrorResponse)
     assert (refused.status, refused.message) == (vllm["code"], vllm["message"])
     assert check_body(CHAT, body, "tiny", True, {}) is body  # a vision model takes it
+
+
+@pytest.mark.parametrize(
+    ("field", "turn"),
+    [
+        ("messages", {"role": "user", "content": [{"type": "video_url", "video_url": {"url": "http://x/v.mp4"}}]}),
+        ("messages", {"role": "user", "content": [{"type": "audio_url", "audio_url": {"url": "http://x/a.wav"}}]}),
+        ("messages", {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "UklGRg=="}}]}),
+        ("messages", {"role": "user", "content": [{"type": "file", "file": {"file_data": "JVBERi0="}}]}),
+        ("messages", {"role": "user", "content": [{"type": "image", "image": "data:image/png;base64,iVBO"}]}),
+        ("messages", {"role": "user", "content": [{"type": "image_embeds", "image_embeds": "AAAA"}]}),
+        # vLLM reads a part without a type by the media field it carries
+        ("messages", {"role": "user", "content": [{"image_url": {"url": "data:image/png;base64,iVBO"}}]}),
+        # one part as the content, not in a list
+        ("messages", {"role": "user", "content": {"type": "image_url", "image_url": {"url": "http://x/i.png"}}}),
+        # the Responses API: `input` items whose content lists parts
+        ("input", {"role": "user", "content": [{"type": "input_image", "image_url": "http://x/i.png"}]}),
+        ("input", {"type": "message", "role": "user", "content": [{"type": "input_file", "file_id": "f"}]}),
+        ("input", {"role": "user", "content": {"type": "input_image", "image_url": "http://x/i.png"}}),
+    ],
+)
+def test_every_media_part_to_a_text_model_is_refused_in_vllms_words(field: str, turn: dict) -> None:
+    body = json.dumps({"model": "tiny", field: [{"role": "user", "content": "hi"}, turn]}).encode()
+    refused = check_body(routes.RESPONSES if field == "input" else CHAT, body, "tiny", False, {})
+    assert isinstance(refused, errors.ErrorResponse)
+    assert (refused.status, refused.message, refused.param) == (400, "tiny is not a multimodal model", field)
+    assert check_body(CHAT, body, "tiny", True, {}) is body  # a vision model takes it
+
+
+def test_text_parts_and_odd_part_types_pass_the_media_check() -> None:
+    text = [{"type": "text", "text": "hi"}, {"type": "input_text", "text": "hi"}, "plain", 3]
+    for field in ("messages", "input"):
+        body = json.dumps({field: [{"role": "user", "content": text}], "model": "tiny"}).encode()
+        assert check_body(CHAT, body, "tiny", False, {}) is body
+    # A type that is not a string (unhashable) is no media type, and never a TypeError.
+    odd = json.dumps({"messages": [{"role": "user", "content": [{"type": ["image_url"]}, {"type": {}}]}]}).encode()
+    assert check_body(CHAT, odd, "tiny", False, {}) is odd
 
 
 def test_sampling_defaults_fill_only_what_is_left_out() -> None:
@@ -359,6 +426,14 @@ def test_filter_headers_drops_hop_by_hop_and_connection_named_ones() -> None:
         (b"host", b"a"),
     ]
     assert filter_headers(headers, DROP_TO_ENGINE) == [(b"content-type", b"application/json")]
+
+
+def test_a_get_with_a_body_is_refused_and_never_forwarded() -> None:
+    proxy = Proxy(Settings.from_env({**REQUIRED, "MODELSERVE_AUTH": "public"}), None, SidecarMetrics())
+    refused = proxy._plan("GET", "/v1/models", b'{"model": "tiny"}')
+    assert isinstance(refused, errors.ErrorResponse)
+    assert (refused.status, refused.code, refused.type) == (400, "body_not_allowed", "invalid_request_error")
+    assert proxy._plan("GET", "/v1/models", b"") == (routes.MODELS, b"", None)
 
 
 def test_listed_models_reads_vllms_answer() -> None:

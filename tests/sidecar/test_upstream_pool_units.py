@@ -4,7 +4,10 @@ how it reads answers and failures, against raw servers on loopback scripted byte
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -191,3 +194,107 @@ def test_a_connection_the_upstream_closed_while_pooled_is_not_reused() -> None:
 
     assert _run(answers_once_then_closes, exchange) == [b"ok", b"ok"]
     assert connections == 2
+
+
+# --- bytes after a complete response ------------------------------------------------------------------
+
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+# What a desynchronised (or smuggling) upstream sends after it: a response nobody asked for, or garbage.
+SURPLUS = {
+    "response": b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil",
+    "garbage": b"x",
+}
+
+
+@contextmanager
+def naive_upstream(answer: bytes) -> Iterator[tuple[str, list[threading.Event]]]:
+    """A keep-alive HTTP/1.1 server on Python's http.server that writes `answer` to every GET, byte
+    for byte: its base URL, and per connection an event set when the connection has ended."""
+    ended: list[threading.Event] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def handle(self) -> None:
+            done = threading.Event()
+            ended.append(done)
+            try:
+                super().handle()  # request after request, until the client closes the connection
+            finally:
+                done.set()
+
+        def do_GET(self) -> None:
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", ended
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize("surplus", sorted(SURPLUS))
+def test_bytes_after_a_complete_response_close_its_connection(surplus: str) -> None:
+    with naive_upstream(ANSWER + SURPLUS[surplus]) as (base, ended):
+
+        async def exchange() -> None:
+            pool = Pool(max_connections=8, connect_timeout=5.0, read_timeout=5.0)
+            try:
+                first = await pool.request("GET", base + "/v1/models", [])
+                # Closed as the surplus arrives, before the caller is done with the response...
+                assert await asyncio.to_thread(ended[0].wait, 10), "the connection was kept"
+                # ...which is delivered as it was: its own headers and body, nothing of the surplus.
+                assert (first.status, first.raw_headers) == (200, [(b"Content-Length", b"2")])
+                assert await _body(first) == b"ok"
+                second = await pool.request("GET", base + "/v1/models", [])
+                assert await _body(second) == b"ok"
+                assert len(ended) == 2  # on a new connection
+            finally:
+                await pool.close()
+
+        asyncio.run(asyncio.wait_for(exchange(), 30))
+
+
+def test_bytes_in_a_later_read_before_the_release_close_the_connection() -> None:
+    surplus_allowed, surplus_sent, client_closed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def answers_then_more(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(ANSWER)
+        await writer.drain()
+        await surplus_allowed.wait()
+        writer.write(SURPLUS["response"])
+        await writer.drain()
+        surplus_sent.set()
+        if not await reader.read():  # the client closed its end
+            client_closed.set()
+
+    async def exchange(pool: Pool, base: str) -> bytes:
+        answer = await pool.request("GET", base + "/v1/models", [])
+        assert answer.complete and answer.raw_headers == [(b"Content-Length", b"2")]
+        surplus_allowed.set()  # the response is in: now the surplus, in a read of its own
+        await asyncio.wait_for(client_closed.wait(), 10)
+        assert answer.raw_headers == [(b"Content-Length", b"2")]
+        return await _body(answer)
+
+    assert _run(answers_then_more, exchange) == b"ok"
+    assert surplus_sent.is_set()
+
+
+def test_a_get_is_never_sent_with_a_body() -> None:
+    async def sends() -> None:
+        (port,) = free_ports(1)  # nothing listens there: refused before any connection is tried
+        pool = Pool(max_connections=8, connect_timeout=5.0, read_timeout=5.0)
+        with pytest.raises(ValueError, match="never sent with a body"):
+            await pool.request("GET", f"http://127.0.0.1:{port}/v1/models", [], b'{"model": "tiny"}')
+        with pytest.raises(ValueError, match="never sent with a body"):
+            pool.send_now("GET", f"http://127.0.0.1:{port}/v1/models", [], b"x", lambda _: None)
+
+    asyncio.run(sends())
