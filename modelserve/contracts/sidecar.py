@@ -143,7 +143,20 @@ def _render_sampling(values: Mapping[str, Any]) -> str:
 # variable in every pod template would roll every pod, GPU cold starts included, on an upgrade)
 # and the empty ones.
 OMITTED_AT_DEFAULT = frozenset(
-    {"sampling_defaults", "sampling_aliases", "upstream_model", "engine_metrics", "adapter_api", "adapters_dir"}
+    {
+        "sampling_defaults",
+        "sampling_aliases",
+        "upstream_model",
+        "engine_metrics",
+        "adapter_api",
+        "adapters_dir",
+        "max_head_bytes",
+        "max_header_fields",
+        "head_timeout_seconds",
+        "body_timeout_seconds",
+        "max_connections",
+        "body_budget_bytes",
+    }
 )
 
 
@@ -204,6 +217,20 @@ class Settings:
     adapters_dir: Path = env_setting(  # noqa: RUF009 - immutable
         "MODELSERVE_ADAPTERS_DIR", path, default=Path(ADAPTERS_DIR)
     )
+
+    # What one client connection may take before any check (modelserve/http/limits.py): the request
+    # head in bytes and fields (431), the head's and the body's deadlines (408), connections per
+    # process (within the open-file limit), and the bytes of request bodies still arriving (503).
+    max_head_bytes: int = env_setting("MODELSERVE_MAX_HEAD_BYTES", positive_int, default=32 * 1024)
+    max_header_fields: int = env_setting("MODELSERVE_MAX_HEADER_FIELDS", positive_int, default=100)
+    head_timeout_seconds: float = env_setting(
+        "MODELSERVE_HEAD_TIMEOUT_SECONDS", positive_float, render_number, default=15.0
+    )
+    body_timeout_seconds: float = env_setting(
+        "MODELSERVE_BODY_TIMEOUT_SECONDS", positive_float, render_number, default=60.0
+    )
+    max_connections: int = env_setting("MODELSERVE_MAX_CONNECTIONS", positive_int, default=4096)
+    body_budget_bytes: int = env_setting("MODELSERVE_BODY_BUDGET_BYTES", positive_int, default=64 * 1024 * 1024)
 
     @property
     def engine_model(self) -> str:

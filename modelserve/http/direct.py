@@ -27,6 +27,7 @@ from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
 
 from .downstream import ClientGone, Exchange, Headers, hung_up
+from .limits import BodyBudget, ConnectionLimits, refusal
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ class DirectHandler(Protocol):
     def express(self, request: DirectDownstream) -> bool:
         """Serve the request (or start serving it) without awaiting; False, with nothing done, to
         leave it to `direct`."""
+
+    def admit(self, request: DirectDownstream) -> bool:
+        """Once its head is in, before its body is read: answer (a refusal from the headers alone,
+        the sidecar's 401) and True, or False with nothing done."""
 
 
 # (method, raw path) -> the handler: exact bytes, so a path that needs decoding takes the ASGI way.
@@ -71,6 +76,7 @@ class DirectDownstream:
         "_protocol",
         "_transport",
         "_waiter",
+        "admitted",
         "default_headers",
         "disconnected",
         "headers",
@@ -118,6 +124,7 @@ class DirectDownstream:
         self._gone: asyncio.Future[None] | None = None
         self._cancel: tuple[asyncio.Task[Any], Exchange] | None = None
         self.task: asyncio.Task[None] | None = None  # the one running the proxy for it
+        self.admitted = False  # the handler's `admit` let it through from its head
         # The express lane's (express.py) instead of a task to cancel: called once if the client goes.
         self.on_lost: Callable[[], None] | None = None
 
@@ -171,6 +178,12 @@ class DirectDownstream:
         if self._body_size > limit:
             return None
         return self.body()
+
+    @property
+    def client_host(self) -> str | None:
+        """The client's address (the connection's peer), as ASGI's scope["client"][0]."""
+        client = self._protocol.client
+        return client[0] if client else None
 
     # --- without awaiting (the express lane) -------------------------------------------------------
 
@@ -319,18 +332,178 @@ class DirectDownstream:
         self.on_response()
 
 
+# How long a connection refused by a bound still reads (and drops) what its client sends.
+LINGER_SECONDS = 1.0
+
+
+class _Refused(Exception):
+    """Stops the parser: the connection was answered and closed by a bound (limits.py)."""
+
+
 class DirectProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a fast lane for `routes` (set on a subclass, see
-    `protocol_for`); every other request goes through the ASGI app as in uvicorn."""
+    `protocol_for`); every other request goes through the ASGI app as in uvicorn. Every connection,
+    whichever way its requests go, is held to `limits` (limits.py)."""
 
     routes: ClassVar[DirectRoutes] = MappingProxyType({})
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    max_connections: ClassVar[int] = ConnectionLimits.max_connections  # within the file limit
+    budget: ClassVar[BodyBudget] = BodyBudget(ConnectionLimits.body_budget_bytes)
+    # The connections with no complete request being served (idle, or a request still arriving), in
+    # the order they became so: at the connection cap the first one makes room for a new one.
+    evictable: ClassVar[dict[DirectProtocol, None]] = {}
     running: DirectDownstream | None = None  # the fast-lane request answering now, if any
     # A request whose handler starts once its whole body is in (express first), and that handler.
     deferred: tuple[DirectDownstream, DirectHandler] | None = None
-    # When the last answer ended with nothing after it (None: a request is coming or being answered):
-    # the keep-alive timeout's clock, read by one timer per connection instead of uvicorn's timer per
-    # request (a timer made and cancelled per request was a few per cent of the proxies' CPU).
+    # The deadlines' clocks (None: not running). `idle_since`: when the last answer ended with nothing
+    # after it (the keep-alive timeout); `head_since`: since when a request head is awaited (the
+    # connection's start, or the first byte of the next request); `body_since`: since its head was
+    # in. One timer per connection reads them, set again only when it fires or when a deadline comes
+    # sooner than the one it waits for (a timer made and cancelled per request was a few per cent of
+    # the proxies' CPU).
     idle_since: float | None = None
+    head_since: float | None = None
+    body_since: float | None = None
+    _guard_due = 0.0
+    url = b""
+    # The request being received: its head's bytes as read and as parsed, its header fields, whether
+    # its body is coming (head in, message not complete), and that body's bytes (those counted in the
+    # budget, all of them, the wire's with chunk framing and trailers, and the chunks).
+    _head_wire = 0
+    _head_size = 0
+    _fields = 0
+    _in_body = False
+    _body_held = 0
+    _body_bytes = 0
+    _body_wire = 0
+    _chunks = 0
+    _refused = False
+    _upgrade_ignored = False  # an Upgrade (h2c) not taken: its request is parsed again without it
+
+    # --- the connection -------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        now = self.loop.time()
+        self.head_since = now
+        evictable = self.evictable
+        if len(self.connections) > self.max_connections:
+            if not evictable:
+                self._refuse(503, "Too many connections to this server; retry later.", "too_many_connections", False)
+                return
+            next(iter(evictable)).evict()
+        evictable[self] = None
+        self._arm(now + self.limits.head_seconds)
+
+    def evict(self) -> None:
+        """Make room for a new connection: this one serves nothing now (idle, or its request still
+        arriving), so it is closed without an answer, as an idle keep-alive connection is."""
+        self.evictable.pop(self, None)
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # answered and closing (lingering): dropped
+        self.idle_since = None  # data arrived: not idle
+        if self._in_body:
+            self._body_wire += len(data)
+        else:
+            self._head_wire += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            if self._upgrade_ignored:
+                self._parse_without_upgrade(data[upgrade.args[0] :])
+            elif self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError:
+            if not self._refused:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+            return
+        # Bounds on what is still arriving (a head or trailers sent forever are never complete); the
+        # count may lag the bytes by one read, never run ahead of them.
+        limits = self.limits
+        if self._in_body:
+            if self._body_wire - self._body_bytes > limits.max_head_bytes + 32 * self._chunks:
+                self._refuse(431, "Request trailers too large.", "request_header_fields_too_large")
+        elif self._head_wire > limits.max_head_bytes:
+            self._refuse(431, "Request header fields too large.", "request_header_fields_too_large")
+
+    def _parse_without_upgrade(self, rest: bytes) -> None:
+        """A request asking to upgrade to what this server does not speak (h2c: curl --http2 sends it):
+        the parser took its body for the new protocol's bytes, so it is parsed again as the plain
+        HTTP/1.1 request it also is (RFC 9110 7.8: a server may ignore Upgrade), body and all."""
+        self._upgrade_ignored = False
+        parser = self.parser
+        method, version = parser.get_method(), parser.get_http_version()
+        head = [method, b" ", self.url, b" HTTP/", version.encode("ascii"), b"\r\n"]
+        for name, value in self.headers:
+            kept = value
+            if name == b"connection":
+                kept = b", ".join(t.strip() for t in value.split(b",") if t.strip().lower() != b"upgrade")
+            if name != b"upgrade" and kept:
+                head += (name, b": ", kept, b"\r\n")
+        head.append(b"\r\n")
+        self.parser = httptools.HttpRequestParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn's
+        self.head_since = self.loop.time()
+        self.data_received(b"".join(head) + rest)
+
+    def _refuse(self, status: int, message: str, code: str, linger: bool = True) -> None:
+        """Answer with one of the bounds' own errors and close. Nothing is written when an answer is
+        already going out, or was given to the request still arriving (its 401 before its body). With
+        `linger`, what the client still sends is read and dropped for a moment after the answer (as
+        nginx's lingering close): closed at once with unread bytes, the connection would be reset,
+        and a reset can take the answer with it before the client reads it."""
+        self._refused = True
+        cycle = self.cycle
+        answered = cycle is not None and cycle.response_started and (not cycle.response_complete or self._in_body)  # type: ignore[truthy-function]
+        transport = self.transport
+        if not transport.is_closing() and not answered and not self.pipeline:
+            transport.write(refusal(status, message, code, self.url.startswith(b"/api/")))
+        # Its handler, if one runs, finds the client gone at once, and writes nothing more.
+        if isinstance(cycle, DirectDownstream):
+            cycle.lost()
+        elif cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+        if linger and not transport.is_closing() and transport.can_write_eof():
+            transport.write_eof()
+            self.loop.call_later(LINGER_SECONDS, transport.close)
+        else:
+            transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+        self.evictable.pop(self, None)
+        self._release_body()
+        if self.deferred is not None:  # gone before its body was in: the task finds it gone
+            cycle, handler = self.deferred
+            self.deferred = None
+            self._start_asgi_task(cycle, handler)
+        running = self.running
+        if running is not None:
+            running.lost()
+        cycle = self.cycle
+        if isinstance(cycle, DirectDownstream):
+            cycle.lost()
+            self.cycle = None  # type: ignore[assignment]  # uvicorn's own handling is for its cycles
+        super().connection_lost(exc)
+        # Nothing of the connection outlives it by a reference cycle (the protocol and its requests
+        # point at each other): a body it held is freed now, not at the collector's next pass.
+        self.running = None
+        self.cycle = None  # type: ignore[assignment]
+        self.pipeline.clear()
+        if cycle is not None and not isinstance(cycle, DirectDownstream):
+            cycle.body = b""
+
+    # --- the parser's callbacks -----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         # The ASGI scope is built only for a request that takes the ASGI way (on_headers_complete).
@@ -338,11 +511,42 @@ class DirectProtocol(HttpToolsProtocol):
         self.expect_100_continue = False
         self.headers = []
         self.scope = None  # type: ignore[assignment]
+        self._fields = self._head_size = 0
+        if self.head_since is None:
+            self.head_since = self.loop.time()
+            self._arm(self.head_since + self.limits.head_seconds)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields += 1
+        if self._fields > self.limits.max_header_fields:
+            self._refuse(431, "Too many request header fields.", "request_header_fields_too_large")
+            raise _Refused
+        if self._in_body:
+            return  # a chunked body's trailer: never a request header (dropped, but counted above)
+        self._head_size += len(name) + len(value)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         parser = self.parser
+        if self._head_size + len(self.url) > self.limits.max_head_bytes:
+            self._refuse(431, "Request header fields too large.", "request_header_fields_too_large")
+            raise _Refused
+        upgrade = parser.should_upgrade()
+        if upgrade and not self._should_upgrade() and parser.get_method() != b"CONNECT":
+            self._upgrade_ignored = True  # parsed again without it (data_received)
+            return
+        now = self.loop.time()
+        self.head_since = None
+        self._head_wire = 0
+        self._in_body = True
+        self.body_since = now
+        self._body_bytes = self._body_wire = self._chunks = 0
+        self._arm(now + self.limits.body_seconds)
         handler = path = None
-        if self.limit_concurrency is None and not parser.should_upgrade():
+        if self.limit_concurrency is None and not upgrade:
             path = httptools.parse_url(self.url).path
             handler = self.routes.get((parser.get_method(), path))
         if handler is None or path is None:
@@ -361,7 +565,10 @@ class DirectProtocol(HttpToolsProtocol):
         )
         if previous is None or previous.response_complete:
             if self._body_fits(self.cycle):  # type: ignore[arg-type]
-                self.deferred = (self.cycle, handler)  # type: ignore[assignment]
+                self.running = self.cycle  # type: ignore[assignment]
+                if not handler.admit(self.cycle):  # type: ignore[arg-type]
+                    self.cycle.admitted = True  # type: ignore[attr-defined]
+                    self.deferred = (self.cycle, handler)  # type: ignore[assignment]
             else:
                 self._start_asgi_task(self.cycle, handler)  # type: ignore[arg-type]
         else:  # pipelined behind an answer still going out: its turn comes in on_response_complete
@@ -421,21 +628,53 @@ class DirectProtocol(HttpToolsProtocol):
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
+
     def on_body(self, body: bytes) -> None:
-        if isinstance(self.cycle, DirectDownstream):
-            self.cycle.received(body)
+        size = len(body)
+        self._body_bytes += size
+        cycle = self.cycle
+        if not cycle.response_complete:  # bytes kept for the request (else dropped as they come)
+            self._body_held += size
+            budget = self.budget
+            budget.used += size
+            if budget.used > budget.limit:
+                self._release_body()
+                self._refuse(503, "This server is receiving too many request bodies; retry later.", "server_busy")
+                raise _Refused
+        if isinstance(cycle, DirectDownstream):
+            cycle.received(body)
         else:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        if isinstance(self.cycle, DirectDownstream):
-            self.cycle.complete()
+        if self._upgrade_ignored:
+            return  # the request is parsed again without its Upgrade
+        self._in_body = False
+        self.body_since = None
+        self._release_body()
+        cycle = self.cycle
+        if cycle is None:
+            return  # a WebSocket upgrade's (uvicorn's own)
+        if not cycle.response_complete:
+            self.evictable.pop(self, None)  # a complete request being served: never made room with
+        elif not self.pipeline:  # answered before its body was in (a refusal): idle from now
+            now = self.idle_since = self.loop.time()
+            self._arm(now + self.timeout_keep_alive)
+        if isinstance(cycle, DirectDownstream):
+            cycle.complete()
             if self.deferred is not None:
                 self._start_deferred()
         else:
             super().on_message_complete()
 
-    # --- the keep-alive timeout ---------------------------------------------------------------
+    def _release_body(self) -> None:
+        if self._body_held:
+            self.budget.used -= self._body_held
+            self._body_held = 0
+
+    # --- the deadlines --------------------------------------------------------------------------
 
     def _unset_keepalive_if_required(self) -> None:
         self.idle_since = None  # data arrived (or the connection went): not idle
@@ -451,37 +690,55 @@ class DirectProtocol(HttpToolsProtocol):
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
             return
-        self.idle_since = self.loop.time()
-        if self.timeout_keep_alive_task is None:
-            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_check)
+        evictable = self.evictable
+        evictable.pop(self, None)
+        evictable[self] = None  # last in the order: the most recently busy
+        if not self._in_body:
+            now = self.idle_since = self.loop.time()
+            self._arm(now + self.timeout_keep_alive)
 
-    def _keep_alive_check(self) -> None:
-        """Close the connection idle for the keep-alive timeout; while it is busy, the next answer's
-        end sets the timer again."""
+    def _arm(self, due: float) -> None:
+        """Have the one timer fire by `due` (it already does when it waits for a sooner deadline)."""
+        timer = self.timeout_keep_alive_task
+        if timer is not None:
+            if due >= self._guard_due:
+                return
+            timer.cancel()
+        self._guard_due = due
+        self.timeout_keep_alive_task = self.loop.call_at(due, self._check_deadlines)
+
+    def _check_deadlines(self) -> None:
+        """Close the connection whose deadline passed: idle for the keep-alive timeout (silently), or
+        a request head or body not in in time (408; silently when nothing of a request came)."""
         self.timeout_keep_alive_task = None
-        if self.idle_since is None:
+        if self.transport.is_closing():
             return
-        left = self.idle_since + self.timeout_keep_alive - self.loop.time()
-        if left <= 0:
-            self.timeout_keep_alive_handler()
-        else:
-            self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_check)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.timeout_keep_alive_task is not None:
-            self.timeout_keep_alive_task.cancel()
-            self.timeout_keep_alive_task = None
-        if self.deferred is not None:  # gone before its body was in: the task finds it gone
-            cycle, handler = self.deferred
-            self.deferred = None
-            self._start_asgi_task(cycle, handler)
-        running = self.running
-        if running is not None:
-            running.lost()
-        if isinstance(self.cycle, DirectDownstream):
-            self.cycle.lost()
-            self.cycle = None  # type: ignore[assignment]  # uvicorn's own handling is for its cycles
-        super().connection_lost(exc)
+        now = self.loop.time()
+        limits = self.limits
+        due = []
+        if self.body_since is not None:
+            if now >= self.body_since + limits.body_seconds:
+                message = f"The request body did not arrive within {limits.body_seconds:g} s."
+                self._refuse(408, message, "request_timeout")
+                return
+            due.append(self.body_since + limits.body_seconds)
+        if self.head_since is not None:
+            if now >= self.head_since + limits.head_seconds:
+                if self._head_wire or self.url:
+                    message = f"The request head did not arrive within {limits.head_seconds:g} s."
+                    self._refuse(408, message, "request_timeout")
+                else:
+                    self.evictable.pop(self, None)
+                    self.transport.close()
+                return
+            due.append(self.head_since + limits.head_seconds)
+        if self.idle_since is not None:
+            if now >= self.idle_since + self.timeout_keep_alive:
+                self.timeout_keep_alive_handler()
+                return
+            due.append(self.idle_since + self.timeout_keep_alive)
+        if due:
+            self._arm(min(due))
 
 
 async def _run(request: DirectDownstream, handler: Handler) -> None:
@@ -505,6 +762,14 @@ def _nothing() -> None:
     pass
 
 
-def protocol_for(routes: DirectRoutes) -> type[DirectProtocol]:
-    """The protocol class uvicorn instantiates per connection, with `routes` on its fast lane."""
-    return type("DirectProtocol", (DirectProtocol,), {"routes": dict(routes)})
+def protocol_for(routes: DirectRoutes, limits: ConnectionLimits, max_connections: int) -> type[DirectProtocol]:
+    """The protocol class uvicorn instantiates per connection, with `routes` on its fast lane, and
+    `limits` on every connection (at most `max_connections` of them)."""
+    attributes = {
+        "routes": dict(routes),
+        "limits": limits,
+        "max_connections": max_connections,
+        "budget": BodyBudget(limits.body_budget_bytes),
+        "evictable": {},
+    }
+    return type("DirectProtocol", (DirectProtocol,), attributes)

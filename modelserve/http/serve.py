@@ -13,17 +13,28 @@ import uvicorn
 from uvicorn.main import STARTUP_FAILURE
 
 from .direct import DirectRoutes, protocol_for
+from .limits import ConnectionLimits, connection_cap, raise_file_limit
 
 
 def config(
-    app: Any, host: str, port: int, drain_seconds: float, direct: DirectRoutes, log_level: str = "info"
+    app: Any,
+    host: str,
+    port: int,
+    drain_seconds: float,
+    direct: DirectRoutes,
+    log_level: str = "info",
+    limits: ConnectionLimits | None = None,
 ) -> uvicorn.Config:
+    """uvicorn's configuration; every connection held to `limits` (limits.py), its connection cap
+    within this process's file limit (raised to its hard limit first)."""
+    limits = limits or ConnectionLimits()
+    cap = connection_cap(limits.max_connections, raise_file_limit())
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         loop="uvloop",
-        http=protocol_for(direct),
+        http=protocol_for(direct, limits, cap),
         lifespan="on",
         access_log=False,
         server_header=False,
@@ -37,12 +48,20 @@ def config(
     )
 
 
-def serve(app: Any, host: str, port: int, drain_seconds: float, direct: DirectRoutes, log_level: str = "info") -> None:
+def serve(
+    app: Any,
+    host: str,
+    port: int,
+    drain_seconds: float,
+    direct: DirectRoutes,
+    log_level: str = "info",
+    limits: ConnectionLimits | None = None,
+) -> None:
     # Everything loaded so far (the frameworks, the app) lives as long as the process: out of the
     # collector's sight, a full collection no longer walks it while requests allocate.
     gc.collect()
     gc.freeze()
-    server = uvicorn.Server(config(app, host, port, drain_seconds, direct, log_level))
+    server = uvicorn.Server(config(app, host, port, drain_seconds, direct, log_level, limits))
     server.run()
     if not server.started:  # as uvicorn.run: the port was taken, or the lifespan's start failed
         sys.exit(STARTUP_FAILURE)

@@ -75,6 +75,18 @@ class Proxy:
         """The server's fast lane (direct.py) for the consumer routes forwarded as they are."""
         await self.serve(request.method, request.path, request.headers, request.path, request)
 
+    def admit(self, request: DirectDownstream) -> bool:
+        """The fast lane's check of a request's head, before its body is read (direct.py): a refused
+        key is answered 401 at once, so a keyless client never has a body buffered here."""
+        refused = self.key_refusal(request.headers)
+        if refused is None:
+            return False
+        exchange = Exchange(perf_counter())
+        self.demand.in_flight += 1
+        exchange.status = answer_now(request, refused)
+        self._end(exchange, route_label(request.path))
+        return True
+
     def express(self, request: DirectDownstream) -> bool:
         """The fast lane's first try (express.py): the same steps as `serve`, without awaiting, for a
         request whose body is in; the async way from where it cannot go on so."""
@@ -88,7 +100,7 @@ class Proxy:
             self._end(exchange, route_name)
 
         try:
-            refused = self.key_refusal(request.headers)
+            refused = None if request.admitted else self.key_refusal(request.headers)
             if refused is not None:
                 exchange.status = answer_now(request, refused)
                 end()
@@ -160,6 +172,10 @@ class Proxy:
             # adapter but for the requests it hands over to be refused (bad key, body too large),
             # which a key reloaded in between could let through to here: nothing else is forwarded.
             return errors.unknown_route(method, path)
+        if route.method == "GET" and body:
+            # Never forwarded: an engine that does not frame a GET's body would read it as a request
+            # of its own (smuggled past the checks, its answer read by the next client).
+            return errors.body_not_allowed(method, path)
         model = None
         if route.method == "POST":
             settings = self.settings

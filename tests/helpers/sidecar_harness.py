@@ -53,6 +53,21 @@ IMAGE_MESSAGES = [
 ]
 
 
+def hostile_json() -> dict[str, bytes]:
+    """Request bodies that make Python's json module raise something other than JSONDecodeError (issue
+    32): nesting past the recursion limit (RecursionError), an integer past the digit limit (ValueError)."""
+    return {
+        "nested_lists": b"[" * 100_000,
+        "nested_objects": b'{"a":' * 1_000_000,
+        "long_integer": b'{"model": "tiny", "n": ' + b"1" * 5000 + b"}",
+    }
+
+
+def nested_object(depth: int) -> bytes:
+    """`{"a": {"a": ... 1}}` as JSON, `depth` objects deep (written out: json.dumps would recurse)."""
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
 # --- the pinned engines' HTTP routes, read from their source (tests/fixtures/engine_routes) ---------
 
 
@@ -227,7 +242,10 @@ def metric_value(text: str, sample: str) -> float:
     return 0.0
 
 
-def launch_sidecar(log_dir: Path, upstream_url: str, served_model: str, env: dict[str, str]) -> Sidecar:
+def launch_sidecar(
+    log_dir: Path, upstream_url: str, served_model: str, env: dict[str, str], argv_prefix: tuple[str, ...] = ()
+) -> Sidecar:
+    """A sidecar process on a free port; `argv_prefix`: a command it runs under (prlimit)."""
     (port,) = free_ports(1)
     full_env = {
         **os.environ,
@@ -237,7 +255,7 @@ def launch_sidecar(log_dir: Path, upstream_url: str, served_model: str, env: dic
         "MODELSERVE_SERVED_MODEL": served_model,
         **env,
     }
-    process = start_process(f"sidecar-{port}", [SIDECAR_BIN], log_dir, full_env)
+    process = start_process(f"sidecar-{port}", [*argv_prefix, SIDECAR_BIN], log_dir, full_env)
     sidecar = Sidecar(process, f"http://127.0.0.1:{port}", log_dir / f"sidecar-{port}.log")
 
     def alive() -> bool:
@@ -335,6 +353,8 @@ class ReplayEngine:
     # (method, raw path, x-test-mark header) of every request, the sidecar's own probes included
     seen: list[tuple[str, str, str]] = field(default_factory=list)
     streams: list[str] = field(default_factory=list)  # "complete" or "client_gone", per stream
+    # x-test-mark -> the header names (lower-cased) each request with that mark arrived with
+    header_names: dict[str, list[set[str]]] = field(default_factory=dict)
     healthy: bool = True
     health_delay: float = 0.0
 
@@ -376,7 +396,10 @@ class ReplayEngine:
 
     @web.middleware
     async def _record(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        self.seen.append((request.method, request.raw_path, request.headers.get(MARK_HEADER, "")))
+        mark = request.headers.get(MARK_HEADER, "")
+        self.seen.append((request.method, request.raw_path, mark))
+        if mark:
+            self.header_names.setdefault(mark, []).append({name.lower() for name in request.headers})
         return await handler(request)
 
     async def _reached(self, request: web.Request) -> web.Response:

@@ -109,6 +109,12 @@ def test_rendering_round_trips_every_setting() -> None:
         upstream_max_connections=3,
         adapter_api=AdapterApi.SGLANG,
         adapters_dir=Path("/adapters"),
+        max_head_bytes=8192,
+        max_header_fields=20,
+        head_timeout_seconds=2.5,
+        body_timeout_seconds=30.5,
+        max_connections=99,
+        body_budget_bytes=1 << 20,
     )
     env = every.to_env()
     assert set(env) == set(variables(contract.Settings))  # nothing left out with private auth

@@ -36,8 +36,8 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
     stopped when the test ends."""
     started: list[Sidecar] = []
 
-    def start(upstream_url: str, served_model: str = "tiny", **env: str) -> Sidecar:
-        sidecar = launch_sidecar(tmp_path / "logs", upstream_url, served_model, env)
+    def start(upstream_url: str, served_model: str = "tiny", argv_prefix: tuple[str, ...] = (), **env: str) -> Sidecar:
+        sidecar = launch_sidecar(tmp_path / "logs", upstream_url, served_model, env, argv_prefix)
         started.append(sidecar)
         return sidecar
 

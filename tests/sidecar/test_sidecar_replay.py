@@ -22,12 +22,17 @@ from modelserve.engines import sglang
 from tests.helpers.sidecar_harness import (
     API_KEY,
     IMAGE_MESSAGES,
+    MARK_HEADER,
     SIDECAR_BIN,
+    RawAnswer,
     ReplayEngine,
     SecretDir,
     Sidecar,
     free_ports,
+    hostile_json,
     metric_value,
+    nested_object,
+    raw_request,
     read_recording,
     start_replay,
     wait_ready,
@@ -236,6 +241,63 @@ def test_malformed_json_is_refused_before_the_engine(replay: ReplayEngine, repla
     error = openai_error(answer)
     assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_json")
     assert len(replay.received) == before
+
+
+def _assert_ollama_refusal(answer: RawAnswer, status: int, start: str) -> None:
+    body = answer.json()
+    assert (answer.status, set(body)) == (status, {"error"}), answer
+    assert isinstance(body["error"], str) and body["error"].startswith(start), body
+
+
+def test_hostile_json_is_a_400_in_the_routes_shape_and_no_traceback(
+    replay: ReplayEngine, start_sidecar: StartSidecar
+) -> None:
+    # The body limit as deployed (10 MiB): a million nested objects fit in it.
+    sidecar = start_sidecar(replay.url, "tiny", MODELSERVE_AUTH="public")
+    headers = {"Content-Type": "application/json", MARK_HEADER: "hostile-json"}
+    for name, body in hostile_json().items():
+        openai_answer = raw_request(sidecar.url, "POST", CHAT, headers, body)
+        assert openai_answer.status == 400, (name, openai_answer)
+        error = openai_answer.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_json"), name
+        ollama_answer = raw_request(sidecar.url, "POST", "/api/chat", headers, body)
+        _assert_ollama_refusal(ollama_answer, 400, "invalid JSON in the request body: ")
+    assert replay.marked("hostile-json") == []
+    assert "Traceback" not in sidecar.logs()
+
+
+def test_ollama_json_nested_to_the_limit_is_a_400_and_no_traceback(
+    replay: ReplayEngine, start_sidecar: StartSidecar
+) -> None:
+    # A schema the adapter reads, puts two objects deeper and hands to the proxy, which reads it again
+    # further down the stack: every depth around the recursion limit is refused somewhere, in Ollama's
+    # shape (the image keeps the ones read whole from the engine: the model is text only).
+    sidecar = start_sidecar(replay.url, "tiny", MODELSERVE_AUTH="public")
+    headers = {"Content-Type": "application/json", MARK_HEADER: "nested-format"}
+    turn = b'{"role": "user", "content": "hi", "images": ["iVBORw0KGgo="]}'
+    for depth in range(850, 1010):
+        body = b'{"model": "tiny", "stream": false, "messages": [%s], "format": %s}' % (turn, nested_object(depth))
+        answer = raw_request(sidecar.url, "POST", "/api/chat", headers, body)
+        assert answer.status == 400 and set(answer.json()) == {"error"}, (depth, answer)
+    assert replay.marked("nested-format") == []
+    assert "Traceback" not in sidecar.logs()
+
+
+def test_a_get_with_a_body_is_refused_and_never_reaches_the_engine(
+    replay: ReplayEngine, replay_sidecar: Sidecar
+) -> None:
+    # Framed by its Content-Length here; an engine that does not read a GET's body would take it for
+    # a request of its own.
+    smuggled = b"GET /slots HTTP/1.1\r\nHost: engine\r\n\r\n"
+    headers = {**AUTH, MARK_HEADER: "get-body"}
+    answer = raw_request(replay_sidecar.url, "GET", "/v1/models", headers, smuggled)
+    assert answer.status == 400
+    error = answer.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "body_not_allowed")
+    assert replay.marked("get-body") == []
+    assert raw_request(replay_sidecar.url, "GET", "/v1/models", headers).status == 200  # without one: as ever
+    assert replay.marked("get-body") == [("GET", "/v1/models")]
 
 
 def test_sampling_defaults_are_filled_only_where_missing(replay: ReplayEngine, replay_sidecar: Sidecar) -> None:
@@ -492,7 +554,9 @@ def test_sigterm_drains_in_flight_streams(start_sidecar: StartSidecar) -> None:
         # the signal: receiving the whole stream means it was drained, not finished before.
         body = _stream_through_sigterm(sidecar, "0.25", refuses_new_connections)
         assert body == read_recording("chat_stream.http").body
-        assert replay.streams == ["complete"]
+        # The replay's thread counts the stream once its last write returned, which may come after
+        # the client read it on busy cores.
+        wait_until(lambda: replay.streams == ["complete"], 10, f"the stream counted complete: {replay.streams}")
         assert sidecar.process.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
     finally:
         replay.stop()

@@ -1,0 +1,115 @@
+"""What one client may take of a proxy before any check: the bounds every connection of the sidecar
+and the gateway gets from the server's protocol (direct.py), whichever lane serves its requests.
+
+Why here, below the proxies: a request's key, model and body are checked only once its head (and
+for most routes its body) is in, and until then nothing else bounded what a connection could hold:
+a header section sent forever was buffered whole, a connection that sent half a request stayed open
+for good, and enough of those exhausted the process's file descriptors (the kubelet's probes
+included). These bounds hold for every connection, with or without a key:
+
+- the request head (request line and headers, trailers too) in bytes and in fields: 431 and close;
+- a deadline for the head, from the connection's start or the first byte of the request, and one
+  for the body, from the end of the head: 408 and close (nothing at all sent: closed silently);
+- connections per process: at the cap a new connection takes the place of the oldest one that has
+  no complete request being served (a slow or idle one), so a flood of idle connections never locks
+  out a new one, the kubelet's probes included; with none to take, the new one gets 503 and close;
+- request bodies being received, process-wide: beyond the budget, 503 and close for the connection
+  whose bytes crossed it.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from dataclasses import dataclass
+from typing import Protocol
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+# Descriptors kept for everything but client connections: the upstream's connections are counted
+# apart (one per client connection at most), plus files, the key reload, the probes' own sessions.
+RESERVED_DESCRIPTORS = 128
+
+
+class LimitSettings(Protocol):
+    """The fields both programs' settings have (the sidecar's contract, the gateway's settings)."""
+
+    max_head_bytes: int
+    max_header_fields: int
+    head_timeout_seconds: float
+    body_timeout_seconds: float
+    max_connections: int
+    body_budget_bytes: int
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_head_bytes: int = 32 * 1024  # nginx's large_client_header_buffers hold 4 x 8 KiB
+    max_header_fields: int = 100
+    head_seconds: float = 15.0
+    body_seconds: float = 60.0
+    max_connections: int = 4096
+    body_budget_bytes: int = 64 * 1024 * 1024
+
+    @classmethod
+    def of(cls, settings: LimitSettings) -> ConnectionLimits:
+        return cls(
+            settings.max_head_bytes,
+            settings.max_header_fields,
+            settings.head_timeout_seconds,
+            settings.body_timeout_seconds,
+            settings.max_connections,
+            settings.body_budget_bytes,
+        )
+
+
+class BodyBudget:
+    """The bytes of request bodies being received by one process (not yet complete)."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+
+def raise_file_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit (as Go programs do at start:
+    a container's 1024 is a common default); the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def connection_cap(configured: int, file_limit: int) -> int:
+    """Client connections at most: the configured cap, within what the file limit leaves for them
+    and one upstream connection each (pure)."""
+    return max(16, min(configured, (file_limit - RESERVED_DESCRIPTORS) // 2))
+
+
+def refusal(status: int, message: str, code: str, ollama: bool) -> bytes:
+    """A whole answer of the server's own, closing the connection: OpenAI's error object, or Ollama's
+    `{"error": ...}` for a path under /api/ (pure)."""
+    if ollama:
+        body = json.dumps({"error": message}).encode()
+    else:
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+    retry = b"retry-after: 1\r\n" if status == 503 else b""
+    return b"".join(
+        (
+            STATUS_LINE[status],
+            b"content-type: application/json\r\ncontent-length: ",
+            str(len(body)).encode(),
+            b"\r\n",
+            retry,
+            b"connection: close\r\n\r\n",
+            body,
+        )
+    )

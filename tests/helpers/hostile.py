@@ -1,0 +1,116 @@
+"""Raw-socket clients that behave as an attacker would against the sidecar and the gateway: bytes on
+the wire exactly as written (HTTP clients normalise, frame and time out on their own), every loop
+bounded in bytes and time, every socket closed by the caller's `with`."""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .sidecar_harness import RawAnswer, dechunk
+
+
+@dataclass
+class Outcome:
+    """What a raw client got: the answer (None: none came) and whether the server closed."""
+
+    answer: RawAnswer | None
+    closed: bool
+
+
+def connect(base: str, timeout: float = 10.0) -> socket.socket:
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=timeout)
+
+
+def send_until_answered(connection: socket.socket, pieces: Iterable[bytes], max_bytes: int) -> int:
+    """Send `pieces` until the server answers (or closes), `max_bytes` are sent, or a write fails;
+    the bytes sent."""
+    sent = 0
+    for piece in pieces:
+        readable, _, _ = select.select([connection], [], [], 0)
+        if readable or sent >= max_bytes:
+            break
+        try:
+            connection.sendall(piece)
+        except OSError:  # the server closed (and reset) under the write
+            break
+        sent += len(piece)
+    return sent
+
+
+def read_outcome(connection: socket.socket, bound: float) -> Outcome:
+    """The first answer within `bound` seconds, and whether the connection was closed after it
+    (or instead of it)."""
+    deadline = time.monotonic() + bound
+    data = b""
+    closed = False
+    answer: RawAnswer | None = None
+    while time.monotonic() < deadline:
+        connection.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            chunk = connection.recv(65536)
+        except TimeoutError:
+            break
+        except OSError:  # reset
+            closed = True
+            break
+        if not chunk:
+            closed = True
+            break
+        data += chunk
+        answer = _whole_answer(data)
+        if answer is not None:
+            # Closed after it? Either way it shows within a moment of the answer.
+            connection.settimeout(min(3.0, max(0.05, deadline - time.monotonic())))
+            try:
+                closed = connection.recv(1) == b""
+            except TimeoutError:
+                closed = False
+            except OSError:
+                closed = True
+            break
+    if answer is None and data:
+        answer = _whole_answer(data, complete=False)
+    return Outcome(answer, closed)
+
+
+def _whole_answer(data: bytes, complete: bool = True) -> RawAnswer | None:
+    head, found, rest = data.partition(b"\r\n\r\n")
+    if not found:
+        return None
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines)}
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        if complete and len(rest) < length:
+            return None
+        rest = rest[:length]
+    elif headers.get("transfer-encoding") == "chunked":
+        if complete and not rest.endswith(b"0\r\n\r\n"):
+            return None
+        rest = dechunk(rest)
+    return RawAnswer(int(status_line.split()[1]), headers, rest)
+
+
+def chat_head(path: str = "/v1/chat/completions", headers: dict[str, str] | None = None) -> bytes:
+    """A request line and headers, without the blank line that ends them."""
+    lines = [f"POST {path} HTTP/1.1", "Host: modelserve", *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    return "".join(line + "\r\n" for line in lines).encode("latin-1")
+
+
+def endless_headers(piece_bytes: int = 16 * 1024) -> Iterable[bytes]:
+    """Header lines forever, `piece_bytes` at a time (the caller bounds the total)."""
+    index = 0
+    while True:
+        lines = []
+        size = 0
+        while size < piece_bytes:
+            line = f"X-Fill-{index}: {'a' * 200}\r\n".encode()
+            lines.append(line)
+            size += len(line)
+            index += 1
+        yield b"".join(lines)

@@ -1,0 +1,226 @@
+"""A hostile client costs the real sidecar nothing it cannot bound (modelserve/http/limits.py): raw
+sockets send what an attacker sends, against a sidecar process before the replay engine, which
+records what reached it. Memory and descriptor figures are bench/hostile_bench.py's, not these."""
+
+from __future__ import annotations
+
+import json
+import resource
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers.hostile import chat_head, connect, endless_headers, read_outcome, send_until_answered
+from tests.helpers.sidecar_harness import (
+    API_KEY,
+    MARK_HEADER,
+    ReplayEngine,
+    SecretDir,
+    Sidecar,
+    launch_sidecar,
+    stop_process,
+    wait_ready,
+)
+
+KEYED = {"Authorization": f"Bearer {API_KEY}"}
+DEADLINE_SECONDS = 1.5  # the head's and the body's, short for the tests
+BUDGET_BYTES = 1024 * 1024  # request bodies being received, process-wide
+CHAT = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
+
+
+@pytest.fixture(scope="module")
+def sidecar(replay: ReplayEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
+    base = tmp_path_factory.mktemp("hostile-sidecar")
+    SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
+    running = launch_sidecar(
+        base / "logs",
+        replay.url,
+        "tiny",
+        {
+            "MODELSERVE_KEYS_DIR": str(base / "keys"),
+            "MODELSERVE_HEAD_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
+            "MODELSERVE_BODY_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
+            "MODELSERVE_BODY_BUDGET_BYTES": str(BUDGET_BYTES),
+        },
+    )
+    try:
+        wait_ready(running)
+        yield running
+    finally:
+        stop_process(running.process)
+
+
+def _still_serves(sidecar: Sidecar) -> None:
+    """/healthz and a keyed chat request on new connections."""
+    assert httpx.get(sidecar.url + "/healthz", timeout=10).status_code == 200
+    answer = httpx.post(sidecar.url + "/v1/chat/completions", content=CHAT, headers=KEYED, timeout=30)
+    assert answer.status_code == 200, answer.text
+
+
+def _error_code(outcome_body: bytes) -> str:
+    return json.loads(outcome_body)["error"]["code"]
+
+
+def test_a_header_section_sent_forever_gets_431_and_the_connection_closed(
+    sidecar: Sidecar, replay: ReplayEngine
+) -> None:
+    with connect(sidecar.url) as connection:
+        connection.sendall(chat_head(headers={MARK_HEADER: "endless"}))
+        sent = send_until_answered(connection, endless_headers(), 16 * 1024 * 1024)
+        outcome = read_outcome(connection, 15)
+    assert outcome.answer is not None, f"no answer after {sent} bytes of headers"
+    assert outcome.answer.status == 431 and outcome.closed, outcome
+    assert _error_code(outcome.answer.body) == "request_header_fields_too_large"
+    assert sent < 4 * 1024 * 1024, "refused long after the 32 KiB bound"
+    assert replay.marked("endless") == []
+    _still_serves(sidecar)
+
+
+@pytest.mark.parametrize(
+    ("what", "header"),
+    [
+        ("101 fields", "".join(f"X-Field-{i}: {i}\r\n" for i in range(101))),
+        ("a 1 MiB name", "X-" + "n" * (1024 * 1024) + ": 1\r\n"),
+        ("a 40 KiB value", "X-Big: " + "v" * (40 * 1024) + "\r\n"),
+    ],
+)
+def test_a_head_beyond_its_bounds_never_reaches_the_engine(
+    sidecar: Sidecar, replay: ReplayEngine, what: str, header: str
+) -> None:
+    mark = f"head-{what}"
+    head = chat_head(headers={**KEYED, MARK_HEADER: mark, "Content-Length": str(len(CHAT))})
+    with connect(sidecar.url) as connection:
+        pieces = [head + header.encode() + b"\r\n" + CHAT]
+        send_until_answered(connection, (p[i : i + 65536] for p in pieces for i in range(0, len(p), 65536)), 1 << 24)
+        outcome = read_outcome(connection, 15)
+    assert outcome.answer is not None and outcome.answer.status == 431, (what, outcome)
+    assert outcome.closed
+    assert replay.marked(mark) == []
+
+
+@pytest.mark.parametrize(
+    ("what", "sent", "status"),
+    [
+        ("nothing", b"", None),
+        ("half a request line", b"POST /v1/chat/comp", 408),
+        ("half a header section", chat_head(headers={"Content-Length": "1000"})[:-2], 408),
+        (
+            "10 of 1,000 body bytes",
+            chat_head(headers={**KEYED, "Content-Length": "1000"}) + b"\r\n" + b"{" * 10,
+            408,
+        ),
+    ],
+)
+def test_a_request_not_complete_in_time_is_cut(sidecar: Sidecar, what: str, sent: bytes, status: int | None) -> None:
+    with connect(sidecar.url) as connection:
+        if sent:
+            connection.sendall(sent)
+        outcome = read_outcome(connection, DEADLINE_SECONDS + 20)
+    assert outcome.closed, f"{what}: still open"
+    if status is None:
+        assert outcome.answer is None, outcome
+    else:
+        assert outcome.answer is not None and outcome.answer.status == status, (what, outcome)
+        assert _error_code(outcome.answer.body) == "request_timeout"
+
+
+def test_a_keyless_body_is_refused_from_the_head_before_it_is_read(sidecar: Sidecar, replay: ReplayEngine) -> None:
+    # 65,535 of 65,536 bytes: a body the fast lane would have waited for whole before any check.
+    head = chat_head(headers={MARK_HEADER: "keyless-body", "Content-Length": "65536"}) + b"\r\n"
+    with connect(sidecar.url) as connection:
+        connection.sendall(head + b" " * 65535)
+        outcome = read_outcome(connection, 15)
+    assert outcome.answer is not None and outcome.answer.status == 401, outcome
+    assert replay.marked("keyless-body") == []
+
+
+def test_bodies_beyond_the_process_budget_get_503(sidecar: Sidecar) -> None:
+    # Two keyed uploads of 800 KiB, each stopped after 700 KiB: together beyond the 1 MiB budget.
+    declared = 800 * 1024
+    head = chat_head(headers={**KEYED, "Content-Length": str(declared)}) + b"\r\n"
+    with ExitStack() as stack:
+        first, second = (stack.enter_context(connect(sidecar.url)) for _ in range(2))
+        first.sendall(head + b" " * (700 * 1024))
+        send_until_answered(second, [head, *[b" " * 65536] * 11], declared)
+        outcomes = [read_outcome(connection, 15) for connection in (second, first)]
+    refused = [o for o in outcomes if o.answer is not None and o.answer.status == 503]
+    assert len(refused) == 1, outcomes
+    assert _error_code(refused[0].answer.body) == "server_busy" and refused[0].closed  # type: ignore[union-attr]
+    _still_serves(sidecar)  # the budget is given back
+
+
+def _chunked(body: bytes, trailer: str) -> bytes:
+    return b"%x\r\n%b\r\n0\r\n%b\r\n" % (len(body), body, trailer.encode())
+
+
+def test_a_key_in_a_chunked_trailer_opens_nothing(sidecar: Sidecar, replay: ReplayEngine) -> None:
+    head = chat_head(headers={MARK_HEADER: "trailer-key", "Transfer-Encoding": "chunked"}) + b"\r\n"
+    with connect(sidecar.url) as connection:
+        connection.sendall(head + _chunked(CHAT, f"Authorization: Bearer {API_KEY}\r\n"))  # one write
+        outcome = read_outcome(connection, 15)
+    assert outcome.answer is not None and outcome.answer.status == 401, outcome
+    assert replay.marked("trailer-key") == []
+
+
+def test_trailer_fields_never_become_request_headers(sidecar: Sidecar, replay: ReplayEngine) -> None:
+    head = chat_head(headers={**KEYED, MARK_HEADER: "trailer-fields", "Transfer-Encoding": "chunked"}) + b"\r\n"
+    with connect(sidecar.url) as connection:
+        connection.sendall(head + _chunked(CHAT, "X-Trailer-Probe: yes\r\nX-Forwarded-For: 203.0.113.9\r\n"))
+        outcome = read_outcome(connection, 15)
+    assert outcome.answer is not None and outcome.answer.status == 200, outcome
+    (names,) = replay.header_names["trailer-fields"]
+    assert "x-trailer-probe" not in names and "x-forwarded-for" not in names, names
+
+
+def test_an_h2c_upgrade_request_keeps_its_body(sidecar: Sidecar, replay: ReplayEngine) -> None:
+    # What curl --http2 sends to an http:// URL: this server speaks HTTP/1.1 and ignores the Upgrade.
+    headers = {
+        **KEYED,
+        MARK_HEADER: "h2c",
+        "Connection": "Upgrade, HTTP2-Settings",
+        "Upgrade": "h2c",
+        "HTTP2-Settings": "AAMAAABkAAQAoAAAAAIAAAAA",
+        "Content-Type": "application/json",
+        "Content-Length": str(len(CHAT)),
+    }
+    with connect(sidecar.url) as connection:
+        connection.sendall(chat_head(headers=headers) + b"\r\n" + CHAT)
+        outcome = read_outcome(connection, 15)
+    assert outcome.answer is not None and outcome.answer.status == 200, outcome
+    assert replay.marked("h2c") == [("POST", "/v1/chat/completions")]
+
+
+def test_idle_connections_beyond_the_file_limit_leave_room_for_probes(replay: ReplayEngine, tmp_path: Path) -> None:
+    """The issue's measurement: a sidecar whose open-file limit is 1024 (a common container
+    default), 1,100 keyless connections that send half a request and wait: /healthz and a keyed
+    request still answer, each on a new connection."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.fail(f"this test opens 1,100 sockets; the hard open-file limit is {hard}")
+    SecretDir(tmp_path / "keys").write({"api-key": API_KEY + "\n"})
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
+    running = launch_sidecar(
+        tmp_path / "logs",
+        replay.url,
+        "tiny",
+        {"MODELSERVE_KEYS_DIR": str(tmp_path / "keys")},
+        argv_prefix=("prlimit", "--nofile=1024:1024", "--"),
+    )
+    try:
+        wait_ready(running)
+        with ExitStack() as stack:
+            for _ in range(1100):
+                try:
+                    connection = stack.enter_context(connect(running.url))
+                    connection.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+                except OSError:  # made room for by closing the oldest: that is the point
+                    continue
+            _still_serves(running)
+    finally:
+        stop_process(running.process)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    log = running.log.read_text()
+    assert "Too many open files" not in log, log[-2000:]
