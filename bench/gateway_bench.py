@@ -75,7 +75,15 @@ def serve_gateway(spec: dict[str, Any]) -> None:
     )
     app = build_app(settings, FixedDiscovery([model]))
     direct = app.direct_routes()
-    serve(app, settings.listen_host, settings.listen_port, settings.drain_seconds, direct, log_level="warning")
+    try:  # the connection bounds modelserve-gateway serves with (absent in a checkout from before them)
+        from modelserve.http.limits import ConnectionLimits
+    except ImportError:
+        bounds: dict[str, Any] = {}
+    else:
+        bounds = {"limits": ConnectionLimits.of(settings)}
+    serve(
+        app, settings.listen_host, settings.listen_port, settings.drain_seconds, direct, log_level="warning", **bounds
+    )
 
 
 def start_gateway(

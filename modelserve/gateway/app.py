@@ -26,6 +26,7 @@ from . import errors as gateway_errors
 from .catalog import Catalog, model_objects, ollama_entries
 from .directory import Ambiguous, Directory, Model, served_name
 from .holding import Holding
+from .keys import Opened, keyless
 from .metrics import GatewayMetrics
 from .proxy import GatewayProxy
 from .settings import GatewaySettings
@@ -80,14 +81,27 @@ def _model_list(method: str, path: str) -> bool:
 def build_app(settings: GatewaySettings, discovery: Discovery, directory: Directory | None = None) -> Dispatcher:
     directory = directory or Directory()
     metrics = GatewayMetrics()
-    holding = Holding(settings.max_held, lambda key, count: metrics.held.labels(*key).set(count))
-    proxy = GatewayProxy(settings, directory, holding, metrics)
+    holding = Holding(
+        settings.max_held,
+        lambda key, count: metrics.held.labels(*key).set(count),
+        settings.max_held_unverified,
+        settings.max_held_unverified_per_client,
+    )
+    opened = Opened()  # fed by the model lists' asks and the proxied answers alike
+    proxy = GatewayProxy(settings, directory, holding, metrics, opened)
 
     def session() -> aiohttp.ClientSession:
         assert proxy.session is not None
         return proxy.session
 
-    catalog = Catalog(directory, settings.models_cache_seconds, session)
+    catalog = Catalog(
+        directory,
+        settings.models_cache_seconds,
+        session,
+        opened,
+        settings.model_list_asks,
+        lambda answer: metrics.model_list_asks.labels(answer).inc(),
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -145,6 +159,8 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
         try:
             model = directory.resolve(name)
         except Ambiguous as ambiguous:
+            if not ambiguous.public and _authorization(request) is None:
+                return _error(gateway_errors.unknown_model(name))  # as for any model it may not see
             return _error(gateway_errors.ambiguous_model(ambiguous.name, ambiguous.namespaces))
         if model is None or not await catalog.allows(_authorization(request), model):
             return _error(gateway_errors.unknown_model(name))
@@ -176,8 +192,9 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
 
 
 def _authorization(request: Request) -> str | None:
+    """The caller's Authorization, or None for a caller without a key (keys.keyless)."""
     value = authorization_header(request.scope["headers"])
-    return value.decode("latin-1") if value else None
+    return None if value is None or keyless(value) else value.decode("latin-1")
 
 
 def _error(error: Any) -> Response:

@@ -1,17 +1,18 @@
 """GET /v1/models through the gateway: only the models the caller's key opens.
 
-The gateway holds no keys, so it asks: each model's sidecar is sent GET /v1/models with the
-caller's own Authorization, and anything but a 401 means the key passed the sidecar's check.
-Answers are cached per key digest (never the key) for `models_cache_seconds`; a model with no
-ready replica cannot be asked and is listed for a key that opened it within the last hour (the
-request itself is still checked when it reaches a replica). Public models are listed to everyone;
-a caller without a key sees only those.
+The gateway holds no keys, so it asks: a model's sidecar is sent GET /v1/models with the caller's
+own Authorization, and anything but a 401 means the key passed the sidecar's check (keys.proof).
+What one list costs is bounded whatever the caller sends: at most `max_asks` sidecars are asked,
+those asked longest ago for this key first; each answer is kept per key digest (never the key) for
+`ttl` seconds, so a caller's next lists ask the next ones. A model not asked this time, or with no
+ready replica to ask, is listed for a key the gateway has seen open it (keys.Opened: these answers
+and every answer it relayed) within the last week; the request itself is still checked when it
+reaches a replica. Public models are listed to everyone; a caller without a key sees only those.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,50 +24,88 @@ from modelserve.contracts.names import Key
 from modelserve.http import ollama
 
 from .directory import Directory, Model
+from .keys import Opened, Recent, digest, keyless, proof
 
 ASK_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
-OPENED_MEMORY_SECONDS = 3600.0
-MAX_ENTRIES = 100_000  # bounded: distinct bad keys cannot grow the cache without end
 CONCURRENT_ASKS = 32
+NEVER = float("-inf")
+# The answers asks can give: the metrics' label (an answer that may come before the key check,
+# or none at all, is no_answer).
+OPENED, REFUSED, NO_ANSWER = "opened", "refused", "no_answer"
+ANSWERS = (OPENED, REFUSED, NO_ANSWER)
 
 
 class Catalog:
-    def __init__(self, directory: Directory, ttl: float, session: Callable[[], aiohttp.ClientSession]) -> None:
+    def __init__(
+        self,
+        directory: Directory,
+        ttl: float,
+        session: Callable[[], aiohttp.ClientSession],
+        opened: Opened | None = None,
+        max_asks: int = 16,
+        asked: Callable[[str], None] = lambda answer: None,
+    ) -> None:
         self.directory = directory
         self.ttl = ttl
+        self.max_asks = max_asks
+        self.opened = opened or Opened()
         self._session = session
-        self._answers: dict[tuple[bytes, Key], tuple[float, bool]] = {}  # -> (when asked, opened)
-        self._opened: dict[tuple[bytes, Key], float] = {}  # -> when last seen opened
+        self._asked = asked  # the asks' counter, by answer
+        # (key digest, model) -> (when asked, what the answer proved: keys.proof)
+        self._answers: Recent[tuple[bytes, Key], bool | None] = Recent()
         self._asks = asyncio.Semaphore(CONCURRENT_ASKS)
 
     async def visible(self, authorization: str | None) -> list[Model]:
         models = sorted(self.directory.models.values(), key=lambda m: (m.name, m.namespace))
-        if authorization is None:
+        if authorization is None or keyless(authorization.encode("latin-1")):
             return [model for model in models if model.public]
-        digest = hashlib.sha256(authorization.encode("latin-1")).digest()
-        opened = await asyncio.gather(*(self.opens(digest, authorization, model) for model in models))
-        return [model for model, ok in zip(models, opened, strict=True) if ok]
+        key_digest = digest(authorization.encode("latin-1"))
+        now = time.monotonic()
+        shown: dict[Key, bool] = {}
+        to_ask: list[tuple[float, Model]] = []  # (when last asked, model)
+        for model in models:
+            known = self._known(key_digest, model, now)
+            if known is None:
+                asked = self._answers.get((key_digest, model.key))
+                to_ask.append((asked[0] if asked else NEVER, model))
+            else:
+                shown[model.key] = known
+        to_ask.sort(key=lambda pair: pair[0])  # stable: by name among those never asked
+        chosen = [model for _, model in to_ask[: self.max_asks]]
+        answers = await asyncio.gather(*(self._ask_and_keep(key_digest, authorization, m) for m in chosen))
+        shown.update(zip((m.key for m in chosen), answers, strict=True))
+        return [model for model in models if shown.get(model.key, self._remembered(key_digest, model, now))]
 
     async def allows(self, authorization: str | None, model: Model) -> bool:
-        if authorization is None:
+        """One model's visibility (GET /v1/models/NAME): one ask at most."""
+        if authorization is None or keyless(authorization.encode("latin-1")):
             return model.public
-        return await self.opens(hashlib.sha256(authorization.encode("latin-1")).digest(), authorization, model)
+        key_digest = digest(authorization.encode("latin-1"))
+        known = self._known(key_digest, model, time.monotonic())
+        return known if known is not None else await self._ask_and_keep(key_digest, authorization, model)
 
-    async def opens(self, digest: bytes, authorization: str, model: Model) -> bool:
+    def _known(self, key_digest: bytes, model: Model, now: float) -> bool | None:
+        """Whether the key opens `model` without asking, or None when its sidecar is to be asked."""
         if model.public:
             return True
-        now = time.monotonic()
-        cached = self._answers.get((digest, model.key))
+        cached = self._answers.get((key_digest, model.key))
         if cached is not None and now - cached[0] < self.ttl:
-            return cached[1]
+            # A fresh ask that got no answer says nothing: what the gateway saw before.
+            return cached[1] if cached[1] is not None else self._remembered(key_digest, model, now)
         if not model.replicas:
-            seen = self._opened.get((digest, model.key))
-            return seen is not None and now - seen < OPENED_MEMORY_SECONDS
+            return self._remembered(key_digest, model, now)
+        return None
+
+    def _remembered(self, key_digest: bytes, model: Model, now: float) -> bool:
+        return model.public or self.opened.opens(key_digest, model.key, now)
+
+    async def _ask_and_keep(self, key_digest: bytes, authorization: str, model: Model) -> bool:
         answer = await self._ask(model, authorization)
-        if answer is None:  # unreachable: say nothing rather than guess, and ask again next time
-            return False
-        self._remember(digest, model.key, now, answer)
-        return answer
+        now = time.monotonic()
+        self._asked(NO_ANSWER if answer is None else OPENED if answer else REFUSED)
+        self._answers.put((key_digest, model.key), answer, now)
+        self.opened.learn(key_digest, model.key, answer, now)
+        return answer if answer is not None else self._remembered(key_digest, model, now)
 
     async def _ask(self, model: Model, authorization: str) -> bool | None:
         async with self._asks:
@@ -77,20 +116,9 @@ class Catalog:
                     timeout=ASK_TIMEOUT,
                 ) as answer:
                     await answer.read()
-                    return answer.status != 401
+                    return proof(answer.status)
             except (TimeoutError, aiohttp.ClientError):
                 return None
-
-    def _remember(self, digest: bytes, key: Key, now: float, opened: bool) -> None:
-        if len(self._answers) >= MAX_ENTRIES:
-            self._answers = {k: v for k, v in self._answers.items() if now - v[0] < self.ttl}
-            if len(self._answers) >= MAX_ENTRIES:
-                self._answers.clear()
-        self._answers[(digest, key)] = (now, opened)
-        if opened:
-            if len(self._opened) >= MAX_ENTRIES:
-                self._opened.clear()
-            self._opened[(digest, key)] = now
 
 
 def model_object(directory: Directory, model: Model) -> dict[str, Any]:

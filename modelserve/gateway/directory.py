@@ -70,10 +70,11 @@ OLLAMA_DEFAULT_TAG = ":latest"  # Ollama clients name models with a tag; a serve
 class Ambiguous(Exception):
     """A served name that more than one watched namespace serves."""
 
-    def __init__(self, name: str, namespaces: list[str]) -> None:
+    def __init__(self, name: str, namespaces: list[str], public: bool = False) -> None:
         super().__init__(name)
         self.name = name
         self.namespaces = namespaces
+        self.public = public  # every one serving it is public: naming them reveals no private model
 
 
 class Directory:
@@ -117,7 +118,8 @@ class Directory:
             if not namespaces:
                 return None
             if len(namespaces) > 1:
-                raise Ambiguous(name, sorted(namespaces))
+                public = all(self.models[self._owners[(ns, name)]].public for ns in namespaces)
+                raise Ambiguous(name, sorted(namespaces), public)
             namespace = next(iter(namespaces))
         owner = self._owners.get((namespace, name))
         return self.models.get(owner) if owner else None

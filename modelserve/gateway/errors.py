@@ -65,3 +65,15 @@ def replica_unavailable() -> ErrorResponse:
         "replica_unavailable",
         extra_headers=_retry_after(REPLICA_RETRY_AFTER_SECONDS),
     )
+
+
+def unverified_hold_full(name: str, per_model: int, per_client: int) -> ErrorResponse:
+    """hold_queue_full for a key the gateway has not seen open the model: its share is small."""
+    return ErrorResponse(
+        429,
+        f"'{name}' has no ready replica, and requests with a key not yet seen to open it wait only "
+        f"{per_model} at a time ({per_client} per client); as many are already waiting. Retry later.",
+        "rate_limit_error",
+        "hold_queue_full",
+        extra_headers=_retry_after(FULL_RETRY_AFTER_SECONDS),
+    )

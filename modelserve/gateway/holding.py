@@ -5,6 +5,11 @@ replica turns Ready; the count of held requests is what the gateway publishes (H
 the operator's autoscaler counts as demand, so the first request to a sleeping model is what wakes
 it. Bounded per ModelServer (then 429) and in time (then 503 with Retry-After); a client that
 hangs up leaves the queue at once.
+
+Requests for a private model whose key the gateway has not seen open it (keys.py) wait in a small
+share of their own, per model and per client address: anyone can send a made-up key, and those
+must neither take the verified users' places nor hold many models awake. They are still demand
+(a new key can only be checked by a replica), so `held()` counts both.
 """
 
 from __future__ import annotations
@@ -25,10 +30,20 @@ class Outcome(Enum):
 
 
 class Holding:
-    def __init__(self, max_held: int, on_count: Callable[[Key, int], None] = lambda key, count: None) -> None:
+    def __init__(
+        self,
+        max_held: int,
+        on_count: Callable[[Key, int], None] = lambda key, count: None,
+        max_unverified: int = 8,
+        max_unverified_per_client: int = 2,
+    ) -> None:
         self.max_held = max_held
         self.on_count = on_count  # the held-requests gauge
-        self._held: dict[Key, int] = {}
+        self.max_unverified = max_unverified
+        self.max_unverified_per_client = max_unverified_per_client
+        self._held: dict[Key, int] = {}  # every held request, verified or not
+        self._unverified: dict[Key, int] = {}
+        self._clients: dict[str, int] = {}  # unverified requests held per client, whatever their model
         self._wake: dict[Key, asyncio.Future[None]] = {}
 
     def held(self) -> dict[Key, int]:
@@ -43,19 +58,38 @@ class Holding:
         if future is not None and not future.done():
             future.set_result(None)
 
-    async def wait(self, key: Key, timeout: float, disconnected: asyncio.Future[Any]) -> Outcome:
-        """Wait until `wake(key)`, `timeout` seconds, or the client's disconnect, whichever first."""
-        if self._held.get(key, 0) >= self.max_held:
+    def admits(self, key: Key, unverified_from: str | None = None) -> bool:
+        """Whether one more request for `key` may wait: a verified one (None) within `max_held` of
+        its kind, an unverified one (from that client) within both of its shares."""
+        unverified = self._unverified.get(key, 0)
+        if unverified_from is None:
+            return self._held.get(key, 0) - unverified < self.max_held
+        return (
+            unverified < self.max_unverified and self._clients.get(unverified_from, 0) < self.max_unverified_per_client
+        )
+
+    async def wait(
+        self, key: Key, timeout: float, disconnected: asyncio.Future[Any], unverified_from: str | None = None
+    ) -> Outcome:
+        """Wait until `wake(key)`, `timeout` seconds, or the client's disconnect, whichever first.
+        `unverified_from`: the client (keys.client_bucket) of a request held in the unverified share."""
+        if not self.admits(key, unverified_from):
             return Outcome.FULL
         future = self._wake.get(key)
         if future is None or future.done():
             future = self._wake[key] = asyncio.get_running_loop().create_future()
         self._held[key] = self._held.get(key, 0) + 1
+        if unverified_from is not None:
+            _add(self._unverified, key, 1)
+            _add(self._clients, unverified_from, 1)
         self.on_count(key, self._held[key])
         try:
             # asyncio.wait cancels nothing: the future others wait on outlives this request's timeout.
             done, _ = await asyncio.wait((future, disconnected), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            if unverified_from is not None:
+                _add(self._unverified, key, -1)
+                _add(self._clients, unverified_from, -1)
             self._held[key] -= 1
             self.on_count(key, self._held[key])
             if not self._held[key]:
@@ -63,3 +97,12 @@ class Holding:
         if disconnected in done:
             return Outcome.GONE
         return Outcome.READY if done else Outcome.TIMEOUT
+
+
+def _add(counts: dict[Any, int], name: Any, step: int) -> None:
+    """Count up or down, keeping no zero entries (clients and models come and go)."""
+    count = counts.get(name, 0) + step
+    if count:
+        counts[name] = count
+    else:
+        counts.pop(name, None)

@@ -6,6 +6,7 @@ import argparse
 import logging
 
 from modelserve.contracts.env import settings_or_exit, variables_help
+from modelserve.http.limits import ConnectionLimits
 from modelserve.http.serve import serve
 
 from .app import build_app
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
         settings.hold_seconds,
     )
     app = build_app(settings, KubeDiscovery(settings.namespaces))
-    serve(app, settings.listen_host, settings.listen_port, settings.drain_seconds, app.direct_routes())
+    limits = ConnectionLimits.of(settings)
+    serve(app, settings.listen_host, settings.listen_port, settings.drain_seconds, app.direct_routes(), limits=limits)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from modelserve.contracts.names import Key
 from modelserve.http.metrics import RequestSeries, flush_on_collect, refusal_counter
 
+from .catalog import ANSWERS
+
 PREFIX = "modelserve_gateway"
 # From an instant to a GPU cold start of many minutes.
 HOLD_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0)
@@ -57,6 +59,15 @@ class GatewayMetrics:
             registry=r,
         )
         self.refused = refusal_counter(PREFIX, r)
+        self.model_list_asks = Counter(
+            f"{PREFIX}_model_list_asks",
+            "Sidecars asked whether a caller's key opens their model, for the model lists, by answer (opened, "
+            "refused, no_answer); at most MODELSERVE_GATEWAY_MODEL_LIST_ASKS per list.",
+            ["answer"],
+            registry=r,
+        )
+        for answer in ANSWERS:
+            self.model_list_asks.labels(answer)
         self.replicas = Gauge(f"{PREFIX}_ready_replicas", "Replicas the gateway routes to.", MODEL, registry=r)
         # The hot path only counts in plain numbers: requests in flight per ModelServer, read when
         # scraped, and routing decisions, added to their counter then (prometheus_client's inc() and

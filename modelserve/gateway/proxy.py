@@ -2,13 +2,17 @@
 while it has no ready replica, pick a replica, and relay (the sidecar's own hot path, relay.py).
 
 Keys are the sidecars' business: `Authorization` goes through as the client sent it and every
-replica's sidecar checks it; the gateway never sees a Secret.
+replica's sidecar checks it; the gateway never sees a Secret. But a request with no key at all for
+a model not known to be public is answered 401 here, as a sidecar would: it could never pass, so it
+is never held (nor counted as demand), and an unknown model answers the same, so that nobody learns
+without a key which private models exist. Which keys a model's replicas let through is learned from
+their answers (keys.Opened): at zero, a key seen opening the model is held with the verified
+requests, any other in a small share of its own (holding.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 from time import perf_counter
@@ -16,18 +20,28 @@ from typing import Any
 
 import aiohttp
 
+from modelserve.contracts import routes
 from modelserve.contracts.names import Key
 from modelserve.http import errors
 from modelserve.http.direct import DirectDownstream
 from modelserve.http.downstream import AsgiDownstream, Downstream, Exchange, Headers, answer
 from modelserve.http.express import FirstTry, Forward, answer_now
+from modelserve.http.json_body import BadJson, encode, parse
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
-from modelserve.http.relay import HOP_BY_HOP, filter_headers, read_limited_body, relay, upstream_error_kind
+from modelserve.http.relay import (
+    HOP_BY_HOP,
+    authorization_header,
+    filter_headers,
+    read_limited_body,
+    relay,
+    upstream_error_kind,
+)
 from modelserve.http.upstream_pool import ConnectFailed, Disconnected, Pool, Response, UpstreamError
 
 from . import errors as gateway_errors
 from .directory import Ambiguous, Directory, Model, served_name
 from .holding import Holding, Outcome
+from .keys import Opened, client_bucket, digest, keyless, proof
 from .metrics import GatewayMetrics
 from .routing import affinity_key, conversation_prefix, least_in_flight
 from .settings import PREFIX_AFFINITY, GatewaySettings
@@ -43,6 +57,9 @@ RETRIABLE = (ConnectFailed, Disconnected)
 # A sidecar's 503 (its engine unreachable, or draining) before any byte: another replica may answer.
 RETRIABLE_STATUS = 503
 NO_MODEL: Key = ("", "")
+# Each consumer route's one method, by its path.
+_METHODS = {path: method for method, path in routes.CONSUMER_ROUTES}
+KEYLESS = errors.unauthorized("missing")  # the sidecar's own answer to a request with no key
 
 
 class _NoReplica(UpstreamError):
@@ -69,12 +86,18 @@ class _Tries:
 
 class GatewayProxy:
     def __init__(
-        self, settings: GatewaySettings, directory: Directory, holding: Holding, metrics: GatewayMetrics
+        self,
+        settings: GatewaySettings,
+        directory: Directory,
+        holding: Holding,
+        metrics: GatewayMetrics,
+        opened: Opened | None = None,
     ) -> None:
         self.settings = settings
         self.directory = directory
         self.holding = holding
         self.metrics = metrics
+        self.opened = opened or Opened()  # the keys seen opening each model, shared with the model lists
         self.pool: Pool | None = None  # the proxied requests' connections, opened by the app's lifespan
         self.session: aiohttp.ClientSession | None = None  # the model lists' (catalog.py), likewise
         self.in_flight: dict[str, int] = {}  # replica address -> requests this gateway has on it
@@ -85,13 +108,17 @@ class GatewayProxy:
         lane left to ASGI."""
         client = AsgiDownstream(receive, send)
         try:
-            await self.serve(scope["path"], scope["headers"], client)
+            await self.serve(scope["path"], scope["headers"], client, (scope.get("client") or ("",))[0])
         finally:
             client.close()
 
     async def direct(self, request: DirectDownstream) -> None:
         """The server's fast lane (direct.py) for the OpenAI consumer routes."""
-        await self.serve(request.path, request.headers, request)
+        await self.serve(request.path, request.headers, request, request.client_host)
+
+    def admit(self, request: DirectDownstream) -> bool:
+        """Nothing is decided from the head alone: the model is named in the body (direct.py)."""
+        return False
 
     def express(self, request: DirectDownstream) -> bool:
         """The fast lane's first try (express.py): the same steps as `serve`, without awaiting, for a
@@ -100,7 +127,7 @@ class GatewayProxy:
         if request.body_size > self.settings.max_body_bytes or request.write_paused or self.pool is None:
             return False  # the 413 (and its closed connection), or a client not reading: the async way's
         exchange = Exchange(perf_counter())
-        planned = self._plan(request.body())
+        planned = self._plan(request.body(), request.headers)
         if isinstance(planned, errors.ErrorResponse):
             exchange.status = answer_now(request, planned)
             self._end(exchange, NO_MODEL)
@@ -122,6 +149,7 @@ class GatewayProxy:
                 self._end(exchange, key)
 
         def retried(response: Response) -> bool:
+            self._learn(headers, model, response.status)
             return _retried(response, self.directory.models.get(key) or model, tries.tried)
 
         def end() -> None:
@@ -129,14 +157,16 @@ class GatewayProxy:
             self._end(exchange, key)
 
         forward = Forward(request, exchange, False, tries.replica_header, _nothing_to_settle, end, go_on, retried)
-        forward.send(self.pool, "POST", f"http://{replica}{path}", filter_headers(headers, DROP_TO_REPLICA), body)
+        to_replica = filter_headers(headers, DROP_TO_REPLICA)
+        forward.send(self.pool, replica_method(path), f"http://{replica}{path}", to_replica, body)
         return True
 
-    async def serve(self, path: str, headers: Headers, client: Downstream) -> None:
+    async def serve(self, path: str, headers: Headers, client: Downstream, peer: str | None = None) -> None:
+        """`peer`: the client's address, which bounds what it may hold with keys not seen before."""
         exchange = Exchange(perf_counter())
         key = NO_MODEL
         try:
-            key = await self._handle(path, headers, client, exchange)
+            key = await self._handle(path, headers, client, exchange, peer)
         finally:
             self._end(exchange, key)
 
@@ -145,24 +175,26 @@ class GatewayProxy:
         label = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
         self.metrics.observe(key, label, perf_counter() - exchange.start, exchange.ttfb)
 
-    async def _handle(self, path: str, headers: Headers, client: Downstream, exchange: Exchange) -> Key:
+    async def _handle(
+        self, path: str, headers: Headers, client: Downstream, exchange: Exchange, peer: str | None
+    ) -> Key:
         body = await read_limited_body(headers, client, self.settings.max_body_bytes, exchange)
         if body is None:
             return NO_MODEL
-        planned = self._plan(body)
+        planned = self._plan(body, headers)
         if isinstance(planned, errors.ErrorResponse):
             exchange.status = await answer(client, planned)
             return NO_MODEL
         model, body, prefix = planned
         if not model.replicas:
-            held = await self._hold(model, client, exchange)
+            held = await self._hold(model, client, exchange, self._unverified_from(model, headers, peer))
             if held is None:
                 return model.key
             model = held
         await self._forward(path, headers, client, body, model, prefix, exchange)
         return model.key
 
-    def _plan(self, body: bytes) -> Planned | errors.ErrorResponse:
+    def _plan(self, body: bytes, headers: Headers) -> Planned | errors.ErrorResponse:
         """The ModelServer the body names, the body for its replicas (named as they serve it) and the
         affinity prefix, or the error to answer with."""
         request, refusal = parse_request(body)
@@ -172,18 +204,45 @@ class GatewayProxy:
         try:
             model = self.directory.resolve(requested)
         except Ambiguous as ambiguous:
+            if not ambiguous.public and keyless(authorization_header(headers)):
+                return KEYLESS  # naming the namespaces would name a private model
             return gateway_errors.ambiguous_model(ambiguous.name, ambiguous.namespaces)
+        if (model is None or not model.public) and keyless(authorization_header(headers)):
+            return KEYLESS  # the same for an unknown model: which private ones exist stays unsaid
         if model is None:
             return gateway_errors.unknown_model(requested)
         served = served_name(requested)
         if requested != served:  # `namespace/name`: the replica serves it as `name`
-            body = json.dumps({**request, "model": served}).encode()
+            renamed = encode({**request, "model": served})
+            if isinstance(renamed, BadJson):
+                return errors.invalid_json(renamed.reason)
+            body = renamed
         prefix = conversation_prefix(request) if self.settings.routing == PREFIX_AFFINITY else None
         if prefix is not None:
             prefix = affinity_key(prefix, served, model.name)
         return model, body, prefix
 
-    async def _hold(self, model: Model, client: Downstream, exchange: Exchange) -> Model | None:
+    def _unverified_from(self, model: Model, headers: Headers, peer: str | None) -> str | None:
+        """The client a request is held for in the unverified share (holding.py): a private model's,
+        with a key not seen opening it; None for one held with the verified requests."""
+        if model.public:
+            return None
+        authorization = authorization_header(headers)
+        if authorization is not None and self.opened.opens(digest(authorization), model.key):
+            return None
+        return client_bucket(peer)
+
+    def _learn(self, headers: Headers, model: Model, status: int) -> None:
+        """What a replica's answer says of the request's key for `model` (keys.proof)."""
+        if model.public:
+            return
+        authorization = authorization_header(headers)
+        if authorization is not None:
+            self.opened.learn(digest(authorization), model.key, proof(status))
+
+    async def _hold(
+        self, model: Model, client: Downstream, exchange: Exchange, unverified_from: str | None = None
+    ) -> Model | None:
         """Wait for a ready replica of `model`; None when the request was answered (or gone) here."""
         key = model.key
         deadline = exchange.start + self.settings.hold_seconds
@@ -194,7 +253,7 @@ class GatewayProxy:
             if remaining <= 0:
                 outcome = Outcome.TIMEOUT
                 break
-            outcome = await self.holding.wait(key, remaining, client.gone())
+            outcome = await self.holding.wait(key, remaining, client.gone(), unverified_from)
             current = self.directory.models.get(key)
             if outcome is not Outcome.READY:
                 break
@@ -207,6 +266,12 @@ class GatewayProxy:
             exchange.status = await answer(client, gateway_errors.unknown_model(model.name))
         elif outcome is Outcome.GONE:
             exchange.client_gone = True
+        elif outcome is Outcome.FULL and unverified_from is not None:
+            settings = self.settings
+            full = gateway_errors.unverified_hold_full(
+                model.name, settings.max_held_unverified, settings.max_held_unverified_per_client
+            )
+            exchange.status = await answer(client, full)
         elif outcome is Outcome.FULL:
             exchange.status = await answer(client, gateway_errors.hold_queue_full(model.name, self.settings.max_held))
         else:
@@ -248,7 +313,9 @@ class GatewayProxy:
                             raise first
                         response = first
                     else:
-                        response = await self.pool.request("POST", f"http://{replica}{path}", to_replica, body)
+                        url = f"http://{replica}{path}"
+                        response = await self.pool.request(replica_method(path), url, to_replica, body)
+                    self._learn(headers, model, response.status)
                     if attempt or not _retried(response, current, tries.tried):
                         return response
                     response.release()
@@ -321,13 +388,18 @@ def _retried(response: Response, model: Model, tried: list[str]) -> bool:
 
 def parse_request(body: bytes) -> tuple[dict[str, Any], errors.ErrorResponse | None]:
     """The JSON request and its `model`, or the 400 to answer with (pure)."""
-    try:
-        request = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return {}, errors.bad_request(f"Request body is not valid JSON: {exc}", "invalid_json")
+    request = parse(body)
+    if isinstance(request, BadJson):
+        return {}, errors.invalid_json(request.reason)
     if not isinstance(request, dict):
         return {}, errors.bad_request("Request body must be a JSON object.", "invalid_json")
     model = request.get("model")
     if not isinstance(model, str) or not model:
         return {}, gateway_errors.missing_model()
     return request, None
+
+
+def replica_method(path: str) -> str:
+    """The method a replica is asked with: the consumer route's own (routes.py), as the client's
+    was checked against it (POST for every route the gateway proxies today)."""
+    return _METHODS[path]

@@ -64,6 +64,25 @@ class GatewaySettings:
     upstream_max_connections: int = env_setting(
         "MODELSERVE_GATEWAY_UPSTREAM_MAX_CONNECTIONS", positive_int, default=4096
     )
+    # What one client connection may take before any check (modelserve/http/limits.py), as the
+    # sidecar's: the request head (431), its and the body's deadlines (408), connections (within the
+    # open-file limit) and the bytes of request bodies still arriving (503).
+    max_head_bytes: int = env_setting("MODELSERVE_GATEWAY_MAX_HEAD_BYTES", positive_int, default=32 * 1024)
+    max_header_fields: int = env_setting("MODELSERVE_GATEWAY_MAX_HEADER_FIELDS", positive_int, default=100)
+    head_timeout_seconds: float = env_setting("MODELSERVE_GATEWAY_HEAD_TIMEOUT_SECONDS", positive_float, default=15.0)
+    body_timeout_seconds: float = env_setting("MODELSERVE_GATEWAY_BODY_TIMEOUT_SECONDS", positive_float, default=60.0)
+    max_connections: int = env_setting("MODELSERVE_GATEWAY_MAX_CONNECTIONS", positive_int, default=16384)
+    body_budget_bytes: int = env_setting("MODELSERVE_GATEWAY_BODY_BUDGET_BYTES", positive_int, default=64 * 1024 * 1024)
+    # Requests held per private ModelServer with a key not yet seen to open it (keys.py): anyone can
+    # send a made-up key, so these get a small share of their own, beside `max_held`, and at most
+    # `max_held_unverified_per_client` at once per client address (an IPv6 one by its /64).
+    max_held_unverified: int = env_setting("MODELSERVE_GATEWAY_MAX_HELD_UNVERIFIED", positive_int, default=8)
+    max_held_unverified_per_client: int = env_setting(
+        "MODELSERVE_GATEWAY_MAX_HELD_UNVERIFIED_PER_CLIENT", positive_int, default=2
+    )
+    # Sidecars asked at most per model list (GET /v1/models, /api/tags, /api/ps) whether the
+    # caller's key opens their model; the others are listed as last seen (catalog.py).
+    model_list_asks: int = env_setting("MODELSERVE_GATEWAY_MODEL_LIST_ASKS", positive_int, default=16)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:

@@ -145,6 +145,7 @@ class DirectDownstream:
             self._wake()
 
     def lost(self) -> None:
+        self._body = []  # nobody reads it now: freed at once, however long the request's objects live
         if self.response_complete:
             return
         self.disconnected = True

@@ -7,11 +7,13 @@ real engine and the operator's side are proven in tests/realnode/test_gateway_on
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
@@ -55,6 +57,8 @@ from tests.helpers.sidecar_harness import (
 DEAD = "127.0.0.1:9"  # nothing listens on the discard port: connections are refused
 HELLO = [{"role": "user", "content": "hi"}]
 MAX_HELD = 2
+MAX_HELD_UNVERIFIED = 4  # per model, for keys the gateway has not seen open it (2 per client: the default)
+LIST_ASKS = 5  # sidecars asked per model list
 # Long enough that holding two requests, filling the queue and releasing it fit inside it on a
 # starved machine; the tests of the timeout itself wait it out.
 HOLD_SECONDS = 10
@@ -99,6 +103,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                 "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
                 "MODELSERVE_GATEWAY_HOLD_SECONDS": str(HOLD_SECONDS),
                 "MODELSERVE_GATEWAY_MAX_HELD": str(MAX_HELD),
+                "MODELSERVE_GATEWAY_MAX_HELD_UNVERIFIED": str(MAX_HELD_UNVERIFIED),
+                "MODELSERVE_GATEWAY_MODEL_LIST_ASKS": str(LIST_ASKS),
                 "MODELSERVE_GATEWAY_MAX_BODY_BYTES": "4096",
             }
         )
@@ -296,9 +302,9 @@ def test_a_held_request_times_out_with_retry_after_and_a_gone_client_leaves(setu
     assert _metric(setup, sample) >= 1
 
 
-def _held(setup: Setup) -> int:
+def _held(setup: Setup, namespace: str = "c") -> int:
     held = httpx.get(f"{setup.base}/held", timeout=5).json()["held"]
-    return sum(entry["requests"] for entry in held if entry["namespace"] == "c")
+    return sum(entry["requests"] for entry in held if entry["namespace"] == namespace)
 
 
 def test_ollama_clients_reach_models_through_the_gateway(setup: Setup) -> None:
@@ -314,6 +320,129 @@ def test_ollama_clients_reach_models_through_the_gateway(setup: Setup) -> None:
     with pytest.raises(ollama.ResponseError) as refused:
         anonymous.chat(model="b/tiny", messages=HELLO, stream=False)
     assert refused.value.status_code == 401
+
+
+# --- a client without a key, or with a made-up one, costs the gateway nothing ----------------------
+
+
+def _made_up() -> str:
+    return "sk-" + secrets.token_hex(16)
+
+
+def _post_from(
+    setup: Setup, address: str, model: str, key: str | None, path: str = "/v1/chat/completions"
+) -> httpx.Response:
+    """A request from the client address `address` (any of 127/8 is this host's)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    # Plain HTTP: no TLS context to build (40 ms each).
+    transport = httpx.HTTPTransport(local_address=address, verify=False)
+    with httpx.Client(transport=transport, verify=False, timeout=30) as client:
+        return client.post(setup.base + path, json={"model": model, "messages": HELLO}, headers=headers)
+
+
+def _held_ever(setup: Setup, namespace: str) -> float:
+    """Requests the gateway has held for `namespace`/tiny (or turned away as full), by its histogram."""
+    outcomes = ("ready", "timeout", "full", "client_gone")
+    sample = 'modelserve_gateway_hold_seconds_count{{model="tiny",namespace="{}",outcome="{}"}}'
+    return sum(_metric(setup, sample.format(namespace, outcome)) for outcome in outcomes)
+
+
+def test_a_request_without_a_key_is_refused_at_once_unless_its_model_is_public(setup: Setup) -> None:
+    """A request with no key for a private model at zero could never pass: the gateway answers it
+    with the sidecar's own 401, never holds it, never counts it as demand. An unknown model, or a
+    name a private model shares, answers the same: no key, no telling which private models exist."""
+    sidecars = httpx.post(
+        f"http://{setup.private}/v1/chat/completions", json={"model": "tiny", "messages": HELLO}, timeout=10
+    )
+    assert sidecars.status_code == 401
+    setup.discovery.update(_model("b", [], public=False))  # at zero
+    before = _held_ever(setup, "b")
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            models = ["b/tiny", "nope", "elsewhere/tiny", "tiny"] * 15
+            answers = list(pool.map(lambda m: _post_from(setup, "127.0.0.1", m, None), models))
+        assert [a.status_code for a in answers] == [401] * len(models)
+        assert {a.content for a in answers} == {sidecars.content}
+        assert {a.headers["www-authenticate"] for a in answers} == {sidecars.headers["www-authenticate"]}
+        assert _held(setup, "b") == 0 and _held_ever(setup, "b") == before
+        # One model by name: without a key, a name a private model shares is any unseen model's 404.
+        one = httpx.get(f"{setup.base}/v1/models/tiny", timeout=10)
+        assert one.status_code == 404 and one.json()["error"]["code"] == "model_not_found"
+        keyed = httpx.get(f"{setup.base}/v1/models/tiny", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+        assert keyed.status_code == 400 and keyed.json()["error"]["code"] == "ambiguous_model"
+    finally:
+        setup.discovery.update(_model("b", [setup.private], public=False))
+
+
+def test_made_up_keys_wait_in_a_small_share_and_never_take_a_verified_clients_place(setup: Setup) -> None:
+    """60 requests with made-up keys for a private model at zero: a few wait (a new key can only be
+    checked by a replica, so they are demand), at most 2 per client address, MAX_HELD_UNVERIFIED
+    in all; the rest are 429 at once, and a client whose key the gateway saw open the model is
+    still held (the same address included) and answered when a replica is ready."""
+    assert _chat(setup, "b/tiny").status_code == 200  # relayed: b's replica let API_KEY through
+    setup.discovery.update(_model("b", [], public=False))  # at zero
+    pool = ThreadPoolExecutor(64)
+    held: list[Future[httpx.Response]] = []
+    try:
+        # One client address: two wait, the next is turned away (on the fast lane and the ASGI way).
+        held += [pool.submit(_post_from, setup, "127.0.0.2", "b/tiny", _made_up()) for _ in range(2)]
+        wait_until(lambda: _held(setup, "b") == 2, 10, "one client's two requests held")
+        for path in ("/v1/chat/completions", "/api/chat"):
+            third = _post_from(setup, "127.0.0.2", "b/tiny", _made_up(), path)
+            assert third.status_code == 429 and third.headers["retry-after"], third.text
+        # Many addresses: the model's share fills, every other request is turned away at once.
+        rest = [pool.submit(_post_from, setup, f"127.0.0.{3 + i // 2}", "b/tiny", _made_up()) for i in range(56)]
+        turned_away = 56 - (MAX_HELD_UNVERIFIED - 2)
+        wait_until(lambda: sum(f.done() for f in rest) >= turned_away, 20, "the requests beyond the share answered")
+        assert _held(setup, "b") == MAX_HELD_UNVERIFIED
+        answered = [f.result() for f in rest if f.done()]
+        assert len(answered) == turned_away
+        assert {(a.status_code, a.json()["error"]["code"]) for a in answered} == {(429, "hold_queue_full")}
+        held += [f for f in rest if not f.done()]
+        # The verified client, from the address already at its limit: held beside them.
+        verified = pool.submit(_post_from, setup, "127.0.0.2", "b/tiny", API_KEY)
+        wait_until(lambda: _held(setup, "b") == MAX_HELD_UNVERIFIED + 1, 10, "the verified request held")
+        assert not verified.done()
+    finally:
+        setup.discovery.update(_model("b", [setup.private], public=False))  # a replica is ready: all go on
+        pool.shutdown(wait=True)
+    assert verified.result().status_code == 200
+    assert {(f.result().status_code, f.result().json()["error"]["code"]) for f in held} == {(401, "invalid_api_key")}
+    assert _held(setup, "b") == 0
+
+
+def test_a_model_list_asks_a_few_sidecars_whatever_the_key(setup: Setup) -> None:
+    """Each list asks at most LIST_ASKS sidecars whether the key opens their model, counted by the
+    sidecars themselves and by the gateway; a real key's next lists ask the next ones."""
+    many = [_model(f"p{i:02d}", [setup.private], public=False) for i in range(3 * LIST_ASKS)]
+    refused = 'modelserve_gateway_model_list_asks_total{answer="refused"}'
+    opened = 'modelserve_gateway_model_list_asks_total{answer="opened"}'
+    invalid = 'modelserve_sidecar_auth_failures_total{reason="invalid"}'
+
+    def sidecar_invalid() -> float:
+        return metric_value(httpx.get(f"http://{setup.private}/metrics", timeout=10).text, invalid)
+
+    def ids(key: str) -> list[str]:
+        answer = httpx.get(f"{setup.base}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        return [m["id"] for m in answer.json()["data"]]
+
+    for model in many:
+        setup.discovery.update(model)
+    try:
+        for _ in range(3):  # a new made-up key each time: nothing cached helps
+            before = (_metric(setup, refused), sidecar_invalid())
+            assert ids(_made_up()) == ["a/tiny", "c/tiny"]
+            assert (_metric(setup, refused) - before[0], sidecar_invalid() - before[1]) == (LIST_ASKS, LIST_ASKS)
+        lists = []
+        for _ in range(4):  # b and the 3 * LIST_ASKS others, LIST_ASKS a list
+            before_opened = _metric(setup, opened)
+            lists.append([name for name in ids(API_KEY) if name.startswith("p")])
+            assert _metric(setup, opened) - before_opened <= LIST_ASKS
+        assert len(lists[0]) <= LIST_ASKS
+        assert lists[-1] == [f"{m.namespace}/tiny" for m in many]
+    finally:
+        for model in many:
+            setup.discovery.update(model.key)
 
 
 # --- the allowlist: the gateway refuses what a sidecar would, before routing ------------------------
@@ -364,15 +493,19 @@ def test_any_method_and_spelling_is_refused_or_routed_as_checked(setup: Setup, m
 
 def test_every_api_answer_is_in_ollamas_shape(setup: Setup) -> None:
     chat = f"{setup.base}/api/chat"
+    keyed = {"Authorization": f"Bearer {API_KEY}"}
     answers = {
-        "unknown model": (httpx.post(chat, json={"model": "nope", "messages": HELLO}, timeout=10), 404),
+        "unknown model": (httpx.post(chat, json={"model": "nope", "messages": HELLO}, headers=keyed, timeout=10), 404),
         "no model": (httpx.post(chat, json={"messages": HELLO}, timeout=10), 400),
         "bad JSON": (httpx.post(chat, content=b'{"model": ', timeout=10), 400),
-        "ambiguous": (httpx.post(chat, json={"model": "tiny", "messages": HELLO}, timeout=10), 400),
+        "ambiguous": (httpx.post(chat, json={"model": "tiny", "messages": HELLO}, headers=keyed, timeout=10), 400),
         "too big": (httpx.post(chat, content=b"x" * 5000, timeout=10), 413),
         "not served": (httpx.post(f"{setup.base}/api/pull", json={"model": "a/tiny"}, timeout=10), 404),
         "wrong method": (httpx.get(chat, timeout=10), 404),
-        "key": (httpx.post(chat, json={"model": "b/tiny", "messages": HELLO}, timeout=10), 401),  # b's sidecar
+        "key": (httpx.post(chat, json={"model": "b/tiny", "messages": HELLO}, timeout=10), 401),
+        # Without a key, an unknown model and a name a private model shares answer as a private one.
+        "no key, unknown": (httpx.post(chat, json={"model": "nope", "messages": HELLO}, timeout=10), 401),
+        "no key, ambiguous": (httpx.post(chat, json={"model": "tiny", "messages": HELLO}, timeout=10), 401),
         "held too long": (httpx.post(chat, json={"model": "c/tiny", "messages": HELLO}, timeout=30), 503),
     }
     for case, (answer, status) in answers.items():

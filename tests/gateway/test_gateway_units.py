@@ -1,5 +1,5 @@
 """The gateway's pure parts: replica choice, conversation prefixes, the directory, request parsing,
-holding, settings, and the operator's sum of what gateways hold."""
+what it knows of keys, holding, settings, and the operator's sum of what gateways hold."""
 
 from __future__ import annotations
 
@@ -15,11 +15,14 @@ from modelserve.contracts.gateway import held_from_json, held_to_json
 from modelserve.gateway.catalog import model_objects, ollama_entries
 from modelserve.gateway.directory import Ambiguous, Directory, Model, model_of, served_name
 from modelserve.gateway.holding import Holding, Outcome
+from modelserve.gateway.keys import OPENED_MEMORY_SECONDS, Opened, Recent, client_bucket, digest, keyless, proof
 from modelserve.gateway.metrics import GatewayMetrics
-from modelserve.gateway.proxy import parse_request
+from modelserve.gateway.proxy import GatewayProxy, parse_request, replica_method
 from modelserve.gateway.routing import Ring, affinity_key, conversation_prefix, least_in_flight
 from modelserve.gateway.settings import GatewaySettings
+from modelserve.http.errors import ErrorResponse, unauthorized
 from modelserve.operator.autoscaling import gateway_addresses, total_held
+from tests.helpers.sidecar_harness import hostile_json
 
 A, B, C = "10.88.0.2:8080", "10.88.0.3:8080", "10.88.0.4:8080"
 
@@ -207,8 +210,110 @@ def test_requests_without_a_model_are_refused_naming_it(body: bytes, code: str) 
         assert refusal.param == "model"
 
 
+@pytest.mark.parametrize("name", sorted(hostile_json()))
+def test_hostile_json_is_refused_as_invalid_json_never_raised(name: str) -> None:
+    request, refusal = parse_request(hostile_json()[name])
+    assert request == {} and refusal is not None
+    assert (refusal.status, refusal.code) == (400, "invalid_json")
+
+
+def test_the_affinity_prefix_reads_only_strings_of_the_request() -> None:
+    deep: list = []
+    for _ in range(100_000):  # str() of it would raise RecursionError
+        deep = [deep]
+    request = {"messages": [{"role": deep, "content": [{"type": "text", "text": deep}]}]}
+    assert conversation_prefix(request) == b"\x1f"
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}}
+    assert (
+        conversation_prefix({"messages": [{"role": "user", "content": [image]}]})
+        == b"user\x1fdata:image/png;base64,iVBO"
+    )
+
+
+def test_a_replica_is_asked_with_the_routes_own_method() -> None:
+    assert [replica_method(path) for path in ("/v1/chat/completions", "/api/chat", "/v1/models", "/api/tags")] == [
+        "POST",
+        "POST",
+        "GET",
+        "GET",
+    ]
+
+
 def test_a_request_with_a_model_passes() -> None:
     assert parse_request(b'{"model": "m", "stream": true}') == ({"model": "m", "stream": True}, None)
+
+
+def test_a_request_without_a_key_passes_only_for_a_public_model() -> None:
+    """No key: the sidecar's 401 for any model not known to be public, unknown ones included, and
+    for a name a private model shares (its 400 would name the private model's namespace)."""
+    directory = Directory()
+    for model in (Model("pub", "open", True), Model("priv", "closed", False), Model("pub", "both", True)):
+        directory.put(model)
+    directory.put(Model("priv", "both", False))
+    directory.put(Model("pub2", "open", True))
+    proxy = GatewayProxy(GatewaySettings(), directory, Holding(2), GatewayMetrics())
+
+    def plan(model: str, authorization: bytes | None) -> tuple[int, str] | str:
+        headers = [(b"authorization", authorization)] if authorization is not None else []
+        planned = proxy._plan(f'{{"model": "{model}"}}'.encode(), headers)
+        return (planned.status, planned.code) if isinstance(planned, ErrorResponse) else planned[0].namespace
+
+    missing = (401, unauthorized("missing").code)
+    for authorization in (None, b"", b"  "):
+        assert plan("pub/open", authorization) == "pub"
+        assert plan("closed", authorization) == missing
+        assert plan("nothing", authorization) == missing
+        assert plan("both", authorization) == missing
+        assert plan("open", authorization) == (400, "ambiguous_model")  # every one serving it is public
+    assert plan("closed", b"Bearer made-up") == "priv"  # the replica's sidecar checks it
+    assert plan("nothing", b"Bearer made-up") == (404, "model_not_found")
+    assert plan("both", b"Bearer made-up") == (400, "ambiguous_model")
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+
+def test_what_an_answer_proves_of_a_key() -> None:
+    assert keyless(None) and keyless(b"") and keyless(b" \t") and not keyless(b"Bearer x")
+    assert proof(200) is True and proof(400) is True and proof(404) is True and proof(413) is True
+    assert proof(401) is False
+    # Answers a server may give before the sidecar checks the key say nothing of it.
+    assert proof(503) is None and proof(500) is None and proof(429) is None and proof(408) is None
+    assert proof(431) is None
+
+
+def test_a_client_is_its_address_and_an_ipv6_one_its_64() -> None:
+    assert client_bucket("10.1.2.3") == "10.1.2.3"
+    assert client_bucket("2001:db8:1:2:aaaa::1") == client_bucket("2001:db8:1:2:bbbb::7") == "2001:db8:1:2::/64"
+    assert client_bucket("2001:db8:1:3::1") != client_bucket("2001:db8:1:2::1")
+    assert client_bucket("::ffff:10.1.2.3") == "10.1.2.3"
+    assert client_bucket(None) == client_bucket("") == ""
+
+
+def test_a_full_memory_gives_up_its_oldest_entry_not_everything() -> None:
+    recent: Recent[str, int] = Recent(max_entries=3)
+    for i, name in enumerate("abc"):
+        recent.put(name, i, float(i))
+    recent.put("a", 10, 3.0)  # written again: the newest
+    recent.put("d", 4, 4.0)
+    assert len(recent) == 3 and recent.get("b") is None
+    assert recent.get("a") == (3.0, 10) and recent.get("c") == (2.0, 2) and recent.get("d") == (4.0, 4)
+
+
+def test_the_keys_seen_opening_a_model_are_remembered_for_a_week() -> None:
+    opened = Opened(max_entries=2)
+    good, other, model = digest(b"Bearer good"), digest(b"Bearer other"), ("ns", "m")
+    opened.learn(good, model, proof(200), now=0.0)
+    assert opened.opens(good, model, now=OPENED_MEMORY_SECONDS - 1)
+    assert not opened.opens(good, model, now=OPENED_MEMORY_SECONDS + 1)
+    assert not opened.opens(good, ("ns", "other"), now=1.0) and not opened.opens(other, model, now=1.0)
+    opened.learn(good, model, proof(503), now=2.0)  # says nothing: still remembered, from 0
+    assert opened.opens(good, model, now=OPENED_MEMORY_SECONDS - 1)
+    opened.learn(good, model, proof(401), now=3.0)  # the key was revoked
+    assert not opened.opens(good, model, now=4.0)
+    for i in range(5):  # made-up keys cannot fill it: only a replica's answer puts one in
+        opened.learn(digest(f"Bearer {i}".encode()), model, proof(401), now=5.0)
+    assert len(opened) == 0
 
 
 # --- holding -------------------------------------------------------------------------------------
@@ -235,6 +340,35 @@ def test_holding_wakes_times_out_fills_and_lets_go() -> None:
         gone.set_result(None)
         assert await waiting is Outcome.GONE
         assert holding.held() == {} and counts[-1] == 0
+        never.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_unverified_keys_wait_in_a_small_share_of_their_own() -> None:
+    async def scenario() -> None:
+        holding = Holding(max_held=2, max_unverified=3, max_unverified_per_client=2)
+        key, other = ("ns", "m"), ("ns", "other")
+        never = asyncio.get_running_loop().create_future()
+
+        def hold(model: tuple[str, str], client: str | None) -> asyncio.Future[Outcome]:
+            return asyncio.ensure_future(holding.wait(model, 10, never, client))
+
+        waiting = [hold(key, "10.0.0.1"), hold(key, "10.0.0.1")]
+        await asyncio.sleep(0.01)
+        assert await holding.wait(key, 10, never, "10.0.0.1") is Outcome.FULL  # that client's two
+        assert await holding.wait(other, 10, never, "10.0.0.1") is Outcome.FULL  # whatever the model
+        waiting.append(hold(key, "10.0.0.2"))
+        await asyncio.sleep(0.01)
+        assert await holding.wait(key, 10, never, "10.0.0.3") is Outcome.FULL  # the model's three
+        # Verified requests keep their own places, and all are demand.
+        waiting += [hold(key, None), hold(key, None)]
+        await asyncio.sleep(0.01)
+        assert await holding.wait(key, 10, never) is Outcome.FULL
+        assert holding.held() == {key: 5}
+        holding.wake(key)
+        assert [await w for w in waiting] == [Outcome.READY] * 5
+        assert holding.held() == {} and holding.admits(key, "10.0.0.1") and holding.admits(other, "10.0.0.3")
         never.cancel()
 
     asyncio.run(scenario())
@@ -270,6 +404,19 @@ def test_settings_name_the_bad_variable() -> None:
         GatewaySettings.from_env({"MODELSERVE_GATEWAY_AFFINITY_LOAD_FACTOR": "0.5"})
     with pytest.raises(ConfigError, match="MODELSERVE_GATEWAY_HOLD_SECONDS"):
         GatewaySettings.from_env({"MODELSERVE_GATEWAY_HOLD_SECONDS": "0"})
+    defaults = GatewaySettings.from_env({})
+    assert (defaults.max_held_unverified, defaults.max_held_unverified_per_client, defaults.model_list_asks) == (
+        8,
+        2,
+        16,
+    )
+    for variable in (
+        "MODELSERVE_GATEWAY_MAX_HELD_UNVERIFIED",
+        "MODELSERVE_GATEWAY_MAX_HELD_UNVERIFIED_PER_CLIENT",
+        "MODELSERVE_GATEWAY_MODEL_LIST_ASKS",
+    ):
+        with pytest.raises(ConfigError, match=variable):
+            GatewaySettings.from_env({variable: "0"})
 
 
 def test_a_forgotten_model_leaves_no_series_and_counts_afresh() -> None:

@@ -246,6 +246,15 @@ def test_gateway_is_hardened_and_reads_what_the_chart_sets(helm: Helm) -> None:
             "gateway.routing=prefix-affinity",
             "gateway.holdSeconds=900",
             "gateway.maxHeldPerModel=32",
+            "gateway.maxHeldUnverifiedPerModel=4",
+            "gateway.maxHeldUnverifiedPerClient=1",
+            "gateway.modelListAsks=8",
+            "gateway.clientLimits.maxHeadBytes=16384",
+            "gateway.clientLimits.maxHeaderFields=50",
+            "gateway.clientLimits.headTimeoutSeconds=5",
+            "gateway.clientLimits.bodyTimeoutSeconds=30",
+            "gateway.clientLimits.maxConnections=1000",
+            "gateway.clientLimits.bodyBudgetBytes=1048576",
             "gateway.drainSeconds=30",
         )
     ).stdout
@@ -262,7 +271,20 @@ def test_gateway_is_hardened_and_reads_what_the_chart_sets(helm: Helm) -> None:
     assert labels[GATEWAY_LABEL] == "ms-modelserve-gateway"
     env = {var["name"]: var["value"] for var in container["env"]}
     assert GatewaySettings.from_env(env) == GatewaySettings(
-        namespaces=("a", "b"), routing="prefix-affinity", hold_seconds=900.0, max_held=32, drain_seconds=30.0
+        namespaces=("a", "b"),
+        routing="prefix-affinity",
+        hold_seconds=900.0,
+        max_held=32,
+        drain_seconds=30.0,
+        max_held_unverified=4,
+        max_held_unverified_per_client=1,
+        model_list_asks=8,
+        max_head_bytes=16384,
+        max_header_fields=50,
+        head_timeout_seconds=5.0,
+        body_timeout_seconds=30.0,
+        max_connections=1000,
+        body_budget_bytes=1048576,
     )
     (service,) = [s for s in by_kind(rendered, "Service") if s["metadata"]["name"] == "ms-modelserve-gateway"]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
