@@ -148,6 +148,7 @@ def sidecar_settings(ms: ModelServer, settings: Settings) -> contract.Settings:
         "vision": spec.vision,
         "sampling_defaults": MappingProxyType(sampling),
         "drain_seconds": settings.drain_seconds,
+        **settings.sidecar_limits,
     }
     if spec.external:
         return contract.Settings(

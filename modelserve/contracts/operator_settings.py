@@ -8,7 +8,19 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .env import base_url, comma_list, env_setting, non_empty, non_negative_float, number, read_env
+from . import sidecar
+from .env import (
+    base_url,
+    comma_list,
+    default_of,
+    env_setting,
+    non_empty,
+    non_negative_float,
+    number,
+    positive_float,
+    positive_int,
+    read_env,
+)
 from .names import PACKAGE_VERSION
 
 
@@ -49,6 +61,11 @@ def _lease_seconds(raw: str) -> float:
     return value
 
 
+def _sidecars(name: str) -> object:
+    """The sidecar's own default of one of its settings."""
+    return default_of(sidecar.Settings.__dataclass_fields__[name])
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the operator needs besides the ModelServer itself."""
@@ -85,6 +102,27 @@ class Settings:
     # their held requests count as well.
     gateway_addresses: tuple[str, ...] = env_setting("MODELSERVE_GATEWAY_ADDRESSES", _addresses, default=())
 
+    # What one client connection may take of every pod's sidecar before any check (contracts/sidecar.py
+    # CLIENT_LIMITS, modelserve/http/limits.py); at the sidecar's defaults they stay out of the pods.
+    sidecar_max_head_bytes: int = env_setting(
+        "MODELSERVE_SIDECAR_MAX_HEAD_BYTES", positive_int, default=_sidecars("max_head_bytes")
+    )
+    sidecar_max_header_fields: int = env_setting(
+        "MODELSERVE_SIDECAR_MAX_HEADER_FIELDS", positive_int, default=_sidecars("max_header_fields")
+    )
+    sidecar_head_timeout_seconds: float = env_setting(
+        "MODELSERVE_SIDECAR_HEAD_TIMEOUT_SECONDS", positive_float, default=_sidecars("head_timeout_seconds")
+    )
+    sidecar_body_timeout_seconds: float = env_setting(
+        "MODELSERVE_SIDECAR_BODY_TIMEOUT_SECONDS", positive_float, default=_sidecars("body_timeout_seconds")
+    )
+    sidecar_max_connections: int = env_setting(
+        "MODELSERVE_SIDECAR_MAX_CONNECTIONS", positive_int, default=_sidecars("max_connections")
+    )
+    sidecar_body_budget_bytes: int = env_setting(
+        "MODELSERVE_SIDECAR_BODY_BUDGET_BYTES", positive_int, default=_sidecars("body_budget_bytes")
+    )
+
     # Leader election: every replica campaigns for this Lease (<namespace>/<name>) and only its holder
     # reconciles, autoscales and wakes models at zero. Empty: no election (one replica only).
     leader_election_lease: str = env_setting("MODELSERVE_LEADER_ELECTION_LEASE", _lease, default="")
@@ -95,6 +133,11 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         """Build settings from `MODELSERVE_*` variables; raise ConfigError naming the bad one."""
         return read_env(cls, env)
+
+    @property
+    def sidecar_limits(self) -> dict[str, object]:
+        """The sidecar settings of every pod's client limits, by their names there."""
+        return {name: getattr(self, "sidecar_" + name) for name in sidecar.CLIENT_LIMITS}
 
     @property
     def engine_images(self) -> dict[str, str]:

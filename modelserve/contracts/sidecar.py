@@ -139,6 +139,18 @@ def _render_sampling(values: Mapping[str, Any]) -> str:
     return json.dumps(dict(values), sort_keys=True, separators=(",", ":"))
 
 
+# The bounds on a client's connection (modelserve/http/limits.py): the operator's settings of the same
+# names, MODELSERVE_SIDECAR_*, give every pod's (contracts/operator_settings.py; the chart's
+# sidecar.clientLimits).
+CLIENT_LIMITS = (
+    "max_head_bytes",
+    "max_header_fields",
+    "head_timeout_seconds",
+    "body_timeout_seconds",
+    "max_connections",
+    "body_budget_bytes",
+)
+
 # Left out of a pod's environment at their defaults: settings added after release 0.1 (a new
 # variable in every pod template would roll every pod, GPU cold starts included, on an upgrade)
 # and the empty ones.
@@ -150,12 +162,7 @@ OMITTED_AT_DEFAULT = frozenset(
         "engine_metrics",
         "adapter_api",
         "adapters_dir",
-        "max_head_bytes",
-        "max_header_fields",
-        "head_timeout_seconds",
-        "body_timeout_seconds",
-        "max_connections",
-        "body_budget_bytes",
+        *CLIENT_LIMITS,
     }
 )
 

@@ -45,8 +45,8 @@ def _cases() -> list[tuple[str, dict]]:
     return cases
 
 
-def _sidecar_env(ms: ModelServer) -> dict[str, str]:
-    pod = manifests.serving_pod_template(manifests.workload(ms, SETTINGS))["spec"]
+def _sidecar_env(ms: ModelServer, settings: Settings = SETTINGS) -> dict[str, str]:
+    pod = manifests.serving_pod_template(manifests.workload(ms, settings))["spec"]
     (sidecar,) = [c for c in pod["containers"] if c["name"] == SIDECAR_NAME]
     return {var["name"]: var["value"] for var in sidecar["env"]}
 
@@ -175,3 +175,15 @@ def test_the_operator_manages_a_sidecar_one_release_older() -> None:
         ms = ModelServer.from_manifest({**manifest, "metadata": {**manifest["metadata"], "namespace": "n", "uid": "u"}})
         unknown = set(_sidecar_env(ms)) - set(previous["variables"])
         assert not unknown, f"{ms.name}: variables a sidecar of the previous release does not read: {unknown}"
+
+
+def test_the_operators_client_limits_reach_every_sidecar_and_stay_out_at_their_defaults() -> None:
+    ms = ModelServer.from_manifest(examples()["smollm2-135m-cpu"])
+    limit_variables = {contract.Settings.__dataclass_fields__[name].metadata["env"] for name in contract.CLIENT_LIMITS}
+    assert not limit_variables & set(_sidecar_env(ms))  # no pod rolls for settings it already runs with
+    changed = Settings.from_env(
+        {"MODELSERVE_SIDECAR_MAX_CONNECTIONS": "99", "MODELSERVE_SIDECAR_HEAD_TIMEOUT_SECONDS": "2.5"}
+    )
+    read = contract.Settings.from_env(_sidecar_env(ms, changed))
+    assert (read.max_connections, read.head_timeout_seconds) == (99, 2.5)
+    assert read.max_head_bytes == contract.Settings.__dataclass_fields__["max_head_bytes"].default

@@ -209,6 +209,12 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
             "modelserve-system",
             "image.tag=1.2.3",
             "sidecar.drainSeconds=45",
+            "sidecar.clientLimits.maxHeadBytes=16384",
+            "sidecar.clientLimits.maxHeaderFields=64",
+            "sidecar.clientLimits.headTimeoutSeconds=10",
+            "sidecar.clientLimits.bodyTimeoutSeconds=120",
+            "sidecar.clientLimits.maxConnections=2048",
+            "sidecar.clientLimits.bodyBudgetBytes=33554432",
             "operator.startupSeconds=900",
             "operator.resyncSeconds=30",
             "operator.clusterDomain=example.internal",
@@ -233,6 +239,12 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
         gateway_pod_namespace="modelserve-system",
         leader_election_lease="modelserve-system/ms-modelserve",
         lease_seconds=20.0,
+        sidecar_max_head_bytes=16384,
+        sidecar_max_header_fields=64,
+        sidecar_head_timeout_seconds=10.0,
+        sidecar_body_timeout_seconds=120.0,
+        sidecar_max_connections=2048,
+        sidecar_body_budget_bytes=33554432,
     )
     assert all(name.startswith("MODELSERVE_") for name in env)
 

@@ -1,0 +1,121 @@
+"""The gateway's connections are bounded as the sidecar's (modelserve/http/limits.py, shared), with its
+own settings: raw sockets against the gateway (in this process, on uvicorn, served with the limits
+its settings give, as modelserve-gateway serves) in front of a private sidecar before the replay
+engine. The bounds themselves are tried in depth against the sidecar (tests/sidecar/test_hostile_clients.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import httpx
+import pytest
+import uvicorn
+
+from modelserve.gateway.app import build_app
+from modelserve.gateway.directory import Model
+from modelserve.gateway.discovery import FixedDiscovery
+from modelserve.gateway.routing import Ring
+from modelserve.gateway.settings import GatewaySettings
+from modelserve.http import serve
+from modelserve.http.limits import ConnectionLimits
+from modelserve_sandbox.processes import wait_until
+from tests.helpers.hostile import chat_head, connect, endless_headers, read_outcome, send_until_answered
+from tests.helpers.sidecar_harness import (
+    API_KEY,
+    SecretDir,
+    free_ports,
+    launch_sidecar,
+    start_replay,
+    stop_process,
+    wait_ready,
+)
+
+DEADLINE_SECONDS = 1.5
+BUDGET_BYTES = 1024 * 1024
+KEYED = {"Authorization": f"Bearer {API_KEY}"}
+CHAT = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    base = tmp_path_factory.mktemp("hostile-gateway")
+    replay = start_replay()
+    SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
+    sidecar = launch_sidecar(base / "logs", replay.url, "tiny", {"MODELSERVE_KEYS_DIR": str(base / "keys")})
+    server: uvicorn.Server | None = None
+    thread: threading.Thread | None = None
+    try:
+        wait_ready(sidecar)
+        replica = sidecar.url.removeprefix("http://")
+        model = Model("hostile", "tiny", False, replicas=(replica,), pods={replica: "pod-0"}, ring=Ring([replica]))
+        (port,) = free_ports(1)
+        settings = GatewaySettings.from_env(
+            {
+                "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
+                "MODELSERVE_GATEWAY_HEAD_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
+                "MODELSERVE_GATEWAY_BODY_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
+                "MODELSERVE_GATEWAY_BODY_BUDGET_BYTES": str(BUDGET_BYTES),
+            }
+        )
+        app = build_app(settings, FixedDiscovery([model]))
+        limits = ConnectionLimits.of(settings)
+        config = serve.config(app, "127.0.0.1", port, 5.0, app.direct_routes(), "warning", limits)
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _answers(url), 15, "the gateway to listen")
+        yield url
+    finally:
+        if server is not None and thread is not None:
+            server.should_exit = True
+            thread.join(10)
+        stop_process(sidecar.process)
+        replay.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _still_serves(url: str) -> None:
+    assert httpx.get(url + "/healthz", timeout=10).status_code == 200
+    answer = httpx.post(url + "/v1/chat/completions", content=CHAT, headers=KEYED, timeout=30)
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_header_section_sent_forever_gets_431(gateway: str) -> None:
+    with connect(gateway) as connection:
+        connection.sendall(chat_head())
+        sent = send_until_answered(connection, endless_headers(), 16 * 1024 * 1024)
+        outcome = read_outcome(connection, 15)
+    assert outcome.answer is not None and outcome.answer.status == 431 and outcome.closed, (sent, outcome)
+    _still_serves(gateway)
+
+
+def test_half_a_header_section_is_cut_at_its_deadline(gateway: str) -> None:
+    with connect(gateway) as connection:
+        connection.sendall(chat_head(headers={"Content-Length": "100"}))
+        outcome = read_outcome(connection, DEADLINE_SECONDS + 20)
+    assert outcome.answer is not None and outcome.answer.status == 408 and outcome.closed, outcome
+
+
+def test_keyless_bodies_beyond_the_budget_get_503_and_it_is_given_back(gateway: str) -> None:
+    # The gateway checks no key: it must read a body to know its model, within the budget.
+    declared = 600 * 1024
+    head = chat_head(headers={"Content-Length": str(declared)}) + b"\r\n"
+    with ExitStack() as stack:
+        connections = [stack.enter_context(connect(gateway)) for _ in range(3)]
+        for connection in connections:
+            send_until_answered(connection, [head, *[b" " * 65536] * 7], declared)
+        outcomes = [read_outcome(connection, 5) for connection in connections]
+    refused = [o for o in outcomes if o.answer is not None and o.answer.status == 503]
+    assert refused, outcomes
+    assert all(json.loads(o.answer.body)["error"]["code"] == "server_busy" and o.closed for o in refused)  # type: ignore[union-attr]
+    _still_serves(gateway)
