@@ -416,6 +416,7 @@ class DirectProtocol(HttpToolsProtocol):
             if self._upgrade_ignored:
                 self._parse_without_upgrade(data[upgrade.args[0] :])
             elif self._should_upgrade():
+                self._hand_over()
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
@@ -434,6 +435,14 @@ class DirectProtocol(HttpToolsProtocol):
                 self._refuse(431, "Request trailers too large.", "request_header_fields_too_large")
         elif self._head_wire > limits.max_head_bytes:
             self._refuse(431, "Request header fields too large.", "request_header_fields_too_large")
+
+    def _hand_over(self) -> None:
+        """The connection goes to uvicorn's WebSocket protocol: none of this one's bounds apply."""
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+        self.evictable.pop(self, None)
+        self._release_body()
 
     def _parse_without_upgrade(self, rest: bytes) -> None:
         """A request asking to upgrade to what this server does not speak (h2c: curl --http2 sends it):
