@@ -6,6 +6,7 @@ The same spec always gives byte-identical manifests, so reconcile can compare in
 from __future__ import annotations
 
 import hashlib
+import math
 from types import MappingProxyType
 from typing import Any
 
@@ -239,18 +240,25 @@ def _pod_annotations(ms: ModelServer, default_container: str) -> dict[str, str]:
     return annotations
 
 
+def sidecar_done_seconds(settings: Settings) -> int:
+    """When the sidecar is done with a deleted pod: endpoints updated, then its drain. The drain may
+    be fractional (uvicorn's graceful shutdown takes a float), but the engine's preStop sleep and the
+    grace period are whole seconds to Kubernetes: rounded up, so the engine never stops first."""
+    return ENDPOINT_PROPAGATION_SECONDS + math.ceil(settings.drain_seconds)
+
+
 def _containers(ms: ModelServer, settings: Settings) -> tuple[list[dict[str, Any]], Engine | None, int]:
     """The pod's containers, its engine (None with profile external: the sidecar alone) and its
     termination grace period."""
     # The engine outlives the sidecar's preStop and drain, so a draining stream keeps its engine.
-    sidecar_done_seconds = ENDPOINT_PROPAGATION_SECONDS + settings.drain_seconds
+    done_seconds = sidecar_done_seconds(settings)
     sidecar = sidecar_container(ms, settings)
     if ms.spec.external:
-        return [sidecar], None, sidecar_done_seconds + external.SHUTDOWN_SECONDS
+        return [sidecar], None, done_seconds + external.SHUTDOWN_SECONDS
     engine = engine_for(ms.spec.profile)
     engine_image = settings.engine_image(engine.name, engine.image)
-    engine_container = engine.container(ms, engine_image, sidecar_done_seconds, settings.hub_endpoint)
-    return [engine_container, sidecar], engine, sidecar_done_seconds + ENGINE_SHUTDOWN_SECONDS
+    engine_container = engine.container(ms, engine_image, done_seconds, settings.hub_endpoint)
+    return [engine_container, sidecar], engine, done_seconds + ENGINE_SHUTDOWN_SECONDS
 
 
 def _engine_pod_security(engine: Engine | None) -> dict[str, Any]:
@@ -338,11 +346,11 @@ def leader_worker_set(ms: ModelServer, settings: Settings, replicas: int | None 
     spec = ms.spec
     engine = engine_for(spec.profile)
     image = settings.engine_image(engine.name, engine.image)
-    sidecar_done_seconds = ENDPOINT_PROPAGATION_SECONDS + settings.drain_seconds
-    grace_seconds = sidecar_done_seconds + ENGINE_SHUTDOWN_SECONDS
+    done_seconds = sidecar_done_seconds(settings)
+    grace_seconds = done_seconds + ENGINE_SHUTDOWN_SECONDS
 
     def pod(role: Role) -> dict[str, Any]:
-        engine_container = engine.container(ms, image, sidecar_done_seconds, settings.hub_endpoint, role)
+        engine_container = engine.container(ms, image, done_seconds, settings.hub_endpoint, role)
         leader = role == Role.LEADER
         containers = [engine_container, sidecar_container(ms, settings)] if leader else [engine_container]
         # Workers keep running until their leader's drain is over: the same grace period.

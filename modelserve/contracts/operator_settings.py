@@ -7,6 +7,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from . import sidecar
 from .env import (
@@ -66,6 +67,15 @@ def _sidecars(name: str) -> object:
     return default_of(sidecar.Settings.__dataclass_fields__[name])
 
 
+def _sidecars_setting(name: str) -> Any:
+    """One of the sidecar's settings, read by the operator under the same variable, with the same
+    parser and default, to pass on to every pod's sidecar: one definition, one type."""
+    setting = sidecar.Settings.__dataclass_fields__[name]
+    return dataclasses.field(
+        default=setting.default, default_factory=setting.default_factory, metadata=setting.metadata
+    )
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the operator needs besides the ModelServer itself."""
@@ -73,8 +83,9 @@ class Settings:
     sidecar_image: str = env_setting(
         "MODELSERVE_SIDECAR_IMAGE", non_empty, default=f"ghcr.io/modelserve/modelserve:{PACKAGE_VERSION}"
     )
-    # The sidecar's drain deadline; the engine outlives it.
-    drain_seconds: int = env_setting("MODELSERVE_DRAIN_SECONDS", _seconds, default=60)
+    # The sidecar's drain deadline (the sidecar's own MODELSERVE_DRAIN_SECONDS, a number of seconds);
+    # the engine outlives it.
+    drain_seconds: float = _sidecars_setting("drain_seconds")
     # Cold start budget (image pull + download + load).
     startup_seconds: int = env_setting("MODELSERVE_STARTUP_SECONDS", _seconds, default=3600)
     # Level-based resync of every ModelServer.

@@ -6,6 +6,7 @@ the engine, which needs every rank, does)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,17 +33,78 @@ def last_words(message: str, limit: int = 300) -> str:
     return lines[-1][:limit] if lines else ""
 
 
+# What a node lacks, in the scheduler's words ("Insufficient <resource>"), by the reason naming it.
+SHORT_OF = {"nvidia.com/gpu": "InsufficientGPU", "cpu": "InsufficientCPU", "memory": "InsufficientMemory"}
+NO_MATCHING_NODE = "NoMatchingNode"
+UNTOLERATED_TAINT = "UntoleratedTaint"
+UNSCHEDULABLE = "Unschedulable"
+UNSCHEDULABLE_REASONS = (*SHORT_OF.values(), NO_MATCHING_NODE, UNTOLERATED_TAINT, UNSCHEDULABLE)
+# The scheduler's causes that exclude a node by its labels or name (NodeAffinity, NodeName plugins;
+# "node selector" in releases before 1.19).
+_NOT_MATCHING = re.compile(r"didn't match (Pod's node affinity|node selector|the requested node name)")
+
+
+def scheduler_causes(message: str) -> dict[str, int]:
+    """The causes a scheduler's Unschedulable message lists, each with how many nodes it kept out:
+    "0/4 nodes are available: 1 Insufficient cpu, 3 node(s) had untolerated taint {k: v}. preemption:
+    ..." -> {"Insufficient cpu": 1, "node(s) had untolerated taint {k: v}": 3}. What follows the list
+    (preemption's own verdict) and a cause without a count (a PreFilter's, such as unbound claims)
+    are left out."""
+    _, found, listed = message.partition(" nodes are available: ")
+    if not found:
+        return {}
+    causes: dict[str, int] = {}
+    for part in re.split(r", (?=\d+ )", listed.split(". ", 1)[0].rstrip(".")):
+        count, _, cause = part.partition(" ")
+        if count.isdigit() and cause:
+            causes[cause] = causes.get(cause, 0) + int(count)
+    return causes
+
+
+def unschedulable_reason(message: str) -> str:
+    """The reason for a pod the scheduler could not place, from its message: what the nodes lack
+    (GPUs, cpu or memory: the one most nodes lack, on a tie in that order), else nodes excluded by
+    the pod's nodeSelector or affinity, else by taints it does not tolerate, else Unschedulable.
+    Shortages first: a taint or a selector usually keeps a pod off nodes by design (the control
+    plane, GPU nodes for a CPU pod), while a node that lacks room is one the pod could have used."""
+    causes = scheduler_causes(message)
+    short: dict[str, int] = {}
+    for cause, nodes in causes.items():
+        if cause.startswith("Insufficient "):
+            resource = cause.removeprefix("Insufficient ")
+            short[resource] = short.get(resource, 0) + nodes
+    if short:
+        order = [*SHORT_OF, *sorted(short)]  # on a tie GPUs, cpu, memory, then any other resource
+        most = min(short, key=lambda resource: (-short[resource], order.index(resource)))
+        return SHORT_OF.get(most, UNSCHEDULABLE)  # another resource (ephemeral-storage...): the scheduler's words
+    if any(_NOT_MATCHING.search(cause) for cause in causes):
+        return NO_MATCHING_NODE
+    if any("taint" in cause for cause in causes):
+        return UNTOLERATED_TAINT
+    return UNSCHEDULABLE
+
+
+def unschedulable_problem(name: str, message: str, gpus: int) -> Problem:
+    """A pod the scheduler could not place: the reason for what is short, with the scheduler's words."""
+    reason = unschedulable_reason(message)
+    what = {
+        "InsufficientGPU": f"no node has {gpus} free nvidia.com/gpu for pod {name}",
+        "InsufficientCPU": f"no node has the cpu pod {name} requests free",
+        "InsufficientMemory": f"no node has the memory pod {name} requests free",
+        NO_MATCHING_NODE: f"no node matches the nodeSelector or affinity of pod {name}",
+        UNTOLERATED_TAINT: f"nodes have taints pod {name} does not tolerate",
+    }.get(reason, f"pod {name}")
+    return Problem(reason, f"{what}: {message}")
+
+
 def pod_problem(pod: dict[str, Any], gpus: int) -> Problem | None:
     """Why one pod cannot serve, if the pod says so."""
     name = pod["metadata"]["name"]
     status = pod.get("status") or {}
     for condition in status.get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            message = condition.get("message", "")
-            if condition.get("reason") == "Unschedulable" and "nvidia.com/gpu" in message:
-                return Problem("InsufficientGPU", f"no node has {gpus} free nvidia.com/gpu for pod {name}: {message}")
-            if condition.get("reason") == "Unschedulable":
-                return Problem("Unschedulable", f"pod {name}: {message}")
+        scheduled = (condition.get("type"), condition.get("status"), condition.get("reason"))
+        if scheduled == ("PodScheduled", "False", "Unschedulable"):
+            return unschedulable_problem(name, condition.get("message", ""), gpus)
     for container in status.get("containerStatuses") or []:
         waiting = (container.get("state") or {}).get("waiting") or {}
         reason = waiting.get("reason", "")

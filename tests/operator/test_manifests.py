@@ -197,6 +197,18 @@ def test_termination_grace_outlasts_the_drain() -> None:
     assert pod["terminationGracePeriodSeconds"] > propagation + SETTINGS.drain_seconds
 
 
+@pytest.mark.parametrize("name", ["lfm2-1.2b", "lfm2-24b-a2b-16gpu"])
+def test_a_fractional_drain_goes_to_the_sidecar_and_rounds_up_in_whole_seconds(name: str) -> None:
+    settings = Settings(sidecar_image=SETTINGS.sidecar_image, drain_seconds=30.5)
+    pod = manifests.serving_pod_template(manifests.workload(_example(name), settings))["spec"]
+    containers = {container["name"]: container for container in pod["containers"]}
+    assert _env(containers["sidecar"])["MODELSERVE_DRAIN_SECONDS"] == "30.5"
+    # Kubernetes takes whole seconds for a preStop sleep and the grace period: never shorter than the drain.
+    engine_sleep = containers["engine"]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert type(engine_sleep) is int and engine_sleep == manifests.ENDPOINT_PROPAGATION_SECONDS + 31
+    assert type(pod["terminationGracePeriodSeconds"]) is int and pod["terminationGracePeriodSeconds"] > engine_sleep
+
+
 def test_engine_image_comes_from_spec_then_operator_settings_then_the_pinned_tag() -> None:
     settings = Settings.from_env(
         {"MODELSERVE_ENGINE_IMAGE_VLLM": "mirror.example/vllm-openai:v9", "MODELSERVE_ENGINE_IMAGE_SGLANG": ""}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from modelserve.contracts.env import ConfigError, variables
+from modelserve.contracts import sidecar
+from modelserve.contracts.env import ConfigError, default_of, variables
 from modelserve.contracts.operator_settings import Settings
 from modelserve.engines import ENGINES
 from modelserve.gateway.settings import GatewaySettings
@@ -22,7 +23,8 @@ OLD_NAME, NEW_NAME = "MODELSERVE_GATEWAY_NAMESPACE", "MODELSERVE_GATEWAY_POD_NAM
 @pytest.mark.parametrize(
     ("variable", "value", "says"),
     [
-        ("MODELSERVE_DRAIN_SECONDS", "soon", "must be an integer"),
+        ("MODELSERVE_DRAIN_SECONDS", "soon", "must be a number"),
+        ("MODELSERVE_DRAIN_SECONDS", "-1", "must be zero or a positive number"),
         ("MODELSERVE_RESYNC_SECONDS", "-1", "must be zero or a positive number"),
         ("MODELSERVE_METRICS_PORT", "70000", "must be a port number"),
         ("MODELSERVE_GATEWAY_URL", "gateway:8080", "must be an http(s) URL"),
@@ -33,6 +35,20 @@ def test_a_bad_setting_is_refused_naming_its_variable(variable: str, value: str,
     with pytest.raises(ConfigError) as refused:
         Settings.from_env({variable: value})
     assert str(refused.value).startswith(f"{variable}={value!r}: ") and says in str(refused.value)
+
+
+@pytest.mark.parametrize("raw", ["30.5", "0", "45", "0.25"])
+def test_the_drain_is_read_as_the_sidecar_reads_it(raw: str) -> None:
+    # The operator passes MODELSERVE_DRAIN_SECONDS on to every sidecar: one variable, one type.
+    env = {"MODELSERVE_DRAIN_SECONDS": raw}
+    assert (
+        Settings.from_env(env).drain_seconds
+        == float(raw)
+        == sidecar.Settings.from_env(
+            {**env, "MODELSERVE_UPSTREAM_URL": "http://127.0.0.1:9", "MODELSERVE_SERVED_MODEL": "m"}
+        ).drain_seconds
+    )
+    assert Settings().drain_seconds == default_of(sidecar.Settings.__dataclass_fields__["drain_seconds"])
 
 
 def test_the_operator_exits_2_naming_the_bad_variable() -> None:

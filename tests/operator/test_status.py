@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from modelserve.api.spec import ModelServer
 from modelserve.api.status import Upgrade
 from modelserve.api.validation import explain
@@ -12,7 +14,9 @@ from modelserve.operator.status import (
     invalid_spec_status,
     key_secret_status,
     missing_kind_status,
+    scheduler_causes,
     transitions,
+    unschedulable_reason,
 )
 from tests.helpers.operator_testdata import model_server
 
@@ -123,9 +127,93 @@ def test_unschedulable_for_gpus_is_insufficient_gpu_with_the_schedulers_words() 
     assert _conditions(status)["Ready"] == ("False", "InsufficientGPU")
 
 
+NOT_HELPFUL = "preemption: 0/4 nodes are available: 4 Preemption is not helpful for scheduling."
+CPU_SHORT = (
+    "0/4 nodes are available: 1 Insufficient cpu, 3 node(s) had untolerated taint {nvidia.com/gpu: present}. "
+    "preemption: 0/4 nodes are available: 1 No preemption victims found for incoming pod, 3 Preemption is not "
+    "helpful for scheduling."
+)
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (SCHEDULER_MESSAGE, "InsufficientGPU"),
+        # The issue's: a cpu pod, the one node it tolerates full, the GPU nodes tainted.
+        (CPU_SHORT, "InsufficientCPU"),
+        (
+            "0/4 nodes are available: 1 Insufficient cpu, 1 Insufficient memory, 2 node(s) had untolerated taint "
+            "{node.kubernetes.io/not-ready: }. preemption: 0/4 nodes are available: 2 No preemption victims found "
+            "for incoming pod, 2 Preemption is not helpful for scheduling.",
+            "InsufficientCPU",  # a tie: cpu before memory
+        ),
+        (
+            "0/3 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }, "
+            "2 Insufficient memory. preemption: 0/3 nodes are available: 1 Preemption is not helpful for "
+            "scheduling, 2 No preemption victims found for incoming pod.",
+            "InsufficientMemory",
+        ),
+        (
+            "0/4 nodes are available: 1 Insufficient cpu, 1 node(s) had untolerated taint "
+            "{node-role.kubernetes.io/control-plane: }, 3 Insufficient nvidia.com/gpu. " + NOT_HELPFUL,
+            "InsufficientGPU",  # most nodes lack GPUs
+        ),
+        (
+            "0/4 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }, "
+            "3 node(s) didn't match Pod's node affinity/selector. " + NOT_HELPFUL,
+            "NoMatchingNode",
+        ),
+        ("0/1 nodes are available: 1 node(s) didn't match the requested node name. " + NOT_HELPFUL, "NoMatchingNode"),
+        (
+            "0/2 nodes are available: 2 node(s) had untolerated taint {dedicated: inference}. " + NOT_HELPFUL,
+            "UntoleratedTaint",
+        ),
+        # Before Kubernetes 1.25.
+        (
+            "0/3 nodes are available: 3 node(s) had taint {node-role.kubernetes.io/master: }, that the pod didn't "
+            "tolerate.",
+            "UntoleratedTaint",
+        ),
+        ("0/3 nodes are available: 3 node(s) were unschedulable. " + NOT_HELPFUL, "Unschedulable"),
+        ("0/3 nodes are available: 3 Too many pods. " + NOT_HELPFUL, "Unschedulable"),
+        ("0/2 nodes are available: 2 Insufficient ephemeral-storage. " + NOT_HELPFUL, "Unschedulable"),
+        (
+            "0/4 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/4 nodes are "
+            "available: 4 Preemption is not helpful for scheduling.",
+            "Unschedulable",
+        ),
+        ("", "Unschedulable"),
+    ],
+)
+def test_an_unschedulable_reason_names_what_is_short(message: str, reason: str) -> None:
+    assert unschedulable_reason(message) == reason
+
+
+def test_the_schedulers_causes_are_counted_without_preemptions_verdict() -> None:
+    assert scheduler_causes(CPU_SHORT) == {
+        "Insufficient cpu": 1,
+        "node(s) had untolerated taint {nvidia.com/gpu: present}": 3,
+    }
+
+
+def test_a_cpu_pod_short_of_cpu_is_insufficient_cpu_not_gpu() -> None:
+    status = _status(
+        model_server(profile="cpu"), _deployment(), [_pod(phase="Pending", conditions=_unschedulable(CPU_SHORT))]
+    )
+    assert status["phase"] == "Degraded"
+    assert _conditions(status)["Ready"] == ("False", "InsufficientCPU")
+    degraded = _degraded(status)
+    assert (degraded["status"], degraded["reason"]) == ("True", "InsufficientCPU")
+    assert degraded["message"] == f"no node has the cpu pod m-1 requests free: {CPU_SHORT}"
+
+
 def test_unschedulable_for_other_reasons_is_named_so() -> None:
-    pod = _pod(conditions=_unschedulable("0/3 nodes are available: 3 node(s) didn't match Pod's node affinity."))
-    assert _conditions(_status(model_server(), _deployment(), [pod]))["Degraded"] == ("True", "Unschedulable")
+    selector = "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector. " + NOT_HELPFUL
+    degraded = _degraded(_status(model_server(), _deployment(), [_pod(conditions=_unschedulable(selector))]))
+    assert degraded["reason"] == "NoMatchingNode" and degraded["message"].endswith(selector)
+    cordoned = "0/3 nodes are available: 3 node(s) were unschedulable. " + NOT_HELPFUL
+    degraded = _degraded(_status(model_server(), _deployment(), [_pod(conditions=_unschedulable(cordoned))]))
+    assert (degraded["reason"], degraded["message"]) == ("Unschedulable", f"pod m-1: {cordoned}")
 
 
 def test_image_pull_and_crash_loop_come_from_container_statuses() -> None:

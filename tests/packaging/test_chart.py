@@ -208,7 +208,6 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
             "ms",
             "modelserve-system",
             "image.tag=1.2.3",
-            "sidecar.drainSeconds=45",
             "sidecar.clientLimits.maxHeadBytes=16384",
             "sidecar.clientLimits.maxHeaderFields=64",
             "sidecar.clientLimits.headTimeoutSeconds=10",
@@ -222,13 +221,16 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
             "operator.leaseSeconds=20",
             "engines.vllm.image=mirror.example/vllm-openai:v9",
             "engines.llamacpp.image=mirror.example/llama:b1",
-        )
+        ),
+        # A fraction of a second too (--set would pass it as a string; a values file or --set-json as a number).
+        "--set-json",
+        "sidecar.drainSeconds=45.5",
     ).stdout
     env = {var["name"]: var["value"] for var in _operator_container(rendered)["env"]}
     settings = Settings.from_env(env)
     assert settings == Settings(
         sidecar_image="ghcr.io/modelserve/modelserve:1.2.3",
-        drain_seconds=45,
+        drain_seconds=45.5,
         startup_seconds=900,
         resync_seconds=30.0,
         cluster_domain="example.internal",

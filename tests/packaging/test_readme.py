@@ -6,6 +6,7 @@ import re
 
 from modelserve.api import spec_table
 from modelserve.engines import ENGINES
+from modelserve.operator import status
 from modelserve.sidecar.metrics import SidecarMetrics
 from tests.helpers.chart import REPO
 
@@ -42,7 +43,8 @@ def test_every_sidecar_series_is_listed() -> None:
 def test_every_status_reason_has_troubleshooting() -> None:
     status_source = (REPO / "modelserve" / "operator" / "status.py").read_text()
     reasons = set(re.findall(r'Problem\(\s*"(\w+)"', status_source)) | {"ScaledToZero"}
-    assert {"InsufficientGPU", "ModelLoading", "ImagePullError", "CrashLoop"} <= reasons
+    reasons |= set(status.UNSCHEDULABLE_REASONS)  # a pod the scheduler could not place: what is short
+    assert {"InsufficientGPU", "InsufficientCPU", "ModelLoading", "ImagePullError", "CrashLoop"} <= reasons
     troubleshooting = _section("Troubleshooting")
     for reason in reasons:
         assert f"`{reason}`" in troubleshooting, reason
