@@ -367,12 +367,11 @@ class DirectProtocol(HttpToolsProtocol):
     body_since: float | None = None
     _guard_due = 0.0
     url = b""
-    # The request being received: its head's bytes as read and as parsed, its header fields, whether
-    # its body is coming (head in, message not complete), and that body's bytes (those counted in the
-    # budget, all of them, the wire's with chunk framing and trailers, and the chunks).
+    # The request being received: its head's bytes as read, its trailer fields, whether its body is
+    # coming (head in, message not complete), and that body's bytes (those counted in the budget, all
+    # of them, the wire's with chunk framing and trailers, and the chunks).
     _head_wire = 0
-    _head_size = 0
-    _fields = 0
+    _trailers = 0
     _in_body = False
     _body_held = 0
     _body_bytes = 0
@@ -521,19 +520,18 @@ class DirectProtocol(HttpToolsProtocol):
         self.expect_100_continue = False
         self.headers = []
         self.scope = None  # type: ignore[assignment]
-        self._fields = self._head_size = 0
+        self._trailers = 0
         if self.head_since is None:
             self.head_since = self.loop.time()
             self._arm(self.head_since + self.limits.head_seconds)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._fields += 1
-        if self._fields > self.limits.max_header_fields:
-            self._refuse(431, "Too many request header fields.", "request_header_fields_too_large")
-            raise _Refused
-        if self._in_body:
-            return  # a chunked body's trailer: never a request header (dropped, but counted above)
-        self._head_size += len(name) + len(value)
+        if self._in_body:  # a chunked body's trailer: never a request header (dropped, but counted)
+            self._trailers += 1
+            if len(self.headers) + self._trailers > self.limits.max_header_fields:
+                self._refuse(431, "Too many request header fields.", "request_header_fields_too_large")
+                raise _Refused
+            return
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
@@ -541,7 +539,13 @@ class DirectProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         parser = self.parser
-        if self._head_size + len(self.url) > self.limits.max_head_bytes:
+        limits = self.limits
+        # Measured only when it may be too large: the bytes read in this head's phase can undercount
+        # it by one read (a pipelined head begun in the read that ended a body), never overcount it.
+        if len(self.headers) > limits.max_header_fields or (
+            self._head_wire > limits.max_head_bytes
+            and len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers) > limits.max_head_bytes
+        ):
             self._refuse(431, "Request header fields too large.", "request_header_fields_too_large")
             raise _Refused
         upgrade = parser.should_upgrade()
@@ -550,11 +554,12 @@ class DirectProtocol(HttpToolsProtocol):
             return
         now = self.loop.time()
         self.head_since = None
-        self._head_wire = 0
+        self._head_wire = self._body_bytes = self._body_wire = self._chunks = 0
         self._in_body = True
         self.body_since = now
-        self._body_bytes = self._body_wire = self._chunks = 0
-        self._arm(now + self.limits.body_seconds)
+        due = now + limits.body_seconds
+        if self.timeout_keep_alive_task is None or due < self._guard_due:  # `_arm`, inlined: per request
+            self._arm(due)
         handler = path = None
         if self.limit_concurrency is None and not upgrade:
             path = httptools.parse_url(self.url).path
@@ -700,12 +705,14 @@ class DirectProtocol(HttpToolsProtocol):
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
             return
-        evictable = self.evictable
-        evictable.pop(self, None)
-        evictable[self] = None  # last in the order: the most recently busy
+        # Last in the order (it left it when its request was complete), unless still receiving that
+        # request's body after an early answer.
+        self.evictable[self] = None
         if not self._in_body:
             now = self.idle_since = self.loop.time()
-            self._arm(now + self.timeout_keep_alive)
+            due = now + self.timeout_keep_alive
+            if self.timeout_keep_alive_task is None or due < self._guard_due:  # `_arm`, inlined
+                self._arm(due)
 
     def _arm(self, due: float) -> None:
         """Have the one timer fire by `due` (it already does when it waits for a sooner deadline)."""
