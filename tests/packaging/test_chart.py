@@ -13,6 +13,7 @@ from prometheus_client.metrics_core import Metric
 
 from modelserve.api import manifests
 from modelserve.api.spec import ModelServer
+from modelserve.contracts import sidecar as sidecar_contract
 from modelserve.contracts.gateway import GATEWAY_LABEL
 from modelserve.contracts.names import SELECTOR_LABEL
 from modelserve.contracts.operator_settings import Settings
@@ -306,6 +307,18 @@ def test_gateway_is_hardened_and_reads_what_the_chart_sets(helm: Helm) -> None:
     assert (
         operator_env["MODELSERVE_GATEWAY_URL"] == "http://ms-modelserve-gateway.modelserve-system.svc.cluster.local/v1"
     )
+
+
+def test_the_client_limits_the_chart_renders_by_default_are_the_programs_own(helm: Helm) -> None:
+    # Helm reads a values file's numbers as floats: 67108864 rendered as "6.7108864e+07" unless it
+    # is made an integer in the template, which the programs' settings would refuse.
+    rendered = helm(*template_args("ms", "modelserve-system")).stdout
+    gateway = GatewaySettings.from_env({var["name"]: var["value"] for var in _gateway_container(rendered)["env"]})
+    operator = Settings.from_env({var["name"]: var["value"] for var in _operator_container(rendered)["env"]})
+    sidecar_defaults = sidecar_contract.Settings.__dataclass_fields__
+    for name in sidecar_contract.CLIENT_LIMITS:
+        assert getattr(gateway, name) == getattr(GatewaySettings(), name), name
+        assert operator.sidecar_limits[name] == sidecar_defaults[name].default, name
 
 
 def test_gateway_reads_and_never_writes_nor_sees_secrets(helm: Helm) -> None:
