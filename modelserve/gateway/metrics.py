@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from modelserve.contracts.names import Key
-from modelserve.http.metrics import RequestSeries, flush_on_collect, refusal_counter
+from modelserve.http.metrics import RequestSeries, connections_cut, flush_on_collect, refusal_counter
 
 from .catalog import ANSWERS
 
@@ -59,6 +59,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.refused = refusal_counter(PREFIX, r)
+        connections_cut(PREFIX, r)
         self.model_list_asks = Counter(
             f"{PREFIX}_model_list_asks",
             "Sidecars asked whether a caller's key opens their model, for the model lists, by answer (opened, "

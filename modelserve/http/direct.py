@@ -27,7 +27,7 @@ from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
 
 from .downstream import ClientGone, Exchange, Headers, hung_up
-from .limits import BodyBudget, ConnectionLimits, refusal
+from .limits import BodyBudget, ConnectionLimits, cut, refusal
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +389,8 @@ class DirectProtocol(HttpToolsProtocol):
         evictable = self.evictable
         if len(self.connections) > self.max_connections:
             if not evictable:
-                self._refuse(503, "Too many connections to this server; retry later.", "too_many_connections", False)
+                message = "Too many connections to this server; retry later."
+                self._refuse(503, message, "too_many_connections", "too_many_connections", linger=False)
                 return
             next(iter(evictable)).evict()
         evictable[self] = None
@@ -399,6 +400,7 @@ class DirectProtocol(HttpToolsProtocol):
         """Make room for a new connection: this one serves nothing now (idle, or its request still
         arriving), so it is closed without an answer, as an idle keep-alive connection is."""
         self.evictable.pop(self, None)
+        cut("evicted")
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
@@ -431,9 +433,9 @@ class DirectProtocol(HttpToolsProtocol):
         limits = self.limits
         if self._in_body:
             if self._body_wire - self._body_bytes > limits.max_head_bytes + 32 * self._chunks:
-                self._refuse(431, "Request trailers too large.", "request_header_fields_too_large")
+                self._refuse(431, "Request trailers too large.", "request_header_fields_too_large", "head_too_large")
         elif self._head_wire > limits.max_head_bytes:
-            self._refuse(431, "Request header fields too large.", "request_header_fields_too_large")
+            self._refuse(431, "Request header fields too large.", "request_header_fields_too_large", "head_too_large")
 
     def _hand_over(self) -> None:
         """The connection goes to uvicorn's WebSocket protocol: none of this one's bounds apply."""
@@ -463,13 +465,14 @@ class DirectProtocol(HttpToolsProtocol):
         self.head_since = self.loop.time()
         self.data_received(b"".join(head) + rest)
 
-    def _refuse(self, status: int, message: str, code: str, linger: bool = True) -> None:
+    def _refuse(self, status: int, message: str, code: str, reason: str, linger: bool = True) -> None:
         """Answer with one of the bounds' own errors and close. Nothing is written when an answer is
         already going out, or was given to the request still arriving (its 401 before its body). With
         `linger`, what the client still sends is read and dropped for a moment after the answer (as
         nginx's lingering close): closed at once with unread bytes, the connection would be reset,
         and a reset can take the answer with it before the client reads it."""
         self._refused = True
+        cut(reason)
         cycle = self.cycle
         answered = cycle is not None and cycle.response_started and (not cycle.response_complete or self._in_body)  # type: ignore[truthy-function]
         transport = self.transport
@@ -529,7 +532,9 @@ class DirectProtocol(HttpToolsProtocol):
         if self._in_body:  # a chunked body's trailer: never a request header (dropped, but counted)
             self._trailers += 1
             if len(self.headers) + self._trailers > self.limits.max_header_fields:
-                self._refuse(431, "Too many request header fields.", "request_header_fields_too_large")
+                self._refuse(
+                    431, "Too many request header fields.", "request_header_fields_too_large", "too_many_fields"
+                )
                 raise _Refused
             return
         name = name.lower()
@@ -546,7 +551,8 @@ class DirectProtocol(HttpToolsProtocol):
             self._head_wire > limits.max_head_bytes
             and len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers) > limits.max_head_bytes
         ):
-            self._refuse(431, "Request header fields too large.", "request_header_fields_too_large")
+            reason = "too_many_fields" if len(self.headers) > limits.max_header_fields else "head_too_large"
+            self._refuse(431, "Request header fields too large.", "request_header_fields_too_large", reason)
             raise _Refused
         upgrade = parser.should_upgrade()
         if upgrade and not self._should_upgrade() and parser.get_method() != b"CONNECT":
@@ -656,7 +662,8 @@ class DirectProtocol(HttpToolsProtocol):
             budget.used += size
             if budget.used > budget.limit:
                 self._release_body()
-                self._refuse(503, "This server is receiving too many request bodies; retry later.", "server_busy")
+                message = "This server is receiving too many request bodies; retry later."
+                self._refuse(503, message, "server_busy", "body_budget")
                 raise _Refused
         if isinstance(cycle, DirectDownstream):
             cycle.received(body)
@@ -736,15 +743,16 @@ class DirectProtocol(HttpToolsProtocol):
         if self.body_since is not None:
             if now >= self.body_since + limits.body_seconds:
                 message = f"The request body did not arrive within {limits.body_seconds:g} s."
-                self._refuse(408, message, "request_timeout")
+                self._refuse(408, message, "request_timeout", "body_timeout")
                 return
             due.append(self.body_since + limits.body_seconds)
         if self.head_since is not None:
             if now >= self.head_since + limits.head_seconds:
                 if self._head_wire or self.url:
                     message = f"The request head did not arrive within {limits.head_seconds:g} s."
-                    self._refuse(408, message, "request_timeout")
+                    self._refuse(408, message, "request_timeout", "head_timeout")
                 else:
+                    cut("no_request")
                     self.evictable.pop(self, None)
                     self.transport.close()
                 return

@@ -63,6 +63,25 @@ class ConnectionLimits:
         )
 
 
+# Client connections a bound cut, by reason, in this process: tallied in plain numbers (the refusals
+# of a flood cost no lock each), read by the proxies' metrics when scraped (http/metrics.py).
+CUT_REASONS = (
+    "head_too_large",
+    "too_many_fields",
+    "head_timeout",
+    "body_timeout",
+    "no_request",
+    "body_budget",
+    "too_many_connections",
+    "evicted",
+)
+CUT: dict[str, int] = dict.fromkeys(CUT_REASONS, 0)
+
+
+def cut(reason: str) -> None:
+    CUT[reason] += 1
+
+
 class BodyBudget:
     """The bytes of request bodies being received by one process (not yet complete)."""
 

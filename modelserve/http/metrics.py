@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from modelserve.contracts import routes
+
+from . import limits
 
 # Both halves of a scrape are in this format; the engine's is requested as text/plain.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -119,6 +122,30 @@ class _FlushOnCollect:
     def collect(self) -> list[object]:
         self.flush()
         return []
+
+
+class _ConnectionsCut:
+    """The connections the bounds cut (limits.CUT), as a counter family read when collected."""
+
+    def __init__(self, prefix: str) -> None:
+        self.name = f"{prefix}_connections_cut"
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            self.name,
+            "Client connections cut by a bound before any check, by reason (head_too_large, "
+            "too_many_fields, head_timeout, body_timeout, no_request, body_budget, too_many_connections, "
+            "evicted: closed to make room for a new one).",
+            labels=["reason"],
+        )
+        for reason, count in limits.CUT.items():
+            family.add_metric([reason], count)
+        yield family
+
+
+def connections_cut(prefix: str, registry: CollectorRegistry) -> None:
+    """`<prefix>_connections_cut_total{reason}` in `registry`: what the connection bounds cut."""
+    registry.register(_ConnectionsCut(prefix))  # type: ignore[arg-type]  # a collector without describe()
 
 
 def flush_on_collect(registry: CollectorRegistry, flush: Callable[[], None]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 
 from modelserve.contracts import routes
-from modelserve.http.metrics import RequestSeries, flush_on_collect, refusal_counter, status_class
+from modelserve.http.metrics import RequestSeries, connections_cut, flush_on_collect, refusal_counter, status_class
 
 PREFIX = "modelserve_sidecar"
 
@@ -49,6 +49,7 @@ class SidecarMetrics:
             registry=r,
         )
         self.refused = refusal_counter(PREFIX, r)
+        connections_cut(PREFIX, r)
         self.upstream_errors = Counter(
             f"{PREFIX}_upstream_errors",
             "Failures talking to the engine by kind (connect, disconnected, timeout, status_5xx, metrics).",

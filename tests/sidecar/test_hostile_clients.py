@@ -21,6 +21,7 @@ from tests.helpers.sidecar_harness import (
     SecretDir,
     Sidecar,
     launch_sidecar,
+    metric_value,
     stop_process,
     wait_ready,
 )
@@ -77,6 +78,7 @@ def test_a_header_section_sent_forever_gets_431_and_the_connection_closed(
     assert sent < 4 * 1024 * 1024, "refused long after the 32 KiB bound"
     assert replay.marked("endless") == []
     _still_serves(sidecar)
+    assert metric_value(sidecar.metrics(), 'modelserve_sidecar_connections_cut_total{reason="head_too_large"}') >= 1
 
 
 @pytest.mark.parametrize(
@@ -125,6 +127,8 @@ def test_a_request_not_complete_in_time_is_cut(sidecar: Sidecar, what: str, sent
     else:
         assert outcome.answer is not None and outcome.answer.status == status, (what, outcome)
         assert _error_code(outcome.answer.body) == "request_timeout"
+    reason = {None: "no_request", 408: "head_timeout" if "body" not in what else "body_timeout"}[status]
+    assert metric_value(sidecar.metrics(), f'modelserve_sidecar_connections_cut_total{{reason="{reason}"}}') >= 1
 
 
 def test_a_keyless_body_is_refused_from_the_head_before_it_is_read(sidecar: Sidecar, replay: ReplayEngine) -> None:
@@ -219,6 +223,8 @@ def test_idle_connections_beyond_the_file_limit_leave_room_for_probes(replay: Re
                 except OSError:  # made room for by closing the oldest: that is the point
                     continue
             _still_serves(running)
+            evicted = metric_value(running.metrics(), 'modelserve_sidecar_connections_cut_total{reason="evicted"}')
+            assert evicted >= 1100 - 448, evicted  # the cap: (1024 - 128) / 2 connections
     finally:
         stop_process(running.process)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
