@@ -170,9 +170,9 @@ def run_group_to_ready_and_back(cluster: Cluster, namespace: str, process: Any, 
 
 def run_gateway_and_route(cluster: Cluster, install: Install, app: str, ms: dict[str, Any], workdir: Path) -> None:
     """`modelserve-gateway` with only its ServiceAccount's token and the chart's environment: it
-    lists and watches (ready), knows the ModelServer (its KWOK pods run nothing, so it holds the
-    request, then 503 model_starting, not 404),
-    and refuses a model nobody serves; its log shows no refusal."""
+    lists and watches (ready), knows the ModelServer (its KWOK pods run nothing, so it holds a keyed
+    request, then 503 model_starting, not 404), refuses a model nobody serves, and a request without
+    a key for either; its log shows no refusal."""
     import httpx
 
     kubeconfig = service_account_kubeconfig(
@@ -205,10 +205,19 @@ def run_gateway_and_route(cluster: Cluster, install: Install, app: str, ms: dict
 
         wait_until(ready, 60, "the gateway ready", interval=0.5, on_timeout=lambda: tail(workdir / "gateway.log", 40))
         request = {"model": ms["metadata"]["name"], "messages": [{"role": "user", "content": "hi"}]}
-        known = httpx.post(f"{base}/v1/chat/completions", json=request, timeout=30)
+        # The example is private: with a key (one the gateway has not seen: only a replica can check
+        # it) the request is held; without one it is the sidecar's 401 at once, as for a model nobody
+        # serves, so that no keyless caller learns which private models exist.
+        keyed = {"Authorization": "Bearer not-seen-before"}
+        known = httpx.post(f"{base}/v1/chat/completions", json=request, headers=keyed, timeout=30)
         assert known.status_code == 503 and known.json()["error"]["code"] == "model_starting", known.text
-        unknown = httpx.post(f"{base}/v1/chat/completions", json={**request, "model": "nobody"}, timeout=30)
+        unknown = httpx.post(
+            f"{base}/v1/chat/completions", json={**request, "model": "nobody"}, headers=keyed, timeout=30
+        )
         assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
+        for model in (request["model"], "nobody"):
+            keyless = httpx.post(f"{base}/v1/chat/completions", json={**request, "model": model}, timeout=30)
+            assert keyless.status_code == 401 and keyless.json()["error"]["code"] == "missing_api_key", keyless.text
     finally:
         stop_process(gateway, grace_seconds=10)
     text = (workdir / "gateway.log").read_text()
