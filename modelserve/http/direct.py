@@ -334,7 +334,7 @@ class DirectDownstream:
 
 
 # How long a connection refused by a bound still reads (and drops) what its client sends.
-LINGER_SECONDS = 1.0
+LINGER_SECONDS = 2.0
 
 
 class _Refused(Exception):
