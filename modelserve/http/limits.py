@@ -19,12 +19,13 @@ included). These bounds hold for every connection, with or without a key:
 
 from __future__ import annotations
 
-import json
 import resource
 from dataclasses import dataclass
 from typing import Protocol
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from . import errors, ollama
 
 # Descriptors kept for everything but client connections: the upstream's connections are counted
 # apart (one per client connection at most), plus files, the key reload, the probes' own sessions.
@@ -112,14 +113,14 @@ def connection_cap(configured: int, file_limit: int) -> int:
     return max(16, min(configured, (file_limit - RESERVED_DESCRIPTORS) // 2))
 
 
-def refusal(status: int, message: str, code: str, ollama: bool) -> bytes:
-    """A whole answer of the server's own, closing the connection: OpenAI's error object, or Ollama's
-    `{"error": ...}` for a path under /api/ (pure)."""
-    if ollama:
-        body = json.dumps({"error": message}).encode()
+def refusal(status: int, message: str, code: str, ollama_shape: bool) -> bytes:
+    """A whole answer of the server's own, closing the connection: the proxies' OpenAI error object
+    (errors.py), or Ollama's `{"error": ...}` for a path under /api/ (pure)."""
+    if ollama_shape:
+        body = ollama.error_body(message)
     else:
-        kind = "server_error" if status >= 500 else "invalid_request_error"
-        body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+        kind = errors.SERVER_ERROR if status >= 500 else errors.INVALID_REQUEST_ERROR
+        body = errors.ErrorResponse(status, message, kind, code).body()
     retry = b"retry-after: 1\r\n" if status == 503 else b""
     return b"".join(
         (
