@@ -10,18 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import sidecar
-from .env import (
-    base_url,
-    comma_list,
-    default_of,
-    env_setting,
-    non_empty,
-    non_negative_float,
-    number,
-    positive_float,
-    positive_int,
-    read_env,
-)
+from .env import base_url, comma_list, env_setting, non_empty, non_negative_float, number, read_env
 from .names import PACKAGE_VERSION
 
 
@@ -62,18 +51,12 @@ def _lease_seconds(raw: str) -> float:
     return value
 
 
-def _sidecars(name: str) -> object:
-    """The sidecar's own default of one of its settings."""
-    return default_of(sidecar.Settings.__dataclass_fields__[name])
-
-
-def _sidecars_setting(name: str) -> Any:
-    """One of the sidecar's settings, read by the operator under the same variable, with the same
-    parser and default, to pass on to every pod's sidecar: one definition, one type."""
+def _sidecars_setting(name: str, env: str | None = None) -> Any:
+    """One of the sidecar's settings, read by the operator with the same parser and default (under
+    the same variable, or `env`) to pass on to every pod's sidecar: one definition, one type."""
     setting = sidecar.Settings.__dataclass_fields__[name]
-    return dataclasses.field(
-        default=setting.default, default_factory=setting.default_factory, metadata=setting.metadata
-    )
+    metadata = setting.metadata if env is None else {**setting.metadata, "env": env}
+    return dataclasses.field(default=setting.default, default_factory=setting.default_factory, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -115,24 +98,16 @@ class Settings:
 
     # What one client connection may take of every pod's sidecar before any check (contracts/sidecar.py
     # CLIENT_LIMITS, modelserve/http/limits.py); at the sidecar's defaults they stay out of the pods.
-    sidecar_max_head_bytes: int = env_setting(
-        "MODELSERVE_SIDECAR_MAX_HEAD_BYTES", positive_int, default=_sidecars("max_head_bytes")
+    sidecar_max_head_bytes: int = _sidecars_setting("max_head_bytes", "MODELSERVE_SIDECAR_MAX_HEAD_BYTES")
+    sidecar_max_header_fields: int = _sidecars_setting("max_header_fields", "MODELSERVE_SIDECAR_MAX_HEADER_FIELDS")
+    sidecar_head_timeout_seconds: float = _sidecars_setting(
+        "head_timeout_seconds", "MODELSERVE_SIDECAR_HEAD_TIMEOUT_SECONDS"
     )
-    sidecar_max_header_fields: int = env_setting(
-        "MODELSERVE_SIDECAR_MAX_HEADER_FIELDS", positive_int, default=_sidecars("max_header_fields")
+    sidecar_body_timeout_seconds: float = _sidecars_setting(
+        "body_timeout_seconds", "MODELSERVE_SIDECAR_BODY_TIMEOUT_SECONDS"
     )
-    sidecar_head_timeout_seconds: float = env_setting(
-        "MODELSERVE_SIDECAR_HEAD_TIMEOUT_SECONDS", positive_float, default=_sidecars("head_timeout_seconds")
-    )
-    sidecar_body_timeout_seconds: float = env_setting(
-        "MODELSERVE_SIDECAR_BODY_TIMEOUT_SECONDS", positive_float, default=_sidecars("body_timeout_seconds")
-    )
-    sidecar_max_connections: int = env_setting(
-        "MODELSERVE_SIDECAR_MAX_CONNECTIONS", positive_int, default=_sidecars("max_connections")
-    )
-    sidecar_body_budget_bytes: int = env_setting(
-        "MODELSERVE_SIDECAR_BODY_BUDGET_BYTES", positive_int, default=_sidecars("body_budget_bytes")
-    )
+    sidecar_max_connections: int = _sidecars_setting("max_connections", "MODELSERVE_SIDECAR_MAX_CONNECTIONS")
+    sidecar_body_budget_bytes: int = _sidecars_setting("body_budget_bytes", "MODELSERVE_SIDECAR_BODY_BUDGET_BYTES")
 
     # Leader election: every replica campaigns for this Lease (<namespace>/<name>) and only its holder
     # reconciles, autoscales and wakes models at zero. Empty: no election (one replica only).
