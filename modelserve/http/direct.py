@@ -396,11 +396,12 @@ class DirectProtocol(HttpToolsProtocol):
         evictable[self] = None
         self._arm(now + self.limits.head_seconds)
 
-    def evict(self) -> None:
-        """Make room for a new connection: this one serves nothing now (idle, or its request still
-        arriving), so it is closed without an answer, as an idle keep-alive connection is."""
+    def evict(self, reason: str = "evicted") -> None:
+        """Close without an answer, as an idle keep-alive connection is: one that serves nothing now
+        (idle, or its request still arriving) to make room for a new one, or one that sent nothing
+        of a request within the head's deadline."""
         self.evictable.pop(self, None)
-        cut("evicted")
+        cut(reason)
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
@@ -417,7 +418,7 @@ class DirectProtocol(HttpToolsProtocol):
             if self._upgrade_ignored:
                 self._parse_without_upgrade(data[upgrade.args[0] :])
             elif self._should_upgrade():
-                self._hand_over()
+                self._leave_bounds()  # the connection goes to uvicorn's WebSocket protocol
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
@@ -437,8 +438,9 @@ class DirectProtocol(HttpToolsProtocol):
         elif self._head_wire > limits.max_head_bytes:
             self._refuse(431, "Request header fields too large.", "request_header_fields_too_large", "head_too_large")
 
-    def _hand_over(self) -> None:
-        """The connection goes to uvicorn's WebSocket protocol: none of this one's bounds apply."""
+    def _leave_bounds(self) -> None:
+        """Out of the bounds' bookkeeping (gone, or handed to another protocol): no timer, no place in
+        the eviction order, no share of the body budget."""
         if self.timeout_keep_alive_task is not None:
             self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None
@@ -490,11 +492,7 @@ class DirectProtocol(HttpToolsProtocol):
             transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.timeout_keep_alive_task is not None:
-            self.timeout_keep_alive_task.cancel()
-            self.timeout_keep_alive_task = None
-        self.evictable.pop(self, None)
-        self._release_body()
+        self._leave_bounds()
         if self.deferred is not None:  # gone before its body was in: the task finds it gone
             cycle, handler = self.deferred
             self.deferred = None
@@ -752,9 +750,7 @@ class DirectProtocol(HttpToolsProtocol):
                     message = f"The request head did not arrive within {limits.head_seconds:g} s."
                     self._refuse(408, message, "request_timeout", "head_timeout")
                 else:
-                    cut("no_request")
-                    self.evictable.pop(self, None)
-                    self.transport.close()
+                    self.evict("no_request")
                 return
             due.append(self.head_since + limits.head_seconds)
         if self.idle_since is not None:
