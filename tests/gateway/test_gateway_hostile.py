@@ -1,28 +1,29 @@
 """The gateway's connections are bounded as the sidecar's (modelserve/http/limits.py, shared), with its
-own settings: raw sockets against the gateway (in this process, on uvicorn, served with the limits
-its settings give, as modelserve-gateway serves) in front of a private sidecar before the replay
-engine. The bounds themselves are tried in depth against the sidecar (tests/sidecar/test_hostile_clients.py)."""
+own settings: raw sockets against the gateway (in this process: tests/helpers/gateway_in_process.py)
+in front of a private sidecar before the replay engine. The bounds themselves are tried in depth
+against the sidecar (tests/sidecar/test_hostile_clients.py)."""
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
 
-import httpx
 import pytest
-import uvicorn
 
-from modelserve.gateway.app import build_app
 from modelserve.gateway.directory import Model
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
-from modelserve.http import serve
-from modelserve.http.limits import ConnectionLimits
-from modelserve_sandbox.processes import wait_until
-from tests.helpers.hostile import chat_head, connect, endless_headers, read_outcome, send_until_answered
+from tests.helpers.gateway_in_process import serving_gateway
+from tests.helpers.hostile import (
+    chat_head,
+    connect,
+    endless_headers,
+    error_code,
+    read_outcome,
+    send_until_answered,
+    still_serves,
+)
 from tests.helpers.sidecar_harness import (
     API_KEY,
     SecretDir,
@@ -35,8 +36,6 @@ from tests.helpers.sidecar_harness import (
 
 DEADLINE_SECONDS = 1.5
 BUDGET_BYTES = 1024 * 1024
-KEYED = {"Authorization": f"Bearer {API_KEY}"}
-CHAT = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +44,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     replay = start_replay()
     SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
     sidecar = launch_sidecar(base / "logs", replay.url, "tiny", {"MODELSERVE_KEYS_DIR": str(base / "keys")})
-    server: uvicorn.Server | None = None
-    thread: threading.Thread | None = None
     try:
         wait_ready(sidecar)
         replica = sidecar.url.removeprefix("http://")
@@ -60,34 +57,11 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 "MODELSERVE_GATEWAY_BODY_BUDGET_BYTES": str(BUDGET_BYTES),
             }
         )
-        app = build_app(settings, FixedDiscovery([model]))
-        limits = ConnectionLimits.of(settings)
-        config = serve.config(app, "127.0.0.1", port, 5.0, app.direct_routes(), "warning", limits)
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _answers(url), 15, "the gateway to listen")
-        yield url
+        with serving_gateway(settings, FixedDiscovery([model])) as url:
+            yield url
     finally:
-        if server is not None and thread is not None:
-            server.should_exit = True
-            thread.join(10)
         stop_process(sidecar.process)
         replay.stop()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url + "/healthz", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
-def _still_serves(url: str) -> None:
-    assert httpx.get(url + "/healthz", timeout=10).status_code == 200
-    answer = httpx.post(url + "/v1/chat/completions", content=CHAT, headers=KEYED, timeout=30)
-    assert answer.status_code == 200, answer.text
 
 
 def test_a_header_section_sent_forever_gets_431(gateway: str) -> None:
@@ -96,7 +70,7 @@ def test_a_header_section_sent_forever_gets_431(gateway: str) -> None:
         sent = send_until_answered(connection, endless_headers(), 16 * 1024 * 1024)
         outcome = read_outcome(connection, 15)
     assert outcome.answer is not None and outcome.answer.status == 431 and outcome.closed, (sent, outcome)
-    _still_serves(gateway)
+    still_serves(gateway)
 
 
 def test_half_a_header_section_is_cut_at_its_deadline(gateway: str) -> None:
@@ -117,5 +91,5 @@ def test_keyless_bodies_beyond_the_budget_get_503_and_it_is_given_back(gateway: 
         outcomes = [read_outcome(connection, 5) for connection in connections]
     refused = [o for o in outcomes if o.answer is not None and o.answer.status == 503]
     assert refused, outcomes
-    assert all(json.loads(o.answer.body)["error"]["code"] == "server_busy" and o.closed for o in refused)  # type: ignore[union-attr]
-    _still_serves(gateway)
+    assert all(error_code(o.answer.body) == "server_busy" and o.closed for o in refused)  # type: ignore[union-attr]
+    still_serves(gateway)

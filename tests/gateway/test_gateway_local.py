@@ -20,17 +20,16 @@ from urllib.parse import unquote
 
 import httpx
 import pytest
-import uvicorn
 
 from modelserve.contracts import routes
 from modelserve.contracts.gateway import OWN_ROUTES
-from modelserve.gateway.app import build_app
 from modelserve.gateway.directory import Model
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
-from modelserve.http import ollama, serve
+from modelserve.http import ollama
 from modelserve_sandbox.processes import wait_until
+from tests.helpers.gateway_in_process import serving_gateway
 from tests.helpers.sidecar_harness import (
     API_KEY,
     ENGINE_TABLES,
@@ -85,8 +84,6 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     replay: ReplayEngine = start_replay()
     SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
     sidecars: list[Sidecar] = []
-    server: uvicorn.Server | None = None
-    thread: threading.Thread | None = None
     try:
         for env in ({"MODELSERVE_AUTH": "public"},) * 2 + ({"MODELSERVE_KEYS_DIR": str(base / "keys")},):
             sidecars.append(launch_sidecar(base / "logs", replay.url, "tiny", env))
@@ -108,28 +105,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                 "MODELSERVE_GATEWAY_MAX_BODY_BYTES": "4096",
             }
         )
-        app = build_app(settings, discovery)
-        # Served as modelserve-gateway serves it: the OpenAI routes on the protocol's fast lane.
-        server = uvicorn.Server(serve.config(app, "127.0.0.1", port, 5.0, app.direct_routes(), log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _up(url), 15, "the gateway to listen")
-        yield Setup(url, discovery, public, private, replay)
+        with serving_gateway(settings, discovery) as url:
+            yield Setup(url, discovery, public, private, replay)
     finally:
-        if server is not None and thread is not None:
-            server.should_exit = True
-            thread.join(10)
         for sidecar in sidecars:
             stop_process(sidecar.process)
         replay.stop()
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(url + "/readyz", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def _chat(setup: Setup, model: str, **extra: object) -> httpx.Response:

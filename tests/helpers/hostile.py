@@ -4,13 +4,19 @@ bounded in bytes and time, every socket closed by the caller's `with`."""
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .sidecar_harness import RawAnswer, dechunk
+import httpx
+
+from .sidecar_harness import API_KEY, RawAnswer, dechunk
+
+KEYED = {"Authorization": f"Bearer {API_KEY}"}
+CHAT = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
 
 
 @dataclass
@@ -19,6 +25,18 @@ class Outcome:
 
     answer: RawAnswer | None
     closed: bool
+
+
+def still_serves(base: str) -> None:
+    """/healthz and a keyed chat request (model `tiny`) answer, each on a new connection."""
+    assert httpx.get(base + "/healthz", timeout=10).status_code == 200
+    answer = httpx.post(base + "/v1/chat/completions", content=CHAT, headers=KEYED, timeout=30)
+    assert answer.status_code == 200, answer.text
+
+
+def error_code(body: bytes) -> str:
+    """The code of an OpenAI-shaped error answer."""
+    return json.loads(body)["error"]["code"]
 
 
 def connect(base: str, timeout: float = 10.0) -> socket.socket:

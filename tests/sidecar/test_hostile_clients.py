@@ -4,16 +4,24 @@ records what reached it. Memory and descriptor figures are bench/hostile_bench.p
 
 from __future__ import annotations
 
-import json
 import resource
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.helpers.hostile import chat_head, connect, endless_headers, read_outcome, send_until_answered
+from tests.helpers.hostile import (
+    CHAT,
+    KEYED,
+    chat_head,
+    connect,
+    endless_headers,
+    error_code,
+    read_outcome,
+    send_until_answered,
+    still_serves,
+)
 from tests.helpers.sidecar_harness import (
     API_KEY,
     MARK_HEADER,
@@ -26,10 +34,8 @@ from tests.helpers.sidecar_harness import (
     wait_ready,
 )
 
-KEYED = {"Authorization": f"Bearer {API_KEY}"}
 DEADLINE_SECONDS = 1.5  # the head's and the body's, short for the tests
 BUDGET_BYTES = 1024 * 1024  # request bodies being received, process-wide
-CHAT = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +60,6 @@ def sidecar(replay: ReplayEngine, tmp_path_factory: pytest.TempPathFactory) -> I
         stop_process(running.process)
 
 
-def _still_serves(sidecar: Sidecar) -> None:
-    """/healthz and a keyed chat request on new connections."""
-    assert httpx.get(sidecar.url + "/healthz", timeout=10).status_code == 200
-    answer = httpx.post(sidecar.url + "/v1/chat/completions", content=CHAT, headers=KEYED, timeout=30)
-    assert answer.status_code == 200, answer.text
-
-
-def _error_code(outcome_body: bytes) -> str:
-    return json.loads(outcome_body)["error"]["code"]
-
-
 def test_a_header_section_sent_forever_gets_431_and_the_connection_closed(
     sidecar: Sidecar, replay: ReplayEngine
 ) -> None:
@@ -76,9 +71,9 @@ def test_a_header_section_sent_forever_gets_431_and_the_connection_closed(
         outcome = read_outcome(connection, 15)
     assert outcome.answer is not None, f"no answer after {sent} bytes of headers"
     assert outcome.answer.status == 431 and outcome.closed, outcome
-    assert _error_code(outcome.answer.body) == "request_header_fields_too_large"
+    assert error_code(outcome.answer.body) == "request_header_fields_too_large"
     assert replay.marked("endless") == []
-    _still_serves(sidecar)
+    still_serves(sidecar.url)
     assert metric_value(sidecar.metrics(), 'modelserve_sidecar_connections_cut_total{reason="head_too_large"}') >= 1
 
 
@@ -127,7 +122,7 @@ def test_a_request_not_complete_in_time_is_cut(sidecar: Sidecar, what: str, sent
         assert outcome.answer is None, outcome
     else:
         assert outcome.answer is not None and outcome.answer.status == status, (what, outcome)
-        assert _error_code(outcome.answer.body) == "request_timeout"
+        assert error_code(outcome.answer.body) == "request_timeout"
     reason = {None: "no_request", 408: "head_timeout" if "body" not in what else "body_timeout"}[status]
     assert metric_value(sidecar.metrics(), f'modelserve_sidecar_connections_cut_total{{reason="{reason}"}}') >= 1
 
@@ -153,8 +148,8 @@ def test_bodies_beyond_the_process_budget_get_503(sidecar: Sidecar) -> None:
         outcomes = [read_outcome(connection, 15) for connection in (second, first)]
     refused = [o for o in outcomes if o.answer is not None and o.answer.status == 503]
     assert len(refused) == 1, outcomes
-    assert _error_code(refused[0].answer.body) == "server_busy" and refused[0].closed  # type: ignore[union-attr]
-    _still_serves(sidecar)  # the budget is given back
+    assert error_code(refused[0].answer.body) == "server_busy" and refused[0].closed  # type: ignore[union-attr]
+    still_serves(sidecar.url)  # the budget is given back
 
 
 def _chunked(body: bytes, trailer: str) -> bytes:
@@ -223,7 +218,7 @@ def test_idle_connections_beyond_the_file_limit_leave_room_for_probes(replay: Re
                     connection.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
                 except OSError:  # made room for by closing the oldest: that is the point
                     continue
-            _still_serves(running)
+            still_serves(running.url)
             evicted = metric_value(running.metrics(), 'modelserve_sidecar_connections_cut_total{reason="evicted"}')
             assert evicted >= 1100 - 448, evicted  # the cap: (1024 - 128) / 2 connections
     finally:
