@@ -33,6 +33,8 @@ from modelserve.kube.workqueue import WorkQueue
 from .adapters import adapter_statuses, pods_to_nudge, read_pod_adapters
 from .autoscaling import Autoscaling
 from .status import (
+    Observed,
+    Reported,
     compute_status,
     invalid_spec_status,
     key_secret_status,
@@ -162,19 +164,17 @@ class Reconciler:
             self._nudge(ms, pods_to_nudge(digest, serving_pods(pods)), digest)
         status = compute_status(
             ms,
-            generation,
-            workload,
-            pods,
-            previous,
-            now,
-            endpoint,
-            apply_error,
-            key_secret_status(manifests.generated_secret_name(ms), key_generated, previous, now),
-            desired=replicas,
-            scaling=self.autoscaling.scaling(ms),
-            gateway_endpoint=self.settings.gateway_url or None,
-            versions=used,
-            upgrade=upgrade(current, used),
+            Observed(generation, workload, pods, previous, apply_error),
+            Reported(
+                now,
+                endpoint,
+                desired=replicas,
+                scaling=self.autoscaling.scaling(ms),
+                gateway_endpoint=self.settings.gateway_url or None,
+                key_secret=key_secret_status(manifests.generated_secret_name(ms), key_generated, previous, now),
+                versions=used,
+                upgrade=upgrade(current, used),
+            ),
         )
         if ms.spec.adapters is not None:
             # Read on every reconcile (the resync comes every few seconds): the sidecars load

@@ -200,97 +200,145 @@ def _condition(type_: str, ok: bool, reason: str, message: str, generation: int)
     )
 
 
-def compute_status(
-    ms: ModelServer,
-    generation: int,
-    workload: dict[str, Any] | None,
-    pods: list[dict[str, Any]],
-    previous: dict[str, Any] | None,
-    now: str,
-    endpoint: str,
-    apply_error: str | None = None,
-    key_secret: KeySecretStatus | None = None,
-    desired: int | None = None,
-    scaling: Scaling | None = None,
-    gateway_endpoint: str | None = None,
-    versions: Versions | None = None,
-    upgrade: Upgrade | None = None,
-) -> dict[str, Any]:
-    """The status to write, in wire form. `previous` keeps lastTransitionTime of unchanged conditions.
-    `desired`: the autoscaler's replica count (None: min + buffer); `scaling`: its last decision.
-    `workload`: the Deployment, or the LeaderWorkerSet (whose replicas are groups)."""
-    desired = desired_replicas(ms.spec.replicas) if desired is None else desired
-    dep_status = (workload or {}).get("status") or {}
-    replicas = dep_status.get("replicas", 0)
-    # Counted from the pods, not the Deployment's readyReplicas: the pods' own Ready reaches the
+@dataclass(frozen=True)
+class Observed:
+    """What the cluster showed of one ModelServer this reconcile: its generation and last status,
+    its workload (the Deployment, or the LeaderWorkerSet whose replicas are groups) and pods, and
+    what the API server answered when its children were applied."""
+
+    generation: int
+    workload: dict[str, Any] | None
+    pods: list[dict[str, Any]]
+    previous: dict[str, Any] | None = None  # keeps lastTransitionTime of unchanged conditions
+    apply_error: str | None = None
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What the operator states beside what it observed: the time, the addresses, the autoscaler's
+    count and last decision, the key's Secret and the images."""
+
+    now: str
+    endpoint: str
+    desired: int | None = None  # the autoscaler's replica count (None: min + buffer)
+    scaling: Scaling | None = None  # its last decision
+    gateway_endpoint: str | None = None
+    key_secret: KeySecretStatus | None = None
+    versions: Versions | None = None
+    upgrade: Upgrade | None = None
+
+
+@dataclass(frozen=True)
+class _Progress:
+    """What every condition and the phase are read from."""
+
+    desired: int
+    ready: int
+    rolled_out: bool
+    problem: Problem | None  # what is wrong: Degraded
+    waiting: Problem  # what a replica not ready yet waits for
+
+
+def compute_status(ms: ModelServer, seen: Observed, reported: Reported) -> dict[str, Any]:
+    """The status to write, in wire form."""
+    desired = desired_replicas(ms.spec.replicas) if reported.desired is None else reported.desired
+    progress = _progress(ms, seen, desired)
+    generation = seen.generation
+    conditions = [
+        _ready_condition(progress, seen.apply_error, reported.scaling, generation),
+        _progressing_condition(progress, generation),
+        _degraded_condition(progress, generation),
+    ]
+    status = ModelServerStatus(
+        observed_generation=generation,
+        phase=_phase(progress, seen.workload),
+        replicas=_workload_status(seen.workload).get("replicas", 0),
+        ready_replicas=progress.ready,
+        endpoint=reported.endpoint,
+        gateway_endpoint=reported.gateway_endpoint,
+        conditions=_timed(conditions, seen.previous, reported.now),
+        key_secret=reported.key_secret,
+        desired_replicas=desired,
+        scaling=reported.scaling,
+        selector=scale_selector(ms),
+        versions=reported.versions,
+        upgrade=reported.upgrade,
+    )
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _workload_status(workload: dict[str, Any] | None) -> dict[str, Any]:
+    return (workload or {}).get("status") or {}
+
+
+def _rolled_out(workload: dict[str, Any] | None, desired: int) -> bool:
+    """The workload controller has seen the latest spec and every replica it keeps is updated and ready."""
+    if workload is None:
+        return False
+    status = _workload_status(workload)
+    observed = status.get("observedGeneration", 0) >= workload["metadata"].get("generation", 0)
+    return observed and status.get("updatedReplicas", 0) == desired == status.get("replicas", 0) == status.get(
+        "readyReplicas", 0
+    )
+
+
+def _progress(ms: ModelServer, seen: Observed, desired: int) -> _Progress:
+    # Ready counted from the pods, not the Deployment's readyReplicas: the pods' own Ready reaches the
     # operator first (the Deployment's status waits its turn in the controller-manager, ~100 s
     # behind at 1,000 ModelServers). The same pods the Deployment counts: any revision, not terminating.
     # A LeaderWorkerSet's replicas are groups: ready when all the group's pods are.
-    ready = ready_replicas(pods, ms.spec.node_count)
-    observed = workload is not None and dep_status.get("observedGeneration", 0) >= workload["metadata"].get(
-        "generation", 0
-    )
-    rolled_out = observed and dep_status.get("updatedReplicas", 0) == desired == replicas == dep_status.get(
-        "readyReplicas", 0
-    )
-    problem = Problem("ApplyFailed", apply_error) if apply_error else first_problem(ms, workload, pods)
-    waiting = _waiting(workload, pods)
+    ready = ready_replicas(seen.pods, ms.spec.node_count)
+    rolled_out = _rolled_out(seen.workload, desired)
+    if seen.apply_error:
+        problem: Problem | None = Problem("ApplyFailed", seen.apply_error)
+    else:
+        problem = first_problem(ms, seen.workload, seen.pods)
+    waiting = _waiting(seen.workload, seen.pods)
     if problem and problem.reason == "InsufficientGPU" and ready >= desired > 0 and not rolled_out:
         # Every replica still serves: only the rollout's new pod waits (Surge needs spare GPUs).
         waiting, problem = _waiting_for_gpus(ms, problem), None
+    return _Progress(desired, ready, rolled_out, problem, waiting)
 
+
+def _ready_condition(p: _Progress, apply_error: str | None, scaling: Scaling | None, generation: int) -> Condition:
     if apply_error:
         # Ready means a client reaches the model through status.endpoint: not while a child the
         # endpoint needs (the Service, the key Secret, the Deployment as specified) was refused.
-        ready_condition = _condition("Ready", False, "ApplyFailed", apply_error, generation)
-    elif desired == 0:
+        return _condition("Ready", False, "ApplyFailed", apply_error, generation)
+    if p.desired == 0:
         why = scaling.message if scaling else "replicas.min + replicas.buffer is 0"
-        ready_condition = _condition("Ready", False, "ScaledToZero", why, generation)
-    elif ready >= desired:
-        ready_condition = _condition("Ready", True, "Ready", f"{ready}/{desired} replicas ready", generation)
-    else:
-        cause = problem or waiting
-        ready_condition = _condition("Ready", False, cause.reason, cause.message, generation)
-    if rolled_out:
-        progressing = _condition("Progressing", False, "Complete", f"{desired} replicas up to date", generation)
-    elif waiting.reason == WAITING_FOR_GPUS:
-        progressing = _condition("Progressing", True, waiting.reason, waiting.message, generation)
-    elif ready >= desired > 0:
-        progressing = _condition("Progressing", True, "RollingUpdate", "replacing replicas", generation)
-    else:
-        progressing = _condition("Progressing", True, waiting.reason, waiting.message, generation)
-    if problem:
-        degraded = _condition("Degraded", True, problem.reason, problem.message, generation)
-    else:
-        degraded = _condition("Degraded", False, "AsExpected", "", generation)
+        return _condition("Ready", False, "ScaledToZero", why, generation)
+    if p.ready >= p.desired:
+        return _condition("Ready", True, "Ready", f"{p.ready}/{p.desired} replicas ready", generation)
+    cause = p.problem or p.waiting
+    return _condition("Ready", False, cause.reason, cause.message, generation)
 
-    if problem:
-        phase = "Degraded"
-    elif desired == 0:
-        phase = "Idle"
-    elif workload is None:
-        phase = "Pending"
-    elif ready >= desired:
-        phase = "Ready" if rolled_out else "Updating"
-    else:
-        phase = "Loading"
 
-    status = ModelServerStatus(
-        observed_generation=generation,
-        phase=phase,
-        replicas=replicas,
-        ready_replicas=ready,
-        endpoint=endpoint,
-        gateway_endpoint=gateway_endpoint,
-        conditions=_timed([ready_condition, progressing, degraded], previous, now),
-        key_secret=key_secret,
-        desired_replicas=desired,
-        scaling=scaling,
-        selector=scale_selector(ms),
-        versions=versions,
-        upgrade=upgrade,
-    )
-    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+def _progressing_condition(p: _Progress, generation: int) -> Condition:
+    if p.rolled_out:
+        return _condition("Progressing", False, "Complete", f"{p.desired} replicas up to date", generation)
+    if p.ready >= p.desired > 0 and p.waiting.reason != WAITING_FOR_GPUS:
+        # Every replica serves while the new revision replaces them (unless its new pod waits for GPUs: say so).
+        return _condition("Progressing", True, "RollingUpdate", "replacing replicas", generation)
+    return _condition("Progressing", True, p.waiting.reason, p.waiting.message, generation)
+
+
+def _degraded_condition(p: _Progress, generation: int) -> Condition:
+    if p.problem:
+        return _condition("Degraded", True, p.problem.reason, p.problem.message, generation)
+    return _condition("Degraded", False, "AsExpected", "", generation)
+
+
+def _phase(p: _Progress, workload: dict[str, Any] | None) -> str:
+    if p.problem:
+        return "Degraded"
+    if p.desired == 0:
+        return "Idle"
+    if workload is None:
+        return "Pending"
+    if p.ready >= p.desired:
+        return "Ready" if p.rolled_out else "Updating"
+    return "Loading"
 
 
 def scale_selector(ms: ModelServer) -> str:

@@ -10,6 +10,8 @@ from modelserve.api.spec import ModelServer
 from modelserve.api.status import Upgrade
 from modelserve.api.validation import explain
 from modelserve.operator.status import (
+    Observed,
+    Reported,
     compute_status,
     invalid_spec_status,
     key_secret_status,
@@ -60,7 +62,8 @@ def _status(
     if deployment and not pods:  # the ready pods the Deployment counts
         count = deployment["status"].get("readyReplicas", 0)
         pods = [_pod(f"m-{i}", "n", conditions=READY) for i in range(count)]
-    return compute_status(ms, 3, deployment, pods, previous, now, ENDPOINT, **kw)
+    apply_error = kw.pop("apply_error", None)
+    return compute_status(ms, Observed(3, deployment, pods, previous, apply_error), Reported(now, ENDPOINT, **kw))
 
 
 def _unschedulable(message: str = SCHEDULER_MESSAGE) -> list[dict[str, str]]:
@@ -297,7 +300,9 @@ def test_a_stored_spec_the_model_refuses_is_reported_in_conditions_without_its_v
     else:
         raise AssertionError("the model accepted an unknown profile")
     assert message.startswith("spec.profile: ")
-    previous = compute_status(model_server(), 1, _deployment(1, 1, 1), [_pod(conditions=READY)], None, T0, ENDPOINT)
+    previous = compute_status(
+        model_server(), Observed(1, _deployment(1, 1, 1), [_pod(conditions=READY)]), Reported(T0, ENDPOINT)
+    )
     status = invalid_spec_status(2, previous, T1, message)
     conditions = {c["type"]: c for c in status["conditions"]}
     assert status["phase"] == "Degraded" and status["observedGeneration"] == 2
