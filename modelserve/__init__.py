@@ -13,7 +13,8 @@ another program. Lowest layer first (`make lint` checks the rule with import-lin
     operator | sidecar | gateway | cli   the programs
 
 The engines sit below the API because the CRD's rules are read from the engines' facts (the flags
-each pins, the tool-call parsers it knows); an engine sees the spec's types only when type-checking.
+each pins, the tool-call parsers it knows). An engine reads a ModelServer through the Protocols of
+`engines/view.py`, which the API's models satisfy: of this package it imports `contracts/` only.
 The sandbox (`sandbox/`) is a development tool with a distribution of its own, never in this package.
 """
 

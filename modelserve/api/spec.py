@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 from pydantic.alias_generators import to_camel
 
 from modelserve.contracts.choices import AcrossNodes, Dtype, Profile
-from modelserve.engines import ENGINES
+from modelserve.engines import ENGINES, view
 from modelserve.engines.base import Engine, cel_list
 
 GROUP = "serving.modelserve.dev"
@@ -454,12 +454,12 @@ class AdapterLimits(WireModel):
     """What the engine reserves for adapters when it starts (a change restarts the pods)."""
 
     max_rank: int = Field(
-        16,
+        view.DEFAULT_MAX_RANK,
         description="Largest adapter rank the engine accepts (vLLM --max-lora-rank, SGLang --max-lora-rank); "
         f"vLLM 0.32.0 takes {', '.join(map(str, LORA_RANKS))}.",
     )
     max_per_batch: int = Field(
-        4,
+        view.DEFAULT_MAX_PER_BATCH,
         ge=1,
         le=MAX_ADAPTERS,
         description="Adapters in one running batch (vLLM --max-loras; SGLang --max-loras-per-batch, which "
@@ -658,7 +658,9 @@ class ModelServerSpec(WireModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     adapter_limits: AdapterLimits | None = Field(
-        None, description="With adapters: the largest rank and how many adapters share a batch; unset: 16 and 4."
+        None,
+        description="With adapters: the largest rank and how many adapters share a batch; unset: "
+        f"{view.DEFAULT_MAX_RANK} and {view.DEFAULT_MAX_PER_BATCH}.",
     )
     resources: Resources | None = Field(None, description="Engine container resources besides GPUs.")
     node_selector: Annotated[dict[str, LabelValue], Field(max_length=32)] | None = Field(
@@ -817,39 +819,31 @@ class ModelServerSpec(WireModel):
             raise ValueError(f"adapters names must be unique; repeated: {', '.join(duplicates)}")
         return adapters
 
-    @property
-    def limits(self) -> AdapterLimits:
-        """The adapter limits with their defaults."""
-        return self.adapter_limits or AdapterLimits()
-
+    # The sizes an engine works out (engines/view.py), for the operator's other readers.
     @property
     def gpu_count(self) -> int:
         """GPUs per replica with the profile's default applied."""
-        if self.gpus is not None:
-            return self.gpus
-        return 1 if self.profile in GPU_PROFILES else 0
+        return view.gpu_count(self, _on_gpus(self.profile))
 
     @property
     def node_count(self) -> int:
         """Nodes (pods) per replica: above 1, a LeaderWorkerSet group."""
-        return self.nodes or 1
+        return view.node_count(self)
 
     @property
     def multi_node(self) -> bool:
-        return self.node_count > 1
+        return view.multi_node(self)
 
     @property
     def gpus_per_node(self) -> int:
         """Each pod's nvidia.com/gpu limit (the rules make gpus a multiple of nodes)."""
-        return self.gpu_count // self.node_count
+        return view.gpus_per_node(self, _on_gpus(self.profile))
 
-    @property
-    def split(self) -> tuple[int, int]:
-        """(tensor, pipeline) parallel sizes: tensor within a node and pipeline across nodes, or
-        tensor over the whole group with acrossNodes tensor."""
-        if self.across_nodes == AcrossNodes.TENSOR:
-            return self.gpu_count, 1
-        return self.gpus_per_node, self.node_count
+
+def _on_gpus(profile: Profile) -> bool:
+    """Whether the profile's engine runs on GPUs (profile external runs none)."""
+    engine = ENGINES.get(profile)
+    return engine is not None and engine.on_gpus
 
 
 # A rule on the whole object: the API server lets CEL see metadata.name there.

@@ -6,12 +6,12 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from modelserve.contracts.adapters import AdapterApi
 
-if TYPE_CHECKING:  # the spec imports the engines for their facts
-    from modelserve.api.spec import ModelServer, ModelServerSpec
+from . import view
+from .view import ServedModel, SpecView
 
 CONTAINER_NAME = "engine"
 LOOPBACK = "127.0.0.1"  # engines listen here only: every request goes through the sidecar
@@ -73,6 +73,8 @@ class Engine:
     metrics_path: str  # Prometheus text, appended to the sidecar's /metrics
     metric_prefix: str  # the engine's own series in that text, e.g. "vllm:"
     shm_size: str  # /dev/shm default; tensor parallelism exchanges through it
+    # Runs on GPUs: spec.gpus defaults to 1 and must be at least 1; else it must be 0 (or unset).
+    on_gpus: bool
     # How long the sidecar lets a live engine take to answer health_path and /v1/models before it
     # calls the engine unreachable. vLLM's and llama.cpp's health routes only look at a flag, so
     # only a busy event loop delays them; the sidecar answers the kubelet meanwhile.
@@ -89,6 +91,9 @@ class Engine:
     # unambiguous prefix of a long flag; vLLM's also reads `_` as `-`. The refusals below cover both.
     abbreviated_flags: bool = False
     underscored_flags: bool = False
+    # Spans nodes: with spec.nodes above 1 its `launch` wires a LeaderWorkerSet group's leader and
+    # workers; else nodes must be 1.
+    spans_nodes: bool = False
     # Every spelling of the flags that size and wire a group across nodes: engineArgs may not set
     # them with nodes above 1 (the operator does, the same on every pod of the group).
     group_flags: tuple[str, ...] = ()
@@ -102,22 +107,33 @@ class Engine:
     # a UID runs it non-root on a read-only root filesystem with HOME and /tmp on emptyDirs.
     run_as_user: int | None = None
 
-    def args(self, ms: ModelServer) -> list[str]:
+    def args(self, ms: ServedModel) -> list[str]:
         """The engine's arguments for a ModelServer (before the spec's own engineArgs)."""
         raise NotImplementedError
 
-    def env(self, ms: ModelServer) -> list[dict[str, Any]]:
+    def env(self, ms: ServedModel) -> list[dict[str, Any]]:
         """Variables this engine needs besides the common ones."""
         return []
 
-    def launch(self, ms: ModelServer, role: Role) -> tuple[list[str], list[str]]:
+    def launch(self, ms: ServedModel, role: Role) -> tuple[list[str], list[str]]:
         """The container's command and args for a pod of `role`: by default the engine's program with
         its arguments and the spec's engineArgs last (an engine that spans nodes overrides it)."""
         if role != Role.SINGLE:
             raise ValueError(f"{self.title} does not run across nodes")
-        if ms.spec.multi_node:
-            raise ValueError(f"{ms.name} spans {ms.spec.node_count} nodes: its pods are a leader and workers")
+        if view.multi_node(ms.spec):
+            raise ValueError(f"{ms.name} spans {view.node_count(ms.spec)} nodes: its pods are a leader and workers")
         return list(self.command), [*self.args(ms), *ms.spec.engine_args]
+
+    def gpu_count(self, spec: SpecView) -> int:
+        """GPUs per replica, with this engine's default."""
+        return view.gpu_count(spec, self.on_gpus)
+
+    def gpus_per_node(self, spec: SpecView) -> int:
+        return view.gpus_per_node(spec, self.on_gpus)
+
+    def split(self, spec: SpecView) -> tuple[int, int]:
+        """(tensor, pipeline) parallel sizes of a replica."""
+        return view.split(spec, self.on_gpus)
 
     def sets_flag(self, arg: str, flags: tuple[str, ...]) -> bool:
         """Whether one engineArgs item sets one of `flags` (all long, or short for llama.cpp) as this
@@ -166,7 +182,7 @@ class Engine:
         return f"http://{LOOPBACK}:{self.port}"
 
     def container(
-        self, ms: ModelServer, image: str, drain_seconds: int, hub_endpoint: str = "", role: Role = Role.SINGLE
+        self, ms: ServedModel, image: str, drain_seconds: int, hub_endpoint: str = "", role: Role = Role.SINGLE
     ) -> dict[str, Any]:
         """The engine container: no ports (nothing outside the pod may reach it), no probes (the
         sidecar's readiness covers the engine), and a preStop sleep so it keeps answering while the
@@ -184,7 +200,7 @@ class Engine:
                 [var.to_wire() for var in spec.env],
             ),
         }
-        resources = _resources(spec)
+        resources = _resources(spec, self.gpus_per_node(spec))
         if resources:
             container["resources"] = resources
         container["volumeMounts"] = [
@@ -227,7 +243,7 @@ def cel_list(names: Iterable[str]) -> str:
     return "[" + ", ".join(f"'{name}'" for name in names) + "]"
 
 
-def _common_env(spec: ModelServerSpec, hub_endpoint: str) -> list[dict[str, Any]]:
+def _common_env(spec: SpecView, hub_endpoint: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HUB_CACHE_PATH}]
     if hub_endpoint:
         # huggingface_hub (vLLM, SGLang) reads HF_ENDPOINT; llama.cpp reads MODEL_ENDPOINT first.
@@ -245,12 +261,12 @@ def merge_env(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[
     return merged + [var for var in theirs if var["name"] in by_name]
 
 
-def _resources(spec: ModelServerSpec) -> dict[str, Any]:
+def _resources(spec: SpecView, gpus_per_node: int) -> dict[str, Any]:
     resources = spec.resources.to_wire() if spec.resources else {}
-    if spec.gpus_per_node:
+    if gpus_per_node:
         # Extended resources take limits only; the request defaults to the limit. Per pod: a replica
         # spanning nodes has gpus / nodes on each of its pods.
-        resources["limits"] = {**resources.get("limits", {}), GPU_RESOURCE: str(spec.gpus_per_node)}
+        resources["limits"] = {**resources.get("limits", {}), GPU_RESOURCE: str(gpus_per_node)}
     return resources
 
 

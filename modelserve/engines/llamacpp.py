@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .base import CHAT_TEMPLATE_PATH, HUB_CACHE_PATH, LOOPBACK, Engine, Switch
-
-if TYPE_CHECKING:  # the spec imports the engines for their facts
-    from modelserve.api.spec import ModelServer
+from .view import ServedModel
 
 BUILD = 9093  # llama.cpp's build number: the image tag, and what hack/ builds from source
 
 
 class LlamaCpp(Engine):
-    def args(self, ms: ModelServer) -> list[str]:
+    def args(self, ms: ServedModel) -> list[str]:
         spec = ms.spec
         source = ["-m", spec.model] if spec.model.startswith("/") else ["-hf", spec.model]
         out = [*source, "--alias", ms.name, "--host", LOOPBACK, "--port", str(self.port)]
@@ -27,7 +25,7 @@ class LlamaCpp(Engine):
             out += ["--chat-template-file", CHAT_TEMPLATE_PATH]
         return out
 
-    def env(self, ms: ModelServer) -> list[dict[str, Any]]:
+    def env(self, ms: ServedModel) -> list[dict[str, Any]]:
         # `-hf` downloads into LLAMA_CACHE: keep it on the hub cache volume.
         return [{"name": "LLAMA_CACHE", "value": f"{HUB_CACHE_PATH}/llama.cpp"}]
 
@@ -68,6 +66,7 @@ ENGINE = LlamaCpp(
     metrics_path="/metrics",
     metric_prefix="llamacpp:",
     shm_size="1Gi",
+    on_gpus=False,
     # No --tool-call-parser: llama.cpp parses tool calls from the model's chat template (--jinja).
     # llama-server names the served model with -a/--alias and takes its key from a file too.
     owned_flags=("--host", "--port", "--api-key", "--api-key-file", "--alias", "-a"),

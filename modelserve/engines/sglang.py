@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from modelserve.contracts.adapters import AdapterApi
 from modelserve.contracts.choices import Dtype
 
+from . import view
 from .base import CHAT_TEMPLATE_PATH, GROUP_SIZE, LEADER_ADDRESS, LOOPBACK, WORKER_INDEX, Engine, Role, Switch
-
-if TYPE_CHECKING:  # the spec imports the engines for their facts
-    from modelserve.api.spec import ModelServer
+from .view import ServedModel
 
 VERSION = "0.5.10"  # LFM2 support starts here
 # Where the group's torch.distributed rendezvous listens on the leader (--dist-init-addr).
@@ -18,10 +17,10 @@ DIST_INIT_PORT = 20000
 
 
 class SGLang(Engine):
-    def args(self, ms: ModelServer) -> list[str]:
+    def args(self, ms: ServedModel) -> list[str]:
         spec = ms.spec
         out = ["--model-path", spec.model, "--served-model-name", ms.name, "--host", LOOPBACK, "--port", str(self.port)]
-        tensor, pipeline = spec.split
+        tensor, pipeline = self.split(spec)
         out += ["--tp-size", str(tensor)]
         if pipeline > 1:
             out += ["--pp-size", str(pipeline)]
@@ -46,13 +45,13 @@ class SGLang(Engine):
             # No adapters at start (the sidecar loads them through /load_lora_adapter), so SGLang
             # needs the rank and target modules up front (check_lora_server_args); its batch count
             # includes the base model's requests, hence one more.
-            limits = spec.limits
+            limits = view.adapter_limits(spec)
             out += ["--enable-lora", "--max-lora-rank", str(limits.max_rank), "--lora-target-modules", "all"]
             out += ["--max-loras-per-batch", str(limits.max_per_batch + 1)]
         out.append("--enable-metrics")
         return out
 
-    def launch(self, ms: ModelServer, role: Role) -> tuple[list[str], list[str]]:
+    def launch(self, ms: ServedModel, role: Role) -> tuple[list[str], list[str]]:
         """Every pod of a group runs the same server, told the group's size, its own rank and the
         leader's rendezvous address by LeaderWorkerSet's variables; only rank 0 serves HTTP."""
         if role == Role.SINGLE:
@@ -61,7 +60,7 @@ class SGLang(Engine):
         group += ["--dist-init-addr", f"{LEADER_ADDRESS}:{DIST_INIT_PORT}"]
         return list(self.command), [*self.args(ms), *group, *ms.spec.engine_args]
 
-    def env(self, ms: ModelServer) -> list[dict[str, Any]]:
+    def env(self, ms: ServedModel) -> list[dict[str, Any]]:
         # SGLang 0.5.10's /health otherwise generates a token per call and polls for it in 1 s sleeps
         # (>= 1 s, up to 20 s under a long prefill), and on giving up marks the server unhealthy, which
         # makes SIGTERM skip the drain. Without it /health answers from the server's status: 503 until
@@ -117,11 +116,13 @@ ENGINE = SGLang(
     metrics_path="/metrics",
     metric_prefix="sglang:",
     shm_size="32Gi",  # what the upstream container form uses
+    on_gpus=True,
     # Above SGLANG_HEALTH_CHECK_TIMEOUT (20 s): should /health generate again (env() turns that
     # off; spec.env may turn it back on), SGLang's own verdict comes before the sidecar gives up.
     probe_timeout_seconds=25.0,
     tool_call_parsers=TOOL_CALL_PARSERS,
     abbreviated_flags=True,  # argparse takes unambiguous prefixes of long flags
+    spans_nodes=True,  # every pod of a group runs the server, told its rank (launch)
     # SGLang 0.5.10's spellings (srt/server_args.py), --nccl-init-addr the old name of --dist-init-addr.
     group_flags=(
         "--tensor-parallel-size",

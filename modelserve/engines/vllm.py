@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from modelserve.contracts.adapters import AdapterApi
 
+from . import view
 from .base import CHAT_TEMPLATE_PATH, LEADER_ADDRESS, LOOPBACK, Engine, Role, Switch
-
-if TYPE_CHECKING:  # the spec imports the engines for their facts
-    from modelserve.api.spec import ModelServer
+from .view import ServedModel
 
 VERSION = "0.32.0"
 # One image per prompt keeps vLLM's start-up profiling inside short contexts such as 1024 tokens.
@@ -25,7 +24,7 @@ LEADER_SCRIPT = f'ray start --head --port={RAY_PORT} --disable-usage-stats && ex
 
 
 class VLLM(Engine):
-    def args(self, ms: ModelServer) -> list[str]:
+    def args(self, ms: ServedModel) -> list[str]:
         spec = ms.spec
         out = [spec.model, "--served-model-name", ms.name, "--host", LOOPBACK, "--port", str(self.port)]
         # /docs, /redoc and /openapi.json would describe every route, admin ones included.
@@ -34,12 +33,12 @@ class VLLM(Engine):
             out += ["--max-model-len", str(spec.max_model_len)]
         if spec.gpu_memory_utilization is not None:
             out += ["--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
-        if spec.multi_node:
-            tensor, pipeline = spec.split
+        if view.multi_node(spec):
+            tensor, pipeline = self.split(spec)
             out += ["--tensor-parallel-size", str(tensor), "--pipeline-parallel-size", str(pipeline)]
             out += ["--distributed-executor-backend", "ray"]
         else:
-            out += ["--tensor-parallel-size", str(spec.gpu_count)]
+            out += ["--tensor-parallel-size", str(self.gpu_count(spec))]
         if spec.tool_call_parser:
             out += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
         if spec.chat_template is not None:
@@ -47,7 +46,7 @@ class VLLM(Engine):
         if spec.adapters is not None:
             # The sidecar loads the adapters through /v1/load_lora_adapter (env below); these size
             # the engine's adapter slots once, at start.
-            limits = spec.limits
+            limits = view.adapter_limits(spec)
             out += ["--enable-lora", "--max-loras", str(limits.max_per_batch), "--max-lora-rank", str(limits.max_rank)]
         if spec.vision:
             # No switch to turn images on: vLLM 0.32.0 takes them for every architecture that supports
@@ -55,14 +54,14 @@ class VLLM(Engine):
             out += ["--limit-mm-per-prompt", json.dumps({"image": IMAGES_PER_PROMPT}, separators=(",", ":"))]
         return out
 
-    def env(self, ms: ModelServer) -> list[dict[str, Any]]:
+    def env(self, ms: ServedModel) -> list[dict[str, Any]]:
         # Registers /v1/load_lora_adapter and /v1/unload_lora_adapter (serve/lora/api_router.py): on
         # 127.0.0.1 only, called by the sidecar, refused to every client by its allowlist.
         if ms.spec.adapters is None:
             return []
         return [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]
 
-    def launch(self, ms: ModelServer, role: Role) -> tuple[list[str], list[str]]:
+    def launch(self, ms: ServedModel, role: Role) -> tuple[list[str], list[str]]:
         if role == Role.LEADER:
             return ["/bin/sh", "-c", LEADER_SCRIPT, "vllm-leader"], [*self.args(ms), *ms.spec.engine_args]
         if role == Role.WORKER:  # no shell: an unexpanded $(LWS_LEADER_ADDRESS) fails loudly in Ray
@@ -120,11 +119,13 @@ ENGINE = VLLM(
     metrics_path="/metrics",
     shm_size="16Gi",
     metric_prefix="vllm:",
+    on_gpus=True,
     tool_call_parsers=TOOL_CALL_PARSERS,
     # vLLM's FlexibleArgumentParser, an argparse parser, reads `_` as `-` in long flags and takes
     # unambiguous prefixes.
     abbreviated_flags=True,
     underscored_flags=True,
+    spans_nodes=True,  # a Ray cluster over the group's pods (launch)
     # vLLM 0.32.0's spellings (engine/arg_utils.py): the short -tp and -pp are flags of their own.
     group_flags=(
         "--tensor-parallel-size",
