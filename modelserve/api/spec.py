@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
@@ -20,31 +19,15 @@ from pydantic.alias_generators import to_camel
 
 from modelserve.contracts.choices import AcrossNodes, Dtype, Profile
 from modelserve.engines import ENGINES, view
-from modelserve.engines.base import Engine, cel_list
+
+from . import engine_rules
+from .rules import Rule
 
 GROUP = "serving.modelserve.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "ModelServer"
 PLURAL = "modelservers"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One cross-field rule: CEL for the API server, `holds` for Python; `field` names the culprit."""
-
-    cel: str
-    message: str
-    field: str  # relative to the object the rule sits on, e.g. "gpus" -> fieldPath ".gpus"
-    holds: Callable[[Any], bool]
-
-    def to_validation(self) -> dict[str, str]:
-        return {
-            "rule": self.cel,
-            "message": self.message,
-            "fieldPath": f".{self.field}",
-            "reason": "FieldValueInvalid",
-        }
 
 
 def _add_rules_to_schema(schema: dict[str, Any], cls: type) -> None:
@@ -100,112 +83,6 @@ NAME_MAX_LENGTH = 63
 GPU_PROFILES = (Profile.HIGH_THROUGHPUT, Profile.LOW_LATENCY)
 MAX_GPUS = 64
 MAX_NODES = 16
-
-
-def _flag_rule(profile: Profile, engine: Engine, flags: tuple[str, ...], message: str) -> Rule:
-    """engineArgs must not set one of `flags` with `profile`, in any spelling its engine's parser reads."""
-    return Rule(
-        f"self.profile != '{profile}' || !has(self.engineArgs) || "
-        f"!{engine.any_sets_flag_cel('self.engineArgs', flags)}",
-        message,
-        "engineArgs",
-        lambda s: s.profile != profile or not any(engine.sets_flag(a, flags) for a in s.engine_args),
-    )
-
-
-def _owned_flag_rules() -> tuple[Rule, ...]:
-    """engineArgs must not set a flag the pod's wiring owns (the engine listens on 127.0.0.1 behind
-    the sidecar, which checks keys itself and probes the engine under the ModelServer's name)."""
-    return tuple(
-        _flag_rule(
-            profile,
-            engine,
-            engine.owned_flags,
-            f"engineArgs must not set {', '.join(engine.owned_flags)} with profile {profile} ({engine.title}; "
-            f"{engine.spelling}): the operator wires them to the sidecar",
-        )
-        for profile, engine in ENGINES.items()
-    )
-
-
-def _group_flag_rules() -> tuple[Rule, ...]:
-    """With nodes above 1, engineArgs must not set the flags that size and wire the group (tensor and
-    pipeline sizes, node ranks, the rendezvous address): the operator derives them from gpus, nodes
-    and acrossNodes, and one pod of a group disagreeing with the others hangs the whole group."""
-    return tuple(
-        Rule(
-            f"!has(self.nodes) || self.nodes == 1 || self.profile != '{profile}' || !has(self.engineArgs) || "
-            f"!{engine.any_sets_flag_cel('self.engineArgs', engine.group_flags)}",
-            f"engineArgs must not set {', '.join(engine.group_flags)} with nodes above 1 and profile {profile} "
-            f"({engine.title}; {engine.spelling}): the operator sizes the group from gpus, nodes and acrossNodes",
-            "engineArgs",
-            lambda s, profile=profile, engine=engine: (
-                s.node_count == 1
-                or s.profile != profile
-                or not any(engine.sets_flag(a, engine.group_flags) for a in s.engine_args)
-            ),
-        )
-        for profile, engine in ENGINES.items()
-        if engine.group_flags
-    )
-
-
-def _admin_flag_rules() -> tuple[Rule, ...]:
-    """engineArgs must not turn on an engine's administration routes: only the sidecar's allowlist
-    would then stand between them and every key holder. From each engine's own table."""
-    return tuple(
-        _flag_rule(
-            profile,
-            engine,
-            tuple(switch.name for switch in engine.admin_flags),
-            f"engineArgs must not set these {engine.title} {engine.version} flags with profile {profile} "
-            f"({engine.spelling}), which open routes no API key holder may reach: "
-            + "; ".join(switch.describe() for switch in engine.admin_flags),
-        )
-        for profile, engine in ENGINES.items()
-        if engine.admin_flags
-    )
-
-
-def _admin_env_rules() -> tuple[Rule, ...]:
-    """env must not name a variable that turns on an engine's administration routes. Refused with
-    every profile, not only the engine's own: another engine ignores the name, so nobody needs it,
-    and one rule per engine is simpler than a matrix (and survives an `image` of another engine)."""
-    return tuple(
-        Rule(
-            f"!has(self.env) || !self.env.exists(e, e.name in {cel_list(s.name for s in engine.admin_env)})",
-            f"env must not name these {engine.title} {engine.version} variables, which open routes no API "
-            "key holder may reach: " + "; ".join(switch.describe() for switch in engine.admin_env),
-            "env",
-            lambda s, names={switch.name for switch in engine.admin_env}: not any(var.name in names for var in s.env),
-        )
-        for engine in ENGINES.values()
-        if engine.admin_env
-    )
-
-
-def _tool_call_parser_rules() -> tuple[Rule, ...]:
-    """toolCallParser must be a name the profile's pinned engine knows: the engines spell the same
-    parser differently (vLLM llama3_json, SGLang llama3), and a wrong name only shows when the
-    engine exits at start. One rule per engine that takes a parser name, from the engine's own list."""
-    rules = []
-    for profile, engine in ENGINES.items():
-        parsers = engine.tool_call_parsers
-        if not parsers:
-            continue
-        rules.append(
-            Rule(
-                f"self.profile != '{profile}' || !has(self.toolCallParser) || "
-                f"self.toolCallParser in {cel_list(parsers)}",
-                f"toolCallParser must be a parser {engine.title} {engine.version} knows for profile {profile}: "
-                + ", ".join(parsers),
-                "toolCallParser",
-                lambda s, profile=profile, parsers=parsers: (
-                    s.profile != profile or s.tool_call_parser is None or s.tool_call_parser in parsers
-                ),
-            )
-        )
-    return tuple(rules)
 
 
 class AuthMode(StrEnum):
@@ -760,7 +637,7 @@ class ModelServerSpec(WireModel):
             "toolCallParser",
             lambda s: s.profile != Profile.CPU or s.tool_call_parser is None,
         ),
-        *_tool_call_parser_rules(),
+        *engine_rules.tool_call_parser_rules(),
         Rule(
             f"self.profile == 'external' || self.model.startsWith('/') || self.model.matches('{HUB_ID_PATTERN}')",
             "model must be a hub id <org>/<name> or an absolute path for the engine profiles",
@@ -793,10 +670,10 @@ class ModelServerSpec(WireModel):
             lambda s: s.adapter_limits is None or s.adapters is not None,
         ),
         *_external_rules(),
-        *_owned_flag_rules(),
-        *_group_flag_rules(),
-        *_admin_flag_rules(),
-        *_admin_env_rules(),
+        *engine_rules.owned_flag_rules(),
+        *engine_rules.group_flag_rules(),
+        *engine_rules.admin_flag_rules(),
+        *engine_rules.admin_env_rules(),
     )
 
     @field_validator("env")

@@ -9,15 +9,16 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from . import spec
+from .rules import Rule
 
 
 class InvalidManifest(ValueError):
     """A manifest the API server would refuse; the message names the field like the API server."""
 
 
-def rules_by_message() -> dict[str, spec.Rule]:
+def rules_by_message() -> dict[str, Rule]:
     """Every cross-field rule of the spec model, by its message (messages are unique)."""
-    found: dict[str, spec.Rule] = {}
+    found: dict[str, Rule] = {}
     pending = [spec.WireModel]
     while pending:
         cls = pending.pop()
