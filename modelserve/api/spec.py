@@ -80,7 +80,6 @@ EXTERNAL_URL_PATTERN = r"^https?://[^\s/?#@]+(/[^\s?#]*)?$"
 # The ModelServer name names the Service, so it must be a DNS-1035 label.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH = 63
-GPU_PROFILES = (Profile.HIGH_THROUGHPUT, Profile.LOW_LATENCY)
 MAX_GPUS = 64
 MAX_NODES = 16
 
@@ -310,9 +309,9 @@ ADAPTER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
 # A hub id without a :quant tag, or an absolute path (in the cache volume).
 ADAPTER_SOURCE_PATTERN = r"^(/\S+|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)$"
 MAX_ADAPTERS = 32
+ADAPTERS_NAMED = engine_rules.named(engine_rules.adapter_profiles())  # "profiles high-throughput and low-latency"
 # vLLM 0.32.0's --max-lora-rank choices (config/lora.py MaxLoRARanks); SGLang takes any rank.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-ADAPTER_PROFILES = (Profile.HIGH_THROUGHPUT, Profile.LOW_LATENCY)
 
 
 class Adapter(WireModel):
@@ -392,7 +391,7 @@ class External(WireModel):
 
 
 # The fields that configure an engine, which profile external has none of: (wire name, attribute,
-# CEL saying it is set). The low-latency-only torchCompile and chunkedPrefillSize have their rules.
+# CEL saying it is set). The fields only some engines read have their rules (engine_rules.py).
 ENGINE_FIELDS = (
     ("gpus", "gpus", "has(self.gpus)"),
     ("dtype", "dtype", "self.dtype != 'auto'"),
@@ -421,7 +420,7 @@ def _external_rules() -> tuple[Rule, ...]:
     """Profile external runs no engine: every field that configures one is refused, by name."""
     return tuple(
         Rule(
-            f"self.profile != 'external' || !({is_set})",
+            f"self.profile != '{Profile.EXTERNAL}' || !({is_set})",
             f"{wire} does not apply to profile external: the external server runs the model",
             wire,
             lambda s, attribute=attribute: s.profile != Profile.EXTERNAL or not _engine_field_is_set(s, attribute),
@@ -529,9 +528,9 @@ class ModelServerSpec(WireModel):
     )
     adapters: Annotated[list[Adapter], Field(max_length=MAX_ADAPTERS)] | None = Field(
         None,
-        description="LoRA adapters of the model (profiles high-throughput and low-latency), each served under its "
-        "own name. Setting the field (even to []) starts the engine with LoRA on; adding or removing adapters "
-        "afterwards loads or unloads them in the running engines, without a restart.",
+        description=f"LoRA adapters of the model ({ADAPTERS_NAMED}), each served under its own name. Setting the "
+        "field (even to []) starts the engine with LoRA on; adding or removing adapters afterwards loads or "
+        "unloads them in the running engines, without a restart.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     adapter_limits: AdapterLimits | None = Field(
@@ -563,106 +562,40 @@ class ModelServerSpec(WireModel):
         "fewer meanwhile, so with one replica the model is down through the cold start).",
     )
 
+    # The rules an engine's facts make (api/engine_rules.py) among the spec's own, in this order.
     rules = (
-        Rule(
-            "self.profile != 'cpu' || !has(self.gpus) || self.gpus == 0",
-            "gpus must be 0 or unset for profile cpu",
-            "gpus",
-            lambda s: s.profile != Profile.CPU or not s.gpus,
-        ),
-        Rule(
-            "!(self.profile in ['high-throughput', 'low-latency']) || !has(self.gpus) || self.gpus >= 1",
-            "gpus must be at least 1 for the GPU profiles high-throughput and low-latency",
-            "gpus",
-            lambda s: s.profile not in GPU_PROFILES or s.gpus is None or s.gpus >= 1,
-        ),
-        Rule(
-            "!has(self.nodes) || self.nodes == 1 || self.profile in ['high-throughput', 'low-latency']",
-            "nodes above 1 needs a GPU profile (high-throughput or low-latency): profiles cpu and external "
-            "run one pod per replica",
-            "nodes",
-            lambda s: s.node_count == 1 or s.profile in GPU_PROFILES,
-        ),
-        Rule(
-            "!has(self.nodes) || self.nodes == 1 || !(self.profile in ['high-throughput', 'low-latency']) || "
-            "(has(self.gpus) && self.gpus % self.nodes == 0)",
-            "gpus (GPUs per replica, across its nodes) must be set to a multiple of nodes: each node's pod "
-            "gets gpus / nodes",
-            "gpus",
-            lambda s: (
-                s.node_count == 1
-                or s.profile not in GPU_PROFILES
-                or (s.gpus is not None and s.gpus % s.node_count == 0)
-            ),
-        ),
+        *engine_rules.gpu_rules(),
         Rule(
             "!has(self.acrossNodes) || (has(self.nodes) && self.nodes > 1)",
             "acrossNodes only applies with nodes above 1",
             "acrossNodes",
             lambda s: s.across_nodes is None or s.node_count > 1,
         ),
-        Rule(
-            "!self.torchCompile || self.profile == 'low-latency'",
-            "torchCompile only applies to profile low-latency",
-            "torchCompile",
-            lambda s: not s.torch_compile or s.profile == Profile.LOW_LATENCY,
-        ),
-        Rule(
-            "!has(self.chunkedPrefillSize) || self.profile == 'low-latency'",
-            "chunkedPrefillSize only applies to profile low-latency",
-            "chunkedPrefillSize",
-            lambda s: s.chunked_prefill_size is None or s.profile == Profile.LOW_LATENCY,
-        ),
+        *engine_rules.own_field_rules(),
         Rule(
             "!has(self.chunkedPrefillSize) || self.chunkedPrefillSize != 0",
             "chunkedPrefillSize must be -1 (no chunking) or a positive number of tokens",
             "chunkedPrefillSize",
             lambda s: s.chunked_prefill_size != 0,
         ),
-        Rule(
-            "self.profile != 'cpu' || self.dtype == 'auto'",
-            "dtype must be auto for profile cpu: llama.cpp uses the GGUF's own types",
-            "dtype",
-            lambda s: s.profile != Profile.CPU or s.dtype == Dtype.AUTO,
-        ),
-        Rule(
-            "self.profile != 'cpu' || !has(self.gpuMemoryUtilization)",
-            "gpuMemoryUtilization only applies to the GPU profiles",
-            "gpuMemoryUtilization",
-            lambda s: s.profile != Profile.CPU or s.gpu_memory_utilization is None,
-        ),
-        Rule(
-            "self.profile != 'cpu' || !has(self.toolCallParser)",
-            "toolCallParser only applies to the GPU profiles: llama.cpp parses tool calls from the chat template",
-            "toolCallParser",
-            lambda s: s.profile != Profile.CPU or s.tool_call_parser is None,
-        ),
+        *engine_rules.dtype_rules(),
+        *engine_rules.gpu_memory_rules(),
         *engine_rules.tool_call_parser_rules(),
         Rule(
-            f"self.profile == 'external' || self.model.startsWith('/') || self.model.matches('{HUB_ID_PATTERN}')",
+            f"self.profile == '{Profile.EXTERNAL}' || self.model.startsWith('/') || "
+            f"self.model.matches('{HUB_ID_PATTERN}')",
             "model must be a hub id <org>/<name> or an absolute path for the engine profiles",
             "model",
             lambda s: s.profile == Profile.EXTERNAL or s.model.startswith("/") or re.match(HUB_ID_PATTERN, s.model),
         ),
+        *engine_rules.tagged_model_rules(),
         Rule(
-            "self.profile in ['cpu', 'external'] || self.model.startsWith('/') || !self.model.contains(':')",
-            "model takes a :<quant> tag only with profile cpu (a GGUF repo for llama.cpp)",
-            "model",
-            lambda s: s.profile in (Profile.CPU, Profile.EXTERNAL) or s.model.startswith("/") or ":" not in s.model,
-        ),
-        Rule(
-            "(self.profile == 'external') == has(self.external)",
+            f"(self.profile == '{Profile.EXTERNAL}') == has(self.external)",
             "external (the server's url) is required with profile external and only applies to it",
             "external",
             lambda s: (s.profile == Profile.EXTERNAL) == (s.external is not None),
         ),
-        Rule(
-            "!has(self.adapters) || self.profile in ['high-throughput', 'low-latency']",
-            "adapters needs profile high-throughput (vLLM) or low-latency (SGLang): llama.cpp takes LoRA "
-            "only as GGUF files at start (--lora), and an external server loads its own",
-            "adapters",
-            lambda s: s.adapters is None or s.profile in ADAPTER_PROFILES,
-        ),
+        *engine_rules.adapter_rules(),
         Rule(
             "!has(self.adapterLimits) || has(self.adapters)",
             "adapterLimits only applies with adapters",

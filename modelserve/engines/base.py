@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from modelserve.contracts.adapters import AdapterApi
+from modelserve.contracts.choices import Dtype
 
 from . import view
 from .view import ServedModel, SpecView
@@ -103,6 +104,17 @@ class Engine:
     # Which administration API loads LoRA adapters at run time (the sidecar calls it); NONE: the
     # engine takes no adapters from this project.
     adapter_api: AdapterApi = AdapterApi.NONE
+    # The spec.dtype values the engine takes.
+    dtypes: tuple[Dtype, ...] = tuple(Dtype)
+    # Spec fields (wire names) only some engines read, e.g. SGLang's torchCompile: refused with
+    # every profile whose engine does not list them (api/engine_rules.py knows each field's test).
+    own_fields: tuple[str, ...] = ()
+    # What a model id's `:<tag>` names for this engine (a hub id `<org>/<repo>:<tag>`); empty: the
+    # engine takes hub ids without one.
+    tagged_models: str = ""
+    # (spec field, why this engine takes none of it or only some values) for each field it refuses
+    # (dtype, toolCallParser, adapters): the reason ends the refusal's message.
+    refusals: tuple[tuple[str, str], ...] = ()
     # The engine's user: None keeps the image's own (root) and its writable root filesystem;
     # a UID runs it non-root on a read-only root filesystem with HOME and /tmp on emptyDirs.
     run_as_user: int | None = None
@@ -123,6 +135,13 @@ class Engine:
         if view.multi_node(ms.spec):
             raise ValueError(f"{ms.name} spans {view.node_count(ms.spec)} nodes: its pods are a leader and workers")
         return list(self.command), [*self.args(ms), *ms.spec.engine_args]
+
+    def why_not(self, field: str) -> str:
+        """Why this engine refuses a spec field (or some of its values), from `refusals`."""
+        reasons = dict(self.refusals)
+        if field not in reasons:
+            raise ValueError(f"engine {self.name} refuses {field} and its refusals do not say why")
+        return reasons[field]
 
     def gpu_count(self, spec: SpecView) -> int:
         """GPUs per replica, with this engine's default."""

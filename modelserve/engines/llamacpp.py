@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from modelserve.contracts.choices import Dtype
+
 from .base import CHAT_TEMPLATE_PATH, HUB_CACHE_PATH, LOOPBACK, Engine, Switch
 from .view import ServedModel
 
@@ -75,4 +77,11 @@ ENGINE = LlamaCpp(
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
     run_as_user=NONROOT_UID,
+    dtypes=(Dtype.AUTO,),
+    tagged_models="a GGUF repo for llama.cpp",  # -hf <org>/<repo>:<quant>
+    refusals=(
+        ("dtype", "llama.cpp uses the GGUF's own types"),
+        ("toolCallParser", "llama.cpp parses tool calls from the chat template"),
+        ("adapters", "llama.cpp takes LoRA only as GGUF files at start (--lora)"),
+    ),
 )

@@ -137,4 +137,5 @@ ENGINE = SGLang(
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
     adapter_api=AdapterApi.SGLANG,
+    own_fields=("torchCompile", "chunkedPrefillSize"),  # --enable-torch-compile, --chunked-prefill-size
 )

@@ -1,0 +1,175 @@
+"""An engine is one module: its facts are on its `Engine`, and the spec's rules follow from the
+registry. A made-up engine added to a registry gets its rules without a line of api/ changed."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from modelserve.api import engine_rules, validation
+from modelserve.api.spec import ModelServer
+from modelserve.contracts.adapters import AdapterApi
+from modelserve.contracts.choices import Dtype
+from modelserve.engines import ENGINES, llamacpp, vllm
+from modelserve.engines.base import Engine, Role
+from tests.helpers.operator_testdata import examples
+
+OWN_FIELDS = {wire for wire, _, _ in engine_rules.ENGINE_OWN_FIELDS}
+
+
+@pytest.mark.parametrize("profile", sorted(ENGINES))
+def test_each_engines_facts_agree(profile: str) -> None:
+    engine = ENGINES[profile]
+    assert set(engine.own_fields) <= OWN_FIELDS, "a field only this engine reads needs its test in engine_rules"
+    if engine.spans_nodes:
+        assert engine.on_gpus and engine.group_flags, "a group splits GPUs, sized by flags engineArgs may not set"
+        assert type(engine).launch is not Engine.launch, "an engine spanning nodes wires its leader and workers"
+    # Each capability it lacks says why, for the refusal's message.
+    if set(engine.dtypes) != set(Dtype):
+        assert engine.why_not("dtype")
+    if not engine.tool_call_parsers:
+        assert engine.why_not("toolCallParser")
+    if engine.adapter_api == AdapterApi.NONE:
+        assert engine.why_not("adapters")
+
+
+def test_every_engine_only_field_has_an_engine() -> None:
+    owned = {field for engine in ENGINES.values() for field in engine.own_fields}
+    assert owned == OWN_FIELDS
+
+
+def test_a_refusal_without_its_reason_names_the_engine_and_the_field() -> None:
+    with pytest.raises(ValueError, match="engine vllm refuses dtype"):
+        vllm.ENGINE.why_not("dtype")
+
+
+def test_rule_messages_are_unique() -> None:
+    # validation.rules_by_message finds the rule of a refusal by its message.
+    rules = [rule for cls_rules in _all_rules() for rule in cls_rules]
+    assert len({rule.message for rule in rules}) == len(rules)
+    assert len(validation.rules_by_message()) == len(rules)
+
+
+def _all_rules() -> list[tuple[Any, ...]]:
+    from modelserve.api import spec
+
+    found, pending = [], [spec.WireModel]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        found.append(cls.rules)
+    return found
+
+
+# --- a made-up engine, added to a registry the rule builders are given --------------------------
+
+FAST = dataclasses.replace(
+    vllm.ENGINE,
+    name="fast",
+    title="Fast",
+    own_fields=("torchCompile",),
+    adapter_api=AdapterApi.NONE,
+    refusals=(("adapters", "Fast loads no adapters"),),
+)
+SLOW_CPU = dataclasses.replace(
+    llamacpp.ENGINE,
+    name="slowcpu",
+    title="SlowCPU",
+    dtypes=(Dtype.AUTO, Dtype.FLOAT32),
+    refusals=(
+        ("dtype", "SlowCPU computes in float32"),
+        ("toolCallParser", "SlowCPU reads tool calls from the template"),
+        ("adapters", "SlowCPU takes none"),
+    ),
+)
+REGISTRY = {**ENGINES, "fast": FAST, "slow-cpu": SLOW_CPU}
+
+
+def _rule(rules: tuple[Any, ...], field: str, containing: str = "") -> Any:
+    (rule,) = [rule for rule in rules if rule.field == field and containing in rule.message]
+    return rule
+
+
+def _spec(**fields: Any) -> Any:
+    """A stand-in for a spec, with the attributes the rules read."""
+    base = {
+        "profile": "fast",
+        "gpus": None,
+        "nodes": None,
+        "node_count": 1,
+        "dtype": Dtype.AUTO,
+        "adapters": None,
+        "torch_compile": False,
+        "chunked_prefill_size": None,
+        "gpu_memory_utilization": None,
+        "tool_call_parser": None,
+        "model": "a/b",
+    }
+    return type("Spec", (), {**base, **fields})()
+
+
+def test_a_new_gpu_engine_joins_the_gpu_and_node_rules() -> None:
+    rules = engine_rules.gpu_rules(REGISTRY)
+    at_least_one = _rule(rules, "gpus", "at least 1")
+    assert "'fast'" in at_least_one.cel and "high-throughput, low-latency and fast" in at_least_one.message
+    assert not at_least_one.holds(_spec(gpus=0)) and at_least_one.holds(_spec(gpus=2))
+    zero = _rule(rules, "gpus", "0 or unset")
+    assert "['cpu', 'slow-cpu']" in zero.cel and "profiles cpu and slow-cpu" in zero.message
+    nodes = _rule(rules, "nodes")
+    assert nodes.holds(_spec(node_count=2)) and not nodes.holds(_spec(profile="slow-cpu", node_count=2))
+    assert "profiles cpu, slow-cpu and external run one pod per replica" in nodes.message
+
+
+def test_a_new_engine_takes_the_fields_it_lists_and_refuses_the_rest() -> None:
+    rules = engine_rules.own_field_rules(REGISTRY)
+    torch = _rule(rules, "torchCompile")
+    assert torch.cel == "!self.torchCompile || self.profile in ['low-latency', 'fast']"
+    assert torch.holds(_spec(torch_compile=True))
+    chunked = _rule(rules, "chunkedPrefillSize")
+    assert not chunked.holds(_spec(chunked_prefill_size=512))
+
+
+def test_a_new_engines_dtypes_adapters_and_parsers() -> None:
+    (cpu_dtype, slow_dtype) = engine_rules.dtype_rules(REGISTRY)
+    assert slow_dtype.cel == "self.profile != 'slow-cpu' || self.dtype in ['auto', 'float32']"
+    assert slow_dtype.message == "dtype must be auto or float32 for profile slow-cpu: SlowCPU computes in float32"
+    assert slow_dtype.holds(_spec(profile="slow-cpu", dtype=Dtype.FLOAT32))
+    assert not slow_dtype.holds(_spec(profile="slow-cpu", dtype=Dtype.FLOAT16))
+    assert "'cpu'" in cpu_dtype.cel
+
+    (adapters,) = engine_rules.adapter_rules(REGISTRY)
+    assert "'fast'" not in adapters.cel and not adapters.holds(_spec(adapters=[]))
+    assert "Fast loads no adapters, SlowCPU takes none, and an external server loads its own" in adapters.message
+
+    parsers = engine_rules.tool_call_parser_rules(REGISTRY)
+    no_parser = _rule(parsers, "toolCallParser", "SlowCPU reads")
+    assert not no_parser.holds(_spec(profile="slow-cpu", tool_call_parser="hermes"))
+    knows = _rule(parsers, "toolCallParser", "Fast")
+    assert knows.holds(_spec(tool_call_parser="hermes")) and not knows.holds(_spec(tool_call_parser="nope"))
+
+
+def test_a_new_engines_flags_are_refused_under_its_own_profile() -> None:
+    (owned,) = [r for r in engine_rules.owned_flag_rules(REGISTRY) if "profile fast" in r.message]
+    assert owned.cel.startswith("self.profile != 'fast'")
+    assert not owned.holds(_spec(engine_args=["--port=1"])) and owned.holds(_spec(engine_args=["--seed=1"]))
+
+
+def test_the_real_registry_refuses_what_it_did() -> None:
+    base = examples()["smollm2-135m-cpu"]
+    for change, complaint in [
+        ({"gpus": 1}, "gpus must be 0 or unset for profile cpu"),
+        ({"dtype": "float16"}, "dtype must be auto for profile cpu: llama.cpp uses the GGUF's own types"),
+        ({"torchCompile": True}, "torchCompile only applies to profile low-latency"),
+        ({"nodes": 2}, "nodes above 1 needs a GPU profile (high-throughput or low-latency)"),
+    ]:
+        with pytest.raises(ValueError, match=complaint.replace("(", r"\(").replace(")", r"\)")):
+            ModelServer.from_manifest({**base, "spec": {**base["spec"], **change}})
+
+
+def test_a_spanning_engine_launches_leader_and_workers() -> None:
+    ms = ModelServer.from_manifest(examples()["lfm2-24b-a2b-16gpu"])
+    engine = ENGINES[ms.spec.profile]
+    assert engine.spans_nodes
+    assert engine.launch(ms, Role.WORKER)[0][0] == "ray"
