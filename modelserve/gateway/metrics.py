@@ -5,7 +5,14 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from modelserve.contracts.names import Key
-from modelserve.http.metrics import RequestSeries, connections_cut, flush_on_collect, refusal_counter
+from modelserve.http.metrics import (
+    RequestSeries,
+    connections_cut,
+    flush_on_collect,
+    lifecycle_series,
+    refusal_counter,
+)
+from modelserve.http.pipeline import Ledger
 
 from .catalog import ANSWERS
 
@@ -87,6 +94,10 @@ class GatewayMetrics:
             self.in_flight.labels(*key).set_function(lambda: self._in_flight.get(key, 0))
             count = 0
         self._in_flight[key] = count + 1
+
+    def lifecycle(self, ledger: Ledger) -> None:
+        """The request pipeline's own counts (http/metrics.lifecycle_series)."""
+        lifecycle_series(PREFIX, self.registry, ledger)
 
     def leave(self, key: Key) -> None:
         count = self._in_flight.get(key)

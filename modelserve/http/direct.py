@@ -44,7 +44,7 @@ class DirectHandler(Protocol):
         """Serve the request (or start serving it) without awaiting; False, with nothing done, to
         leave it to `direct`."""
 
-    def admit(self, request: DirectDownstream) -> bool:
+    def on_head(self, request: DirectDownstream) -> bool:
         """Once its head is in, before its body is read: answer (a refusal from the headers alone,
         the sidecar's 401) and True, or False with nothing done."""
 
@@ -124,7 +124,7 @@ class DirectDownstream:
         self._gone: asyncio.Future[None] | None = None
         self._cancel: tuple[asyncio.Task[Any], Exchange] | None = None
         self.task: asyncio.Task[None] | None = None  # the one running the proxy for it
-        self.admitted = False  # the handler's `admit` let it through from its head
+        self.admitted = False  # the handler's `on_head` let it through from its head
         # The express lane's (express.py) instead of a task to cancel: called once if the client goes.
         self.on_lost: Callable[[], None] | None = None
 
@@ -585,7 +585,7 @@ class DirectProtocol(HttpToolsProtocol):
         if previous is None or previous.response_complete:
             if self._body_fits(self.cycle):  # type: ignore[arg-type]
                 self.running = self.cycle  # type: ignore[assignment]
-                if not handler.admit(self.cycle):  # type: ignore[arg-type]
+                if not handler.on_head(self.cycle):  # type: ignore[arg-type]
                     self.cycle.admitted = True  # type: ignore[attr-defined]
                     self.deferred = (self.cycle, handler)  # type: ignore[assignment]
             else:

@@ -24,15 +24,18 @@ class ClientGone(Exception):
 
 
 class Exchange:
-    """What one request did, for its metrics."""
+    """One request through the pipeline (pipeline.py): what it did, for its metrics, and its plan."""
 
-    __slots__ = ("client_gone", "start", "status", "ttfb")
+    __slots__ = ("client_gone", "ended", "plan", "route", "start", "status", "ttfb")
 
     def __init__(self, start: float) -> None:
         self.start = start
         self.status = 500
         self.ttfb: float | None = None
         self.client_gone = False
+        self.route = ""  # the route its metrics name
+        self.plan: Any = None  # the pipeline's Plan, once its body was checked
+        self.ended = False
 
 
 class Downstream(Protocol):

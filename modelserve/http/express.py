@@ -7,21 +7,24 @@ frames and two more turns of the event loop to every request; here one request i
 that writes upstream and the upstream's read that writes the answer back, as nginx does it.
 
 Anything else goes on in a task of the request's own, from where this stopped, in the proxies' one
-async way (relay.py): a stream or a partial answer, no idle connection, a failed exchange (the
-proxies' retries), a slow client. The proxy hands over its own steps as callbacks, so what it counts
-and how it retries is written once.
+async way (pipeline.py): a stream or a partial answer, no idle connection, a failed exchange (the
+proxies' retries), a slow client. The steps (what is counted, how it retries) are the pipeline's, the
+same on both ways.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from . import errors
 from .direct import DirectDownstream
-from .downstream import Exchange, Headers
+from .downstream import Exchange
 from .relay import answer_head, whole_body
 from .upstream_pool import Disconnected, Pool, Response, _Connection
+
+if TYPE_CHECKING:  # the pipeline runs this lane (it imports this module)
+    from .pipeline import Pipeline, Plan
 
 log = logging.getLogger(__name__)
 
@@ -38,48 +41,23 @@ def answer_now(request: DirectDownstream, error: errors.ErrorResponse) -> int:
 
 
 class Forward:
-    """One request's exchange with its upstream on the express lane.
+    """One request's exchange with its upstream on the express lane, for `pipeline` (pipeline.py): its
+    answer written from the upstream connection's callback when it comes whole, else the request
+    handed to a task of its own (`pipeline.go_on`) with what the try gave."""
 
-    `settle(tail, error)` is the proxy's accounting of a relayed answer (usage, error counts), `end()`
-    its accounting of every request, and `go_on(outcome)` the rest of its async way for a request
-    that leaves this lane; `go_on` runs in a task and does its own accounting."""
+    __slots__ = ("connection", "exchange", "pipeline", "plan", "request")
 
-    __slots__ = (
-        "connection",
-        "count_usage",
-        "end",
-        "exchange",
-        "extra_headers",
-        "go_on",
-        "passed_on",
-        "request",
-        "settle",
-    )
-
-    def __init__(
-        self,
-        request: DirectDownstream,
-        exchange: Exchange,
-        count_usage: bool,
-        extra_headers: Callable[[], Iterable[tuple[bytes, bytes]]] | None,
-        settle: Callable[[bytes | None, BaseException | None], None],
-        end: Callable[[], None],
-        go_on: Callable[[FirstTry], Awaitable[None]],
-        passed_on: Callable[[Response], bool] | None = None,
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, request: DirectDownstream, exchange: Exchange, plan: Plan) -> None:
+        self.pipeline = pipeline
         self.request = request
         self.exchange = exchange
-        self.count_usage = count_usage
-        self.extra_headers = extra_headers
-        self.settle = settle
-        self.end = end
-        self.go_on = go_on
-        self.passed_on = passed_on  # a complete answer the async way deals with (the gateway's 503s)
+        self.plan = plan
         self.connection: _Connection | None = None
 
-    def send(self, pool: Pool, method: str, url: str, headers: Headers, body: bytes) -> None:
+    def send(self, pool: Pool, url: str) -> None:
+        plan = self.plan
         try:
-            connection = pool.send_now(method, url, headers, body, self._answered)
+            connection = pool.send_now(plan.route.method, url, plan.headers, plan.body, self._answered)
         except Disconnected as exc:
             self._leave(exc)
             return
@@ -96,38 +74,39 @@ class Forward:
         request.untrack(self)
         self.connection = None
         outcome = connection.answer()
+        pipeline, plan, exchange = self.pipeline, self.plan, self.exchange
         if (
             not isinstance(outcome, Response)
             or not outcome.complete
             or request.write_paused
-            or (self.passed_on is not None and self.passed_on(outcome))
+            or pipeline.passes_on(plan, outcome, 0)
         ):
             self._leave(outcome)
             return
         try:
-            headers, tail = answer_head(outcome, self.exchange, self.count_usage, self.extra_headers)
-            request.whole_now(outcome.status, headers, whole_body(outcome, self.exchange, tail))
+            headers, tail = answer_head(outcome, exchange, plan.metered, plan.answer_headers)
+            request.whole_now(outcome.status, headers, whole_body(outcome, exchange, tail))
         except Exception as exc:  # as a task's failure (direct._run)
             request.failed(exc)
-            self.end()
+            pipeline.finish(exchange)
             return
         finally:
             outcome.release()
-        self.settle(tail.bytes() if tail is not None else None, None)
-        self.end()
+        pipeline.settled(exchange, tail.bytes() if tail is not None else None, None)
+        pipeline.finish(exchange)
 
     def _leave(self, outcome: FirstTry) -> None:
         """Go on the async way, in a task of the request's own."""
-        go_on = self.go_on
-        self.request.spawn(lambda _: go_on(outcome))
+        pipeline, request, exchange = self.pipeline, self.request, self.exchange
+        request.spawn(lambda _: pipeline.go_on(request, exchange, outcome))
 
     def _client_gone(self) -> None:
         """The client went away while the upstream had not answered: closing the connection is how
         the engine learns it (it aborts the generation)."""
         self._drop()
         self.exchange.client_gone = True
-        self.settle(None, None)
-        self.end()
+        self.pipeline.settled(self.exchange, None, None)
+        self.pipeline.finish(self.exchange)
 
     def cancel(self, msg: str | None = None) -> None:
         """The server's drain deadline passed with no answer yet: as a cancelled task, a 500. (The
@@ -135,7 +114,7 @@ class Forward:
         self._drop(untrack_now=False)
         log.error("%s %s still waiting for its upstream at the drain deadline", self.request.method, self.request.path)
         self.request.internal_error()
-        self.end()
+        self.pipeline.finish(self.exchange)
 
     def _drop(self, untrack_now: bool = True) -> None:
         request = self.request

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from modelserve.contracts import routes
 
 from . import limits
+
+if TYPE_CHECKING:
+    from .pipeline import Ledger
 
 # Both halves of a scrape are in this format; the engine's is requested as text/plain.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -146,6 +150,38 @@ class _ConnectionsCut:
 def connections_cut(prefix: str, registry: CollectorRegistry) -> None:
     """`<prefix>_connections_cut_total{reason}` in `registry`: what the connection bounds cut."""
     registry.register(_ConnectionsCut(prefix))  # type: ignore[arg-type]  # a collector without describe()
+
+
+class _Lifecycle:
+    """The request pipeline's own counts (pipeline.Ledger), read when collected: what its lifecycle
+    rules say must be zero when the proxy is idle, and the rules it saw broken."""
+
+    def __init__(self, prefix: str, ledger: Ledger) -> None:
+        self.prefix = prefix
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        ledger, prefix = self.ledger, self.prefix
+        yield GaugeMetricFamily(
+            f"{prefix}_pipeline_requests_open", "Requests begun and not ended yet.", value=ledger.in_flight
+        )
+        yield GaugeMetricFamily(
+            f"{prefix}_pipeline_upstreams_held", "Upstreams picked for a try and not released yet.", value=ledger.held
+        )
+        broken = CounterMetricFamily(
+            f"{prefix}_pipeline_rules_broken",
+            "Request lifecycle rules seen broken, by rule (a defect of the proxy, never the client's).",
+            labels=["rule"],
+        )
+        for rule, count in ledger.broken.items():
+            broken.add_metric([rule], count)
+        yield broken
+
+
+def lifecycle_series(prefix: str, registry: CollectorRegistry, ledger: Ledger) -> None:
+    """`<prefix>_pipeline_requests_open`, `_upstreams_held` and `_rules_broken_total{rule}` in
+    `registry`, read from `ledger`."""
+    registry.register(_Lifecycle(prefix, ledger))  # type: ignore[arg-type]  # a collector without describe()
 
 
 def flush_on_collect(registry: CollectorRegistry, flush: Callable[[], None]) -> None:

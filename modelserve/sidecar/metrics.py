@@ -5,15 +5,20 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
 
 from modelserve.contracts import routes
-from modelserve.http.metrics import RequestSeries, connections_cut, flush_on_collect, refusal_counter, status_class
+from modelserve.http.metrics import (
+    RequestSeries,
+    connections_cut,
+    flush_on_collect,
+    lifecycle_series,
+    refusal_counter,
+    status_class,
+)
+from modelserve.http.pipeline import Ledger
 
 PREFIX = "modelserve_sidecar"
 
 # Route labels are the consumer routes (plus "other"), so arbitrary paths cannot blow up cardinality.
 KNOWN_ROUTES = routes.ALLOWED_PATHS
-# Set in the ASGI scope by an adapter that rewrote the request's path (ollama_asgi): the route the
-# client called, which the metrics label instead of the engine path.
-ROUTE_SCOPE_KEY = "modelserve.route"
 
 
 def route_label(path: str) -> str:
@@ -94,6 +99,10 @@ class SidecarMetrics:
             tokens = self._tokens
             tokens[0] += counts[0]
             tokens[1] += counts[1]
+
+    def lifecycle(self, ledger: Ledger) -> None:
+        """The request pipeline's own counts (http/metrics.lifecycle_series)."""
+        lifecycle_series(PREFIX, self.registry, ledger)
 
     def flush_tokens(self) -> None:
         prompt, completion = self._tokens

@@ -15,10 +15,11 @@ from modelserve.http.downstream import ClientGone, read_body
 from modelserve.http.json_body import BadJson, parse
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
 from modelserve.http.ollama_errors import OllamaErrors, send_whole
+from modelserve.http.pipeline import ROUTE_SCOPE_KEY
 from modelserve.http.relay import content_length
 
 from .auth import refusal_reason
-from .metrics import ROUTE_SCOPE_KEY, route_label
+from .metrics import route_label
 from .proxy import Proxy
 
 # Request headers replaced for the rewritten body; Accept-Encoding is dropped so the engine

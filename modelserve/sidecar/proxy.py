@@ -1,5 +1,5 @@
-"""The proxy: a raw ASGI app that checks the key and the request, then streams the engine's answer
-back chunk by chunk (relay.py, shared with the gateway), kept free of framework layers."""
+"""The sidecar's steps of the request pipeline (http/pipeline.py, shared with the gateway): check the
+key and the request, then stream the engine's answer back chunk by chunk, free of framework layers."""
 
 from __future__ import annotations
 
@@ -7,24 +7,21 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from time import perf_counter
-from typing import Any
 
 from modelserve.contracts import routes
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import errors
-from modelserve.http.direct import DirectDownstream
-from modelserve.http.downstream import AsgiDownstream, Downstream, Exchange, Headers, answer
-from modelserve.http.express import FirstTry, Forward, answer_now
+from modelserve.http.downstream import Exchange, Headers
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
-from modelserve.http.relay import HOP_BY_HOP, filter_headers, read_limited_body, relay, upstream_error_kind
-from modelserve.http.upstream_pool import ConnectFailed, Disconnected, Pool, Response
+from modelserve.http.pipeline import Pipeline, Plan, Upstream
+from modelserve.http.relay import HOP_BY_HOP, filter_headers, upstream_error_kind
 from modelserve.http.usage import usage_from_tail
 
 from .adapters import Adapters
 from .auth import refusal_reason
 from .demand import Demand
 from .keys import KeyStore
-from .metrics import ROUTE_SCOPE_KEY, SidecarMetrics, route_label
+from .metrics import SidecarMetrics, route_label
 from .request_checks import check_body, request_model
 
 log = logging.getLogger(__name__)
@@ -34,22 +31,37 @@ log = logging.getLogger(__name__)
 # whole body is here) and Authorization (the engine has no use for the key; keeps it out of its logs).
 DROP_TO_ENGINE = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authorization"}
 RETRY_AFTER_SECONDS = 5
-# A request's route, the body to send the engine and its model label (with adapters only).
-Planned = tuple[routes.Route, bytes, str | None]
 
 
-class Proxy:
+class EnginePlan(Plan):
+    """A request for the engine, and its model label (with adapters only: usage per adapter)."""
+
+    __slots__ = ("model",)
+
+    def __init__(self, route: routes.Route, body: bytes, headers: Headers, model: str | None) -> None:
+        super().__init__(route, body, headers, route.metered)
+        self.model = model
+
+
+class Proxy(Pipeline):
+    """The sidecar's steps: admit (the key), plan (the request checks), pick (the engine, on a new
+    connection the second time), settle (usage, engine errors), end (the request's metrics)."""
+
     def __init__(
         self, settings: Settings, keys: KeyStore | None, metrics: SidecarMetrics, adapters: Adapters | None = None
     ) -> None:
+        super().__init__(routes.FORWARDED, settings.max_body_bytes)
         self.settings = settings
         self.adapters = adapters  # None or disabled: the ModelServer serves its base model only
         self.keys = keys  # None in public mode
         self.metrics = metrics
-        self.demand = Demand()
-        # Read when scraped: the demand counts requests in flight already, without the gauge's lock.
-        metrics.in_flight.set_function(lambda: self.demand.in_flight)
-        self.pool: Pool | None = None  # opened by the app's lifespan
+        ledger = self.ledger
+        self.demand = Demand(lambda: ledger.in_flight)
+        # Read when scraped: the pipeline counts requests in flight already, without the gauge's lock.
+        metrics.in_flight.set_function(lambda: ledger.in_flight)
+        metrics.lifecycle(ledger)
+        # The route's own path, the one that was checked: never the raw path the client spelt, and no
+        # query (no consumer route takes one; an engine might read one).
         self._targets = {path: settings.upstream_url + path for _, path in routes.FORWARDED}
 
     def key_refusal(self, headers: Iterable[tuple[bytes, bytes]]) -> errors.ErrorResponse | None:
@@ -62,120 +74,16 @@ class Proxy:
         self.metrics.auth_failures.labels(reason).inc()
         return errors.unauthorized(reason)
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """The ASGI way in: the Ollama adapter's, and any request the server's fast lane left to ASGI."""
-        client = AsgiDownstream(receive, send)
-        try:
-            label = scope.get(ROUTE_SCOPE_KEY) or scope["path"]
-            await self.serve(scope["method"], scope["path"], scope["headers"], label, client)
-        finally:
-            client.close()
+    # --- the pipeline's steps ---------------------------------------------------------------------
 
-    async def direct(self, request: DirectDownstream) -> None:
-        """The server's fast lane (direct.py) for the consumer routes forwarded as they are."""
-        await self.serve(request.method, request.path, request.headers, request.path, request)
-
-    def admit(self, request: DirectDownstream) -> bool:
-        """The fast lane's check of a request's head, before its body is read (direct.py): a refused
-        key is answered 401 at once, so a keyless client never has a body buffered here."""
-        refused = self.key_refusal(request.headers)
-        if refused is None:
-            return False
-        exchange = Exchange(perf_counter())
-        self.demand.in_flight += 1
-        exchange.status = answer_now(request, refused)
-        self._end(exchange, route_label(request.path))
-        return True
-
-    def express(self, request: DirectDownstream) -> bool:
-        """The fast lane's first try (express.py): the same steps as `serve`, without awaiting, for a
-        request whose body is in; the async way from where it cannot go on so."""
-        if request.body_size > self.settings.max_body_bytes or request.write_paused or self.pool is None:
-            return False  # the 413 (and its closed connection), or a client not reading: the async way's
-        exchange = Exchange(perf_counter())
-        route_name = route_label(request.path)
-        self.demand.in_flight += 1
-
-        def end() -> None:
-            self._end(exchange, route_name)
-
-        try:
-            refused = None if request.admitted else self.key_refusal(request.headers)
-            if refused is not None:
-                exchange.status = answer_now(request, refused)
-                end()
-                return True
-            self.demand.arrived()
-            planned = self._plan(request.method, request.path, request.body())
-            if isinstance(planned, errors.ErrorResponse):
-                exchange.status = answer_now(request, planned)
-                end()
-                return True
-        except BaseException:
-            end()
-            raise
-        route, body, model = planned
-        headers = request.headers
-
-        async def go_on(outcome: FirstTry) -> None:
-            try:
-                await self._forward(headers, request, route, body, model, exchange, outcome)
-            finally:
-                end()
-
-        def settle(tail: bytes | None, error: BaseException | None) -> None:
-            self._settle(exchange, tail, error, model)
-
-        forward = Forward(request, exchange, route.metered, None, settle, end, go_on)
-        forward.send(self.pool, route.method, self._targets[route.path], filter_headers(headers, DROP_TO_ENGINE), body)
-        return True
-
-    async def serve(self, method: str, path: str, headers: Headers, label: str, client: Downstream) -> None:
-        exchange = Exchange(perf_counter())
-        route = route_label(label)
-        self.demand.in_flight += 1
-        try:
-            await self._handle(method, path, headers, client, exchange)
-        finally:
-            self._end(exchange, route)
-
-    def _end(self, exchange: Exchange, route: str) -> None:
-        """Every request's count, however it ended."""
-        self.demand.in_flight -= 1
-        status = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
-        self.metrics.observe(route, status, perf_counter() - exchange.start, exchange.ttfb)
-
-    async def _handle(self, method: str, path: str, headers: Headers, client: Downstream, exchange: Exchange) -> None:
+    def admit(self, headers: Headers) -> errors.ErrorResponse | None:
         refused = self.key_refusal(headers)
-        if refused is not None:
-            exchange.status = await answer(client, refused)
-            return
-        self.demand.arrived()
+        if refused is None:
+            self.demand.arrived()  # refused requests wake nothing up
+        return refused
 
-        body = await read_limited_body(headers, client, self.settings.max_body_bytes, exchange)
-        if body is None:
-            return
-        planned = self._plan(method, path, body)
-        if isinstance(planned, errors.ErrorResponse):
-            exchange.status = await answer(client, planned)
-            return
-        await self._forward(headers, client, *planned, exchange)
-
-    def _plan(
-        self, method: str, path: str, body: bytes
-    ) -> tuple[routes.Route, bytes, str | None] | errors.ErrorResponse:
-        """The route, the body to send and the model label (with adapters) of a request whose key
-        passed, or the error to answer with."""
-        route = routes.FORWARDED.get((method, path))
-        if route is None:
-            # The dispatcher's allowlist (allowlist.py) sends only these, and so does the Ollama
-            # adapter but for the requests it hands over to be refused (bad key, body too large),
-            # which a key reloaded in between could let through to here: nothing else is forwarded.
-            return errors.unknown_route(method, path)
-        if route.method == "GET" and body:
-            # Never forwarded: an engine that does not frame a GET's body would read it as a request
-            # of its own (smuggled past the checks, its answer read by the next client).
-            return errors.body_not_allowed(method, path)
+    def plan(self, route: routes.Route, headers: Headers, body: bytes) -> EnginePlan | errors.ErrorResponse:
+        """The body to send the engine and the model label (with adapters), or the error to answer."""
         model = None
         if route.method == "POST":
             settings = self.settings
@@ -196,38 +104,16 @@ class Proxy:
             if adapters:
                 # Only with adapters: one more parse of the body, for usage per adapter.
                 model = self._model_label(request_model(body), adapters)
-        return route, body, model
+        return EnginePlan(route, body, filter_headers(headers, DROP_TO_ENGINE), model)
 
-    def _model_label(self, model: str | None, adapters: Adapters) -> str:
-        """The served name or an adapter's name (as the client named it), else "other": bounded labels."""
-        if model in adapters.adapter_names:
-            return adapters.adapter_names[model]
-        return self.settings.served_model if model in (None, self.settings.served_model) else "other"
+    def pick(self, plan: Plan, attempt: int) -> Upstream:
+        # The second try is nearly always after a pooled keep-alive connection the engine had just
+        # closed or reset (servers close idle or errored connections at will; llama.cpp's closes after
+        # every stream while advertising keep-alive): on a new connection (the other idle ones may be
+        # as stale). An engine that is really gone then refuses it, which answers 503.
+        return self._targets[plan.route.path], attempt > 0
 
-    async def _forward(
-        self,
-        headers: Headers,
-        client: Downstream,
-        route: routes.Route,
-        body: bytes,
-        model: str | None,
-        exchange: Exchange,
-        first: FirstTry = None,
-    ) -> None:
-        # The route's own path, the one that was checked: never the raw path the client spelt, and no
-        # query (no consumer route takes one; an engine might read one).
-        target = self._targets[route.path]
-        to_engine = filter_headers(headers, DROP_TO_ENGINE)
-        tail, error = await relay(
-            client,
-            exchange,
-            lambda: self._open(route.method, target, to_engine, body, first),
-            self._failure,
-            route.metered,
-        )
-        self._settle(exchange, tail, error, model)
-
-    def _settle(self, exchange: Exchange, tail: bytes | None, error: BaseException | None, model: str | None) -> None:
+    def settle(self, plan: EnginePlan, exchange: Exchange, tail: bytes | None, error: BaseException | None) -> None:  # type: ignore[override]
         """A relayed answer's counts: the engine's failures, and the usage it reported."""
         if error is not None:
             kind = upstream_error_kind(error)
@@ -237,30 +123,20 @@ class Proxy:
             self.metrics.upstream_errors.labels("status_5xx").inc()
         usage = usage_from_tail(tail) if tail is not None else None
         self.metrics.count_usage(usage)
-        if model is not None:
-            self.metrics.count_model(model, exchange.status, usage)
+        if plan.model is not None:
+            self.metrics.count_model(plan.model, exchange.status, usage)
 
-    async def _open(
-        self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes, first: FirstTry = None
-    ) -> Response:
-        """Send the request; the engine's response headers have arrived when this returns. `first`:
-        what the express lane's try gave, if it was sent."""
-        assert self.pool is not None, "the upstream pool opens in the app's lifespan"
-        try:
-            if isinstance(first, Response):
-                return first
-            if first is not None:
-                raise first
-            return await self.pool.request(method, target, headers, body)
-        except (Disconnected, ConnectFailed):
-            # Nearly always a pooled keep-alive connection the engine had just closed or reset (servers
-            # close idle or errored connections at will; llama.cpp's closes after every stream while
-            # advertising keep-alive), which the request never reached: once more, on a new
-            # connection (the other idle ones may be as stale). An engine that is really gone then
-            # refuses it, which answers 503.
-            return await self.pool.request(method, target, headers, body, fresh=True)
+    def end(self, exchange: Exchange) -> None:
+        status = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
+        self.metrics.observe(route_label(exchange.route), status, perf_counter() - exchange.start, exchange.ttfb)
 
-    def _failure(self, exc: BaseException) -> errors.ErrorResponse:
-        if isinstance(exc, asyncio.TimeoutError):
+    def failure(self, error: BaseException) -> errors.ErrorResponse:
+        if isinstance(error, asyncio.TimeoutError):
             return errors.upstream_timeout(self.settings.upstream_timeout_seconds)
         return errors.engine_unavailable(RETRY_AFTER_SECONDS)
+
+    def _model_label(self, model: str | None, adapters: Adapters) -> str:
+        """The served name or an adapter's name (as the client named it), else "other": bounded labels."""
+        if model in adapters.adapter_names:
+            return adapters.adapter_names[model]
+        return self.settings.served_model if model in (None, self.settings.served_model) else "other"

@@ -17,9 +17,10 @@ from modelserve.gateway.directory import Ambiguous, Directory, Model, model_of, 
 from modelserve.gateway.holding import Holding, Outcome
 from modelserve.gateway.keys import OPENED_MEMORY_SECONDS, Opened, Recent, client_bucket, digest, keyless, proof
 from modelserve.gateway.metrics import GatewayMetrics
-from modelserve.gateway.proxy import GatewayProxy, parse_request, replica_method
+from modelserve.gateway.proxy import GatewayProxy, parse_request
 from modelserve.gateway.routing import Ring, affinity_key, conversation_prefix, least_in_flight
 from modelserve.gateway.settings import GatewaySettings
+from modelserve.http.downstream import Exchange
 from modelserve.http.errors import ErrorResponse, unauthorized
 from modelserve.operator.autoscaling import gateway_addresses, total_held
 from tests.helpers.sidecar_harness import hostile_json
@@ -230,13 +231,21 @@ def test_the_affinity_prefix_reads_only_strings_of_the_request() -> None:
     )
 
 
-def test_a_replica_is_asked_with_the_routes_own_method() -> None:
-    assert [replica_method(path) for path in ("/v1/chat/completions", "/api/chat", "/v1/models", "/api/tags")] == [
-        "POST",
-        "POST",
-        "GET",
-        "GET",
-    ]
+def test_a_replica_is_asked_with_the_routes_own_method_and_path() -> None:
+    """The method and path sent come from the route table, never the client's spelling (pipeline
+    rule 5): a GET route is asked as a GET."""
+    directory = Directory()
+    directory.put(Model("ns", "m", True, replicas=("10.0.0.1:8080",)))
+    proxy = GatewayProxy(GatewaySettings(), directory, Holding(2), GatewayMetrics())
+    for method, path in (("POST", "/v1/chat/completions"), ("POST", "/api/chat"), ("GET", "/v1/models")):
+        body = b"" if method == "GET" else b'{"model": "m"}'
+        planned = proxy._plan(Exchange(0.0), method, path, [], body)
+        if method == "GET":  # a GET with no body names no model: refused, never sent as a POST
+            assert isinstance(planned, ErrorResponse)
+            continue
+        assert not isinstance(planned, ErrorResponse)
+        assert (planned.route.method, planned.route.path) == (method, path)
+        assert proxy.pick(planned, 0) == (f"http://10.0.0.1:8080{path}", False)
 
 
 def test_a_request_with_a_model_passes() -> None:
@@ -255,8 +264,10 @@ def test_a_request_without_a_key_passes_only_for_a_public_model() -> None:
 
     def plan(model: str, authorization: bytes | None) -> tuple[int, str] | str:
         headers = [(b"authorization", authorization)] if authorization is not None else []
-        planned = proxy._plan(f'{{"model": "{model}"}}'.encode(), headers)
-        return (planned.status, planned.code) if isinstance(planned, ErrorResponse) else planned[0].namespace
+        planned = proxy._plan(
+            Exchange(0.0), "POST", "/v1/chat/completions", headers, f'{{"model": "{model}"}}'.encode()
+        )
+        return (planned.status, planned.code) if isinstance(planned, ErrorResponse) else planned.model.namespace
 
     missing = (401, unauthorized("missing").code)
     for authorization in (None, b"", b"  "):

@@ -11,6 +11,7 @@ from modelserve.contracts import routes
 from modelserve.contracts.env import ConfigError
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import errors
+from modelserve.http.downstream import Exchange
 from modelserve.http.json_body import NESTED_TOO_DEEPLY, BadJson, encode, parse
 from modelserve.http.usage import ResponseTail, usage_from_tail
 from modelserve.sidecar.auth import extract_key, refusal_reason
@@ -430,10 +431,12 @@ def test_filter_headers_drops_hop_by_hop_and_connection_named_ones() -> None:
 
 def test_a_get_with_a_body_is_refused_and_never_forwarded() -> None:
     proxy = Proxy(Settings.from_env({**REQUIRED, "MODELSERVE_AUTH": "public"}), None, SidecarMetrics())
-    refused = proxy._plan("GET", "/v1/models", b'{"model": "tiny"}')
+    refused = proxy._plan(Exchange(0.0), "GET", "/v1/models", [], b'{"model": "tiny"}')
     assert isinstance(refused, errors.ErrorResponse)
     assert (refused.status, refused.code, refused.type) == (400, "body_not_allowed", "invalid_request_error")
-    assert proxy._plan("GET", "/v1/models", b"") == (routes.MODELS, b"", None)
+    planned = proxy._plan(Exchange(0.0), "GET", "/v1/models", [], b"")
+    assert not isinstance(planned, errors.ErrorResponse)
+    assert (planned.route, planned.route.method, planned.body) == (routes.MODELS, "GET", b"")
 
 
 def test_listed_models_reads_vllms_answer() -> None:
