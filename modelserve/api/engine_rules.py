@@ -10,14 +10,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from modelserve.contracts.adapters import AdapterApi
-from modelserve.contracts.choices import Dtype, Profile
-from modelserve.engines import ENGINES
+from modelserve.contracts.choices import Dtype
+from modelserve.engines import ENGINES, external
 from modelserve.engines.base import Engine, cel_list
 
 from .rules import Rule
 
 Registry = Mapping[str, Engine]  # profile -> engine
-EXTERNAL = str(Profile.EXTERNAL)  # no engine: the sidecar fronts a server outside the cluster
+EXTERNAL = external.PROFILE  # no engine: the sidecar fronts a server outside the cluster
 
 # The spec's fields only some engines read (an engine lists them in `own_fields`): (wire name,
 # attribute, CEL saying it is set).
@@ -65,6 +65,12 @@ def _gpu_profiles_or_named(profiles: Sequence[str], engines: Registry) -> str:
     if set(profiles) == set(profiles_where(lambda e: e.on_gpus, engines)):
         return "the GPU profiles"
     return named(profiles)
+
+
+def profiles_described(engines: Registry = ENGINES) -> str:
+    """The spec's `profile` field described: each profile with what it runs."""
+    runs = [f"{profile} ({engine.summary})" for profile, engine in engines.items()]
+    return _listed([*runs, f"{EXTERNAL} (no engine: the sidecar fronts the server at external.url)"], "or") + "."
 
 
 # --- capabilities: GPUs, nodes, engine-only fields, dtypes, tagged ids, adapters --------------

@@ -17,8 +17,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from modelserve.contracts.choices import AcrossNodes, Dtype, Profile
-from modelserve.engines import ENGINES, view
+from modelserve.contracts.choices import AcrossNodes, Dtype
+from modelserve.engines import ENGINES, Profile, view
 
 from . import engine_rules
 from .rules import Rule
@@ -439,8 +439,7 @@ class ModelServerSpec(WireModel):
     )
     profile: Profile = Field(
         Profile.HIGH_THROUGHPUT,
-        description="high-throughput (vLLM on GPUs), low-latency (SGLang on GPUs), cpu (llama.cpp server) "
-        "or external (no engine: the sidecar fronts the server at external.url).",
+        description=engine_rules.profiles_described(),
     )
     external: External | None = Field(
         None, description="profile external only: the OpenAI-compatible server outside the cluster."

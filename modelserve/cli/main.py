@@ -32,10 +32,10 @@ import yaml
 from modelserve.api import manifests, spec
 from modelserve.api.validation import InvalidManifest, explain
 from modelserve.contracts.api_keys import new_api_key
-from modelserve.contracts.choices import Profile
 from modelserve.contracts.env import settings_or_exit
 from modelserve.contracts.names import KIND
 from modelserve.contracts.operator_settings import Settings
+from modelserve.engines import Profile
 
 from . import modelfile
 from . import run as cli_run

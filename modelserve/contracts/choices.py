@@ -1,21 +1,13 @@
 """The spec's enumerations the engine modules use too.
 
-They live apart from `spec.py` because the spec reads the engines' facts (the tool-call parsers
-each pinned engine knows), so the engine modules must not import the spec at run time.
+They live apart from `spec.py` because the spec reads the engines' facts, so the engine modules
+never import the spec. The profiles are not here: the engine registry makes them
+(`modelserve.engines.Profile`), one per engine.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-
-
-class Profile(StrEnum):
-    """Deployment profile: which engine serves the model."""
-
-    HIGH_THROUGHPUT = "high-throughput"
-    LOW_LATENCY = "low-latency"
-    CPU = "cpu"
-    EXTERNAL = "external"  # no engine in the pod: the sidecar fronts a server outside the cluster
 
 
 class Dtype(StrEnum):

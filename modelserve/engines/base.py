@@ -66,6 +66,8 @@ class Engine:
 
     name: str  # also the pods' app.kubernetes.io/component label and the chart's engines.<name> key
     title: str  # how people write it, e.g. vLLM
+    profile: str  # the spec's `profile` value that chooses this engine, e.g. high-throughput
+    summary: str  # what the profile runs, for the CRD's description of `profile`, e.g. "vLLM on GPUs"
     version: str  # the pinned version every fact below was read from
     image: str  # pinned; the operator's settings may name another
     command: tuple[str, ...]  # set explicitly so an `image` override runs the same program

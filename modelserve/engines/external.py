@@ -6,6 +6,7 @@ The facts the operator needs in place of an engine module's.
 
 from __future__ import annotations
 
+PROFILE = "external"  # the spec's `profile` value, after the engines' (engines/__init__.py)
 COMPONENT = "external"  # the pods' app.kubernetes.io/component label
 # Ollama and MLX servers have no /health; /v1/models answers once the server is up (and the
 # sidecar then looks for spec.model in it), so it serves as both health and readiness check.
