@@ -15,6 +15,11 @@ from modelserve.contracts.operator_settings import Settings
 from . import handlers  # noqa: F401  (registers the handlers)
 
 
+def operator_memo(settings: Settings, namespaces: tuple[str, ...] = ()) -> kopf.Memo:
+    """What kopf hands the handlers (handlers.start reads these and adds what it starts)."""
+    return kopf.Memo(namespaces=namespaces, settings=settings)
+
+
 def run(
     settings: Settings,
     namespaces: tuple[str, ...] = (),
@@ -34,7 +39,7 @@ def run(
         clusterwide=not namespaces,
         namespaces=list(namespaces),
         liveness_endpoint=liveness_endpoint,
-        memo=kopf.Memo(namespaces=namespaces, settings=settings),
+        memo=operator_memo(settings, namespaces),
         stop_flag=stop_flag,
     )
 
