@@ -2,8 +2,8 @@
 and the gateway apply before anything else (pure, standard library only).
 
 Engines serve far more than inference on their HTTP port: weight replacement, request aborts,
-profilers, slot state, prompt logging (vLLM, SGLang and llama.cpp alike; the tests keep each engine's
-route table, read from its source). A key opens the model, not the engine: a request whose method
+profilers, slot state, prompt logging (vLLM, SGLang and llama.cpp alike; engine_routes.py has each
+engine's, read from its source). A key opens the model, not the engine: a request whose method
 and path are not in CONSUMER_ROUTES is answered 404 by the proxy itself and never forwarded, and an
 allowed one is forwarded to the path that was checked (the route's own spelling), never the raw path
 the client sent. The table is the same for every engine: each route has the same path, method and
@@ -18,6 +18,8 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+
+from . import engine_routes
 
 # The error shapes: OpenAI's `{"error": {"message", "type", "param", "code"}}`, Ollama's `{"error": "<text>"}`.
 OPENAI = "openai"
@@ -97,167 +99,12 @@ ENGINE_ADMIN = "engine_admin"  # an engine's administration, debugging or inform
 UNKNOWN = "unknown"
 REFUSAL_CLASSES = (WRONG_METHOD, SPELLING, ENGINE_ALIAS, ENGINE_ADMIN, UNKNOWN)
 
-# Inference routes the pinned engines serve that consumers do not get: aliases without the sidecar's
-# checks, other vendors' APIs, and stateful or engine-specific ones.
-_ENGINE_ALIASES = frozenset(
-    {
-        "/completion",
-        "/completions",
-        "/chat/completions",
-        "/v1/chat/completions/batch",
-        "/responses",
-        "/v1/messages",
-        "/v1/messages/count_tokens",
-        "/v1/tokenize",
-        "/v1/detokenize",
-        "/apply-template",
-        "/infill",
-        "/embedding",
-        "/embeddings",
-        "/rerank",
-        "/reranking",
-        "/v1/rerank",
-        "/v1/reranking",
-        "/v2/rerank",
-        "/v2/embed",
-        "/score",
-        "/v1/score",
-        "/pooling",
-        "/classify",
-        "/v1/classify",
-        "/audio/transcriptions",
-        "/v1/audio/transcriptions",
-        "/v1/audio/translations",
-        "/v1/realtime",
-        "/models",
-        "/generate",
-        "/encode",
-        "/invocations",
-        "/vertex_generate",
-        "/generative_scoring",
-        "/v1/systemone",
-        "/cohere/v2/chat",
-        "/parse_function_call",
-        "/separate_reasoning",
-        "/inference/v1/generate",
-        "/v1/chat/completions/render",
-        "/v1/chat/completions/derender",
-        "/v1/completions/render",
-        "/v1/completions/derender",
-        "/v1/messages/render",
-        "/v1/responses/render",
-    }
-)
-# Parametric inference routes, by their fixed prefix (stored responses by id, one model by id).
-_ENGINE_ALIAS_PREFIXES = ("/v1/responses/", "/v1/models/")
-# The engines' administration, debugging and information routes (weights, aborts, profilers, slots,
-# caches, logging, server arguments, health, docs, the web UI).
-_ENGINE_ADMIN = frozenset(
-    {
-        # all or several engines
-        "/",
-        "/health",
-        "/ping",
-        "/metrics",
-        "/version",
-        "/server_info",
-        "/openapi.json",
-        "/docs",
-        "/redoc",
-        "/start_profile",
-        "/stop_profile",
-        "/update_weight_version",
-        # vLLM 0.32.0
-        "/load",
-        "/kv_event_sources",
-        "/tokenizer_info",
-        "/scale_elastic_ep",
-        "/is_scaling_elastic_ep",
-        "/inference/v1/abort_requests",
-        "/v1/load_lora_adapter",
-        "/v1/unload_lora_adapter",
-        "/adapters",
-        "/reset_prefix_cache",
-        "/reset_mm_cache",
-        "/reset_encoder_cache",
-        "/collective_rpc",
-        "/sleep",
-        "/release_kv_cache_memory",
-        "/wake_up",
-        "/is_sleeping",
-        "/pause",
-        "/resume",
-        "/abort_requests",
-        "/is_paused",
-        "/init_weight_transfer_engine",
-        "/start_weight_update",
-        "/start_draft_weight_update",
-        "/update_weights",
-        "/finish_weight_update",
-        "/shutdown_weight_transfer_engine",
-        "/weight_checker",
-        "/weight_info",
-        "/get_world_size",
-        "/fault_tolerance/apply",
-        "/fault_tolerance/status",
-        # SGLang 0.5.10
-        "/health_generate",
-        "/model_info",
-        "/get_model_info",
-        "/weight_version",
-        "/get_weight_version",
-        "/get_server_info",
-        "/get_load",
-        "/v1/loads",
-        "/update_weights_from_tensor",
-        "/update_weights_from_disk",
-        "/init_weights_update_group",
-        "/update_weights_from_distributed",
-        "/destroy_weights_update_group",
-        "/init_weights_send_group_for_remote_instance",
-        "/send_weights_to_remote_instance",
-        "/get_weights_by_name",
-        "/remote_instance_transfer_engine_info",
-        "/get_remote_instance_transfer_engine_info",
-        "/update_weights_from_ipc",
-        "/abort_request",
-        "/pause_generation",
-        "/continue_generation",
-        "/slow_down",
-        "/configure_logging",
-        "/flush_cache",
-        "/set_internal_state",
-        "/release_memory_occupation",
-        "/resume_memory_occupation",
-        "/freeze_gc",
-        "/set_trace_level",
-        "/start_expert_distribution_record",
-        "/stop_expert_distribution_record",
-        "/dump_expert_distribution_record",
-        "/weights_checker",
-        "/clear_hicache_storage_backend",
-        "/open_session",
-        "/close_session",
-        "/load_lora_adapter",
-        "/unload_lora_adapter",
-        "/load_lora_adapter_from_tensors",
-        # llama.cpp b9093
-        "/v1/health",
-        "/props",
-        "/slots",
-        "/lora-adapters",
-        "/bundle.js",
-        "/bundle.css",
-        "/cors-proxy",
-        "/tools",
-        "/models/load",
-        "/models/unload",
-        "/predict",
-    }
-)
-# Parametric administration routes, by their fixed prefix; `/metrics` and `/docs` because vLLM and
-# SGLang serve any path under them.
-_ENGINE_ADMIN_PREFIXES = ("/slots/", "/dumper/", "/hicache/", "/adapters/", "/metrics", "/docs")
+# Every pinned engine's routes outside the allowlist, merged: a refusal's class does not depend on
+# which engine the pod runs (the gateway serves them all). One table per engine in engine_routes.py.
+_ENGINE_ALIASES = frozenset().union(*(table.aliases for table in engine_routes.TABLES))
+_ENGINE_ALIAS_PREFIXES = tuple(dict.fromkeys(p for table in engine_routes.TABLES for p in table.alias_prefixes))
+_ENGINE_ADMIN = frozenset().union(*(table.admin for table in engine_routes.TABLES))
+_ENGINE_ADMIN_PREFIXES = tuple(dict.fromkeys(p for table in engine_routes.TABLES for p in table.admin_prefixes))
 
 
 def allowed(method: str, path: str) -> Route | None:

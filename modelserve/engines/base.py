@@ -10,6 +10,7 @@ from typing import Any
 
 from modelserve.contracts.adapters import AdapterApi
 from modelserve.contracts.choices import Dtype
+from modelserve.contracts.engine_routes import EngineRoutes
 
 from . import view
 from .view import ServedModel, SpecView
@@ -78,6 +79,9 @@ class Engine:
     shm_size: str  # /dev/shm default; tensor parallelism exchanges through it
     # Runs on GPUs: spec.gpus defaults to 1 and must be at least 1; else it must be 0 (or unset).
     on_gpus: bool
+    # Its alias and administration routes, which the proxies refuse and classify: in contracts/
+    # (engine_routes.py) because the proxies read them and must not import the engines.
+    routes: EngineRoutes
     # How long the sidecar lets a live engine take to answer health_path and /v1/models before it
     # calls the engine unreachable. vLLM's and llama.cpp's health routes only look at a flag, so
     # only a busy event loop delays them; the sidecar answers the kubelet meanwhile.

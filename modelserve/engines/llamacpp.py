@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from modelserve.contracts import engine_routes
 from modelserve.contracts.choices import Dtype
 
 from .base import CHAT_TEMPLATE_PATH, HUB_CACHE_PATH, LOOPBACK, Engine, Switch
@@ -71,6 +72,7 @@ ENGINE = LlamaCpp(
     metric_prefix="llamacpp:",
     shm_size="1Gi",
     on_gpus=False,
+    routes=engine_routes.LLAMACPP,
     # No --tool-call-parser: llama.cpp parses tool calls from the model's chat template (--jinja).
     # llama-server names the served model with -a/--alias and takes its key from a file too.
     owned_flags=("--host", "--port", "--api-key", "--api-key-file", "--alias", "-a"),

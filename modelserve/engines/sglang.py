@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from modelserve.contracts import engine_routes
 from modelserve.contracts.adapters import AdapterApi
 from modelserve.contracts.choices import Dtype
 
@@ -119,6 +120,7 @@ ENGINE = SGLang(
     metric_prefix="sglang:",
     shm_size="32Gi",  # what the upstream container form uses
     on_gpus=True,
+    routes=engine_routes.SGLANG,
     # Above SGLANG_HEALTH_CHECK_TIMEOUT (20 s): should /health generate again (env() turns that
     # off; spec.env may turn it back on), SGLang's own verdict comes before the sidecar gives up.
     probe_timeout_seconds=25.0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from modelserve.contracts import engine_routes
 from modelserve.contracts.adapters import AdapterApi
 
 from . import view
@@ -122,6 +123,7 @@ ENGINE = VLLM(
     shm_size="16Gi",
     metric_prefix="vllm:",
     on_gpus=True,
+    routes=engine_routes.VLLM,
     tool_call_parsers=TOOL_CALL_PARSERS,
     # vLLM's FlexibleArgumentParser, an argparse parser, reads `_` as `-` in long flags and takes
     # unambiguous prefixes.

@@ -4,16 +4,19 @@ registry. A made-up engine added to a registry gets its rules without a line of 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
 
 from modelserve.api import engine_rules, validation
 from modelserve.api.spec import ModelServer
+from modelserve.contracts import engine_routes
 from modelserve.contracts.adapters import AdapterApi
 from modelserve.contracts.choices import Dtype
-from modelserve.engines import ENGINES, llamacpp, vllm
+from modelserve.engines import ENGINES, REGISTRY, llamacpp, vllm
 from modelserve.engines.base import Engine, Role
+from tests.helpers.chart import REPO
 from tests.helpers.operator_testdata import examples
 
 OWN_FIELDS = {wire for wire, _, _ in engine_rules.ENGINE_OWN_FIELDS}
@@ -33,6 +36,31 @@ def test_each_engines_facts_agree(profile: str) -> None:
         assert engine.why_not("toolCallParser")
     if engine.adapter_api == AdapterApi.NONE:
         assert engine.why_not("adapters")
+
+
+def test_each_engine_has_its_own_route_table_and_every_table_an_engine() -> None:
+    assert [engine.routes for engine in REGISTRY] == list(engine_routes.TABLES)
+    assert all(engine.routes.engine == engine.name for engine in REGISTRY)
+
+
+@pytest.mark.parametrize("engine", REGISTRY, ids=[engine.name for engine in REGISTRY])
+def test_an_engines_refused_routes_are_in_its_own_table(engine: Engine) -> None:
+    """Its table of routes read from its source (the fixture) against its Engine's: each alias and
+    administration route is in the class the fixture gives it (the proxies merge every engine's)."""
+    fixture = REPO / "tests" / "fixtures" / "engine_routes" / f"{engine.title.lower()}-{engine.version}.json"
+    table = engine.routes
+    wrong = []
+    for route in json.loads(fixture.read_text())["routes"]:
+        path, kind = route["path"], route["class"]
+        if kind == "engine_alias":
+            ok = path in table.aliases or path.startswith(table.alias_prefixes)
+        elif kind == "engine_admin":
+            ok = path in table.admin or path.startswith(table.admin_prefixes)
+        else:
+            continue
+        if not ok:
+            wrong.append(f"{route['method']} {path} ({route['source']}): not in {engine.name}'s {kind} routes")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_every_engine_only_field_has_an_engine() -> None:
@@ -84,7 +112,7 @@ SLOW_CPU = dataclasses.replace(
         ("adapters", "SlowCPU takes none"),
     ),
 )
-REGISTRY = {**ENGINES, "fast": FAST, "slow-cpu": SLOW_CPU}
+EXTENDED = {**ENGINES, "fast": FAST, "slow-cpu": SLOW_CPU}
 
 
 def _rule(rules: tuple[Any, ...], field: str, containing: str = "") -> Any:
@@ -111,7 +139,7 @@ def _spec(**fields: Any) -> Any:
 
 
 def test_a_new_gpu_engine_joins_the_gpu_and_node_rules() -> None:
-    rules = engine_rules.gpu_rules(REGISTRY)
+    rules = engine_rules.gpu_rules(EXTENDED)
     at_least_one = _rule(rules, "gpus", "at least 1")
     assert "'fast'" in at_least_one.cel and "high-throughput, low-latency and fast" in at_least_one.message
     assert not at_least_one.holds(_spec(gpus=0)) and at_least_one.holds(_spec(gpus=2))
@@ -123,7 +151,7 @@ def test_a_new_gpu_engine_joins_the_gpu_and_node_rules() -> None:
 
 
 def test_a_new_engine_takes_the_fields_it_lists_and_refuses_the_rest() -> None:
-    rules = engine_rules.own_field_rules(REGISTRY)
+    rules = engine_rules.own_field_rules(EXTENDED)
     torch = _rule(rules, "torchCompile")
     assert torch.cel == "!self.torchCompile || self.profile in ['low-latency', 'fast']"
     assert torch.holds(_spec(torch_compile=True))
@@ -132,18 +160,18 @@ def test_a_new_engine_takes_the_fields_it_lists_and_refuses_the_rest() -> None:
 
 
 def test_a_new_engines_dtypes_adapters_and_parsers() -> None:
-    (cpu_dtype, slow_dtype) = engine_rules.dtype_rules(REGISTRY)
+    (cpu_dtype, slow_dtype) = engine_rules.dtype_rules(EXTENDED)
     assert slow_dtype.cel == "self.profile != 'slow-cpu' || self.dtype in ['auto', 'float32']"
     assert slow_dtype.message == "dtype must be auto or float32 for profile slow-cpu: SlowCPU computes in float32"
     assert slow_dtype.holds(_spec(profile="slow-cpu", dtype=Dtype.FLOAT32))
     assert not slow_dtype.holds(_spec(profile="slow-cpu", dtype=Dtype.FLOAT16))
     assert "'cpu'" in cpu_dtype.cel
 
-    (adapters,) = engine_rules.adapter_rules(REGISTRY)
+    (adapters,) = engine_rules.adapter_rules(EXTENDED)
     assert "'fast'" not in adapters.cel and not adapters.holds(_spec(adapters=[]))
     assert "Fast loads no adapters, SlowCPU takes none, and an external server loads its own" in adapters.message
 
-    parsers = engine_rules.tool_call_parser_rules(REGISTRY)
+    parsers = engine_rules.tool_call_parser_rules(EXTENDED)
     no_parser = _rule(parsers, "toolCallParser", "SlowCPU reads")
     assert not no_parser.holds(_spec(profile="slow-cpu", tool_call_parser="hermes"))
     knows = _rule(parsers, "toolCallParser", "Fast")
@@ -151,7 +179,7 @@ def test_a_new_engines_dtypes_adapters_and_parsers() -> None:
 
 
 def test_a_new_engines_flags_are_refused_under_its_own_profile() -> None:
-    (owned,) = [r for r in engine_rules.owned_flag_rules(REGISTRY) if "profile fast" in r.message]
+    (owned,) = [r for r in engine_rules.owned_flag_rules(EXTENDED) if "profile fast" in r.message]
     assert owned.cel.startswith("self.profile != 'fast'")
     assert not owned.holds(_spec(engine_args=["--port=1"])) and owned.holds(_spec(engine_args=["--seed=1"]))
 
