@@ -121,6 +121,30 @@ def env_setting(
     )
 
 
+def env_map(prefix: str, parse: Callable[[str], Any], key: str = "NAME") -> Any:
+    """A field of a settings dataclass read from a family of variables, `prefix` + a name each:
+    a dict by the names in lower case (MODELSERVE_ENGINE_IMAGE_VLLM=x -> {"vllm": "x"}), so a
+    new name needs no new field. Blank variables are left out, as unset ones."""
+    return dataclasses.field(
+        default_factory=dict,
+        metadata={"env": f"{prefix}<{key}>", "prefix": prefix, "parse": parse, "render": str, "deprecated_env": None},
+    )
+
+
+def _read_map(setting: dataclasses.Field, env: Mapping[str, str]) -> dict[str, Any]:
+    prefix: str = setting.metadata["prefix"]
+    values = {}
+    for name in sorted(env):
+        raw = (env.get(name) or "").strip()
+        if not (name.startswith(prefix) and len(name) > len(prefix) and raw):
+            continue
+        try:
+            values[name.removeprefix(prefix).lower()] = setting.metadata["parse"](raw)
+        except ValueError as exc:
+            raise ConfigError(f"{name}={env[name]!r}: {exc}") from None
+    return values
+
+
 def default_of(setting: dataclasses.Field) -> Any:
     if setting.default_factory is not dataclasses.MISSING:
         return setting.default_factory()
@@ -142,6 +166,9 @@ def read_env(cls: type[T], env: Mapping[str, str]) -> T:
     ConfigError naming the variable that is missing or bad."""
     values = {}
     for setting in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if setting.metadata.get("prefix"):
+            values[setting.name] = _read_map(setting, env)
+            continue
         name = _variable(setting, env)
         raw = (env.get(name) or "").strip()
         if raw:

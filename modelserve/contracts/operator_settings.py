@@ -1,5 +1,5 @@
-"""The operator's settings, each one MODELSERVE_* variable (the chart sets them; `modelserve render`
-reads the same ones, to render what the operator would)."""
+"""The operator's settings, each one MODELSERVE_* variable, the engine images one per engine (the
+chart sets them; `modelserve render` reads the same ones, to render what the operator would)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import sidecar
-from .env import base_url, comma_list, env_setting, non_empty, non_negative_float, number, read_env
+from .env import base_url, comma_list, env_map, env_setting, non_empty, non_negative_float, number, read_env
 from .names import PACKAGE_VERSION
+
+# MODELSERVE_ENGINE_IMAGE_<engine name in upper case>: the chart's engines.<name>.image.
+ENGINE_IMAGE_PREFIX = "MODELSERVE_ENGINE_IMAGE_"
 
 
 def _seconds(raw: str) -> int:
@@ -78,11 +81,10 @@ class Settings:
     # A Hugging Face Hub mirror every engine downloads from (air-gapped clusters, the sandbox); set as
     # HF_ENDPOINT and llama.cpp's MODEL_ENDPOINT. Empty: the hub.
     hub_endpoint: str = env_setting("MODELSERVE_HUB_ENDPOINT", base_url, default="")
-    # A mirror or a newer tag for every ModelServer of that engine; a ModelServer's own spec.image
-    # still wins. One variable per engine, MODELSERVE_ENGINE_IMAGE_<engine name>.
-    vllm_image: str = env_setting("MODELSERVE_ENGINE_IMAGE_VLLM", non_empty, default="")
-    sglang_image: str = env_setting("MODELSERVE_ENGINE_IMAGE_SGLANG", non_empty, default="")
-    llamacpp_image: str = env_setting("MODELSERVE_ENGINE_IMAGE_LLAMACPP", non_empty, default="")
+    # A mirror or a newer tag for every ModelServer of that engine, by engine name; a ModelServer's
+    # own spec.image still wins. One variable per engine of the registry, named by its Engine
+    # (Engine.image_env: MODELSERVE_ENGINE_IMAGE_<name in upper case>), so a new engine needs no field.
+    engine_images: Mapping[str, str] = env_map(ENGINE_IMAGE_PREFIX, non_empty, key="ENGINE")
     # The operator's own /metrics; 0: not served.
     metrics_port: int = env_setting("MODELSERVE_METRICS_PORT", _metrics_port, default=0)
     # The gateway's base URL, written to every status.gatewayEndpoint.
@@ -125,17 +127,12 @@ class Settings:
         """The sidecar settings of every pod's client limits, by their names there."""
         return {name: getattr(self, "sidecar_" + name) for name in sidecar.CLIENT_LIMITS}
 
-    @property
-    def engine_images(self) -> dict[str, str]:
-        """The engine images set, by engine name."""
-        images = {"vllm": self.vllm_image, "sglang": self.sglang_image, "llamacpp": self.llamacpp_image}
-        return {engine: image for engine, image in images.items() if image}
-
     def engine_image(self, engine: str, pinned: str) -> str:
+        """The image the operator runs `engine` with: its setting, else the pinned one."""
         return self.engine_images.get(engine, pinned)
 
     def with_images(self, sidecar: str, engine: str | None, engine_image: str | None) -> Settings:
         """These settings with the sidecar's image and one engine's image set (to render the images a
         ModelServer already runs); `engine` None: the sidecar's only."""
-        images = {f"{engine}_image": engine_image} if engine and engine_image else {}
-        return dataclasses.replace(self, sidecar_image=sidecar, **images)
+        images = {**self.engine_images, engine: engine_image} if engine and engine_image else self.engine_images
+        return dataclasses.replace(self, sidecar_image=sidecar, engine_images=images)

@@ -11,6 +11,7 @@ from typing import Any
 from modelserve.contracts.adapters import AdapterApi
 from modelserve.contracts.choices import Dtype
 from modelserve.contracts.engine_routes import EngineRoutes
+from modelserve.contracts.operator_settings import ENGINE_IMAGE_PREFIX
 
 from . import view
 from .view import ServedModel, SpecView
@@ -70,7 +71,7 @@ class Engine:
     profile: str  # the spec's `profile` value that chooses this engine, e.g. high-throughput
     summary: str  # what the profile runs, for the CRD's description of `profile`, e.g. "vLLM on GPUs"
     version: str  # the pinned version every fact below was read from
-    image: str  # pinned; the operator's settings may name another
+    image: str  # pinned; the operator's setting `image_env` may name another
     command: tuple[str, ...]  # set explicitly so an `image` override runs the same program
     port: int  # on 127.0.0.1
     health_path: str  # answers 200 once the model is loaded
@@ -141,6 +142,11 @@ class Engine:
         if view.multi_node(ms.spec):
             raise ValueError(f"{ms.name} spans {view.node_count(ms.spec)} nodes: its pods are a leader and workers")
         return list(self.command), [*self.args(ms), *ms.spec.engine_args]
+
+    @property
+    def image_env(self) -> str:
+        """The operator's setting that replaces `image` (the chart's engines.<name>.image sets it)."""
+        return ENGINE_IMAGE_PREFIX + self.name.upper()
 
     def why_not(self, field: str) -> str:
         """Why this engine refuses a spec field (or some of its values), from `refusals`."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from modelserve.api.spec import ModelServer
 from modelserve.contracts import engine_routes
 from modelserve.contracts.adapters import AdapterApi
 from modelserve.contracts.choices import Dtype
+from modelserve.contracts.operator_settings import Settings
 from modelserve.engines import ENGINES, REGISTRY, llamacpp, vllm
 from modelserve.engines.base import Engine, Role
 from tests.helpers.chart import REPO
@@ -61,6 +63,17 @@ def test_an_engines_refused_routes_are_in_its_own_table(engine: Engine) -> None:
         if not ok:
             wrong.append(f"{route['method']} {path} ({route['source']}): not in {engine.name}'s {kind} routes")
     assert not wrong, "\n".join(wrong)
+
+
+def test_each_engine_names_its_image_setting() -> None:
+    # The chart turns engines.<name>.image into MODELSERVE_ENGINE_IMAGE_<NAME> (`upper`); the
+    # operator reads the name back in lower case.
+    for engine in REGISTRY:
+        assert re.fullmatch(r"[a-z][a-z0-9]*", engine.name), engine.name
+        assert engine.image_env == f"MODELSERVE_ENGINE_IMAGE_{engine.name.upper()}"
+        assert (
+            Settings.from_env({engine.image_env: "mirror/x:1"}).engine_image(engine.name, engine.image) == "mirror/x:1"
+        )
 
 
 def test_every_engine_only_field_has_an_engine() -> None:

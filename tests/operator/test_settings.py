@@ -86,6 +86,18 @@ def test_the_operator_and_the_gateway_name_their_namespaces_apart() -> None:
 
 
 def test_every_engine_has_its_image_variable() -> None:
-    names = {engine.name for engine in ENGINES.values()}
-    settings = Settings.from_env({f"MODELSERVE_ENGINE_IMAGE_{name.upper()}": f"mirror/{name}:1" for name in names})
-    assert settings.engine_images == {name: f"mirror/{name}:1" for name in names}
+    settings = Settings.from_env({engine.image_env: f"mirror/{engine.name}:1" for engine in ENGINES.values()})
+    assert settings.engine_images == {engine.name: f"mirror/{engine.name}:1" for engine in ENGINES.values()}
+    for engine in ENGINES.values():
+        assert settings.engine_image(engine.name, engine.image) == f"mirror/{engine.name}:1"
+        assert Settings().engine_image(engine.name, engine.image) == engine.image
+
+
+def test_engine_images_are_read_by_name_blank_ones_left_out() -> None:
+    env = {
+        "MODELSERVE_ENGINE_IMAGE_VLLM": "mirror/vllm:1",
+        "MODELSERVE_ENGINE_IMAGE_SGLANG": " ",
+        "MODELSERVE_ENGINE_IMAGE_": "x",
+    }
+    assert Settings.from_env(env).engine_images == {"vllm": "mirror/vllm:1"}
+    assert "MODELSERVE_ENGINE_IMAGE_<ENGINE>" in variables(Settings)

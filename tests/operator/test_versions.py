@@ -14,7 +14,7 @@ from modelserve.contracts.operator_settings import Settings
 from tests.helpers.operator_testdata import model_server
 
 OLD = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
-NEW = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.2.0", vllm_image="vllm/vllm-openai:v9.9.9")
+NEW = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.2.0", engine_images={"vllm": "vllm/vllm-openai:v9.9.9"})
 
 
 def _images(workload: dict[str, Any]) -> dict[str, str]:

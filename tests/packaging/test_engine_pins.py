@@ -55,4 +55,4 @@ def test_the_chart_has_each_engine_with_its_pinned_image() -> None:
     assert set(values) == {engine.name for engine in ENGINES.values()}
     for engine in ENGINES.values():
         assert values[engine.name] == {"image": ""}, engine.name  # empty: the operator's pin
-        assert f"(MODELSERVE_ENGINE_IMAGE_{engine.name.upper()}; pinned: {engine.image})" in text, engine.name
+        assert f"({engine.image_env}; pinned: {engine.image})" in text, engine.name
