@@ -62,9 +62,10 @@ class Switch:
 
 @dataclass(frozen=True)
 class Engine:
-    """One engine: the facts the operator, the sidecar's settings and the CRD's rules take from it,
-    and the container it runs for a ModelServer. Each engine module makes one, overriding `args`
-    (and `env` where the engine needs variables)."""
+    """One engine: every fact the operator, the sidecar's settings, the CRD's rules and the chart
+    take from it, and the container it runs for a ModelServer. Each engine module makes one,
+    overriding `args` (and `env` where the engine needs variables, `launch` where it spans nodes),
+    and the registry (engines/__init__.py) lists it."""
 
     name: str  # also the pods' app.kubernetes.io/component label and the chart's engines.<name> key
     title: str  # how people write it, e.g. vLLM
