@@ -154,13 +154,20 @@ def _spec(**fields: Any) -> Any:
 def test_a_new_gpu_engine_joins_the_gpu_and_node_rules() -> None:
     rules = engine_rules.gpu_rules(EXTENDED)
     at_least_one = _rule(rules, "gpus", "at least 1")
-    assert "'fast'" in at_least_one.cel and "high-throughput, low-latency and fast" in at_least_one.message
+    assert "'fast'" in at_least_one.cel and at_least_one.message.endswith(" and fast")
     assert not at_least_one.holds(_spec(gpus=0)) and at_least_one.holds(_spec(gpus=2))
     zero = _rule(rules, "gpus", "0 or unset")
-    assert "['cpu', 'slow-cpu']" in zero.cel and "profiles cpu and slow-cpu" in zero.message
+    assert "'slow-cpu']" in zero.cel and zero.message.endswith(" and slow-cpu")
     nodes = _rule(rules, "nodes")
     assert nodes.holds(_spec(node_count=2)) and not nodes.holds(_spec(profile="slow-cpu", node_count=2))
-    assert "profiles cpu, slow-cpu and external run one pod per replica" in nodes.message
+    assert "slow-cpu and external run one pod per replica" in nodes.message
+
+
+def test_a_gpu_engine_that_spans_no_nodes_is_left_out_of_the_nodes_rule() -> None:
+    single = dataclasses.replace(FAST, spans_nodes=False)
+    (nodes,) = [rule for rule in engine_rules.gpu_rules({**ENGINES, "fast": single}) if rule.field == "nodes"]
+    assert "'fast'" not in nodes.cel and not nodes.holds(_spec(node_count=2))
+    assert nodes.message.startswith("nodes above 1 needs profile ") and "fast and external run" in nodes.message
 
 
 def test_a_new_engine_takes_the_fields_it_lists_and_refuses_the_rest() -> None:
@@ -182,7 +189,7 @@ def test_a_new_engines_dtypes_adapters_and_parsers() -> None:
 
     (adapters,) = engine_rules.adapter_rules(EXTENDED)
     assert "'fast'" not in adapters.cel and not adapters.holds(_spec(adapters=[]))
-    assert "Fast loads no adapters, SlowCPU takes none, and an external server loads its own" in adapters.message
+    assert adapters.message.endswith("Fast loads no adapters, SlowCPU takes none, and an external server loads its own")
 
     parsers = engine_rules.tool_call_parser_rules(EXTENDED)
     no_parser = _rule(parsers, "toolCallParser", "SlowCPU reads")

@@ -15,10 +15,14 @@ from modelserve.engines.base import Engine
 from modelserve_sandbox.llama_server import llama_server_help
 from tests.helpers.operator_testdata import examples, invalid_cases
 
+# Each engine profile's first single-node example (a new engine's example serves here too).
 BASE = {
-    Profile.HIGH_THROUGHPUT: "lfm2-1.2b",
-    Profile.LOW_LATENCY: "lfm2-8b-a1b",
-    Profile.CPU: "smollm2-135m-cpu",
+    profile: min(
+        name
+        for name, manifest in examples().items()
+        if manifest["spec"].get("profile", Profile.HIGH_THROUGHPUT) == profile and manifest["spec"].get("nodes", 1) == 1
+    )
+    for profile in ENGINES
 }
 
 
