@@ -23,6 +23,7 @@ the Protocols of `engines/view.py`, which the API's models satisfy, so of this p
 `contracts/`: the proxies classify refusals by them and must not import the engines. Adding an
 engine is its module, its route table, one registry line, a chart value and its fixtures.
 The sandbox (`sandbox/`) is a development tool with a distribution of its own, never in this package.
+docs/architecture.md says more, with the recipes for the common changes.
 """
 
 __version__ = "0.1.0"
