@@ -333,6 +333,56 @@ class DirectDownstream:
         self.on_response()
 
 
+# What DirectProtocol takes of uvicorn's HttpToolsProtocol, private parts included (hence uvicorn's pin
+# in pyproject.toml): the methods it overrides, those it calls, the attributes it reads or sets.
+# tests/http/test_uvicorn_seams.py checks each against the installed uvicorn, so an upgrade that
+# renames or reshapes one fails a test, not the proxies.
+UVICORN_OVERRIDES = (
+    "connection_made",
+    "data_received",
+    "connection_lost",
+    "on_message_begin",
+    "on_header",
+    "on_headers_complete",
+    "on_body",
+    "on_message_complete",
+    "on_response_complete",
+    "_start_asgi_task",
+    "_unset_keepalive_if_required",
+)
+UVICORN_CALLS = (
+    "_should_upgrade",
+    "_unsupported_upgrade_warning",
+    "handle_websocket_upgrade",
+    "send_400_response",
+    "timeout_keep_alive_handler",
+)
+UVICORN_ATTRIBUTES = (
+    "app_state",
+    "asgi_version",
+    "client",
+    "connections",
+    "cycle",
+    "expect_100_continue",
+    "flow",
+    "headers",
+    "limit_concurrency",
+    "logger",
+    "loop",
+    "parser",
+    "pipeline",
+    "root_path",
+    "scheme",
+    "scope",
+    "server",
+    "server_state",
+    "tasks",
+    "timeout_keep_alive",
+    "timeout_keep_alive_task",
+    "transport",
+    "url",
+)
+
 # How long a connection refused by a bound still reads (and drops) what its client sends.
 LINGER_SECONDS = 2.0
 

@@ -30,7 +30,7 @@ from tests.helpers.sidecar_harness import (
     free_ports,
     launch_sidecar,
     start_replay,
-    stop_process,
+    stop_sidecar,
     wait_ready,
 )
 
@@ -60,7 +60,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with serving_gateway(settings, FixedDiscovery([model])) as url:
             yield url
     finally:
-        stop_process(sidecar.process)
+        stop_sidecar(sidecar)
         replay.stop()
 
 

@@ -49,7 +49,7 @@ from tests.helpers.sidecar_harness import (
     refused_counts,
     refused_routes,
     start_replay,
-    stop_process,
+    stop_sidecar,
     wait_ready,
 )
 
@@ -109,7 +109,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             yield Setup(url, discovery, public, private, replay)
     finally:
         for sidecar in sidecars:
-            stop_process(sidecar.process)
+            stop_sidecar(sidecar)
         replay.stop()
 
 
@@ -168,7 +168,7 @@ def test_a_replica_answering_503_is_retried_on_another(setup: Setup, tmp_path: P
         )
     finally:
         setup.discovery.update(key)
-        stop_process(failing.process)
+        stop_sidecar(failing)
         if engine_running:
             engine.stop()
 

@@ -1,6 +1,7 @@
 """The gateway served in the test's own process, as modelserve-gateway serves it (uvicorn, the OpenAI
 routes on the protocol's fast lane, the connection bounds its settings give), in front of a fixed
-table of models (FixedDiscovery) the tests change as the Kubernetes watches would."""
+table of models (FixedDiscovery) the tests change as the Kubernetes watches would. Before it stops, its
+request pipeline's lifecycle rules are checked (lifecycle.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from modelserve.gateway.settings import GatewaySettings
 from modelserve.http import serve
 from modelserve.http.limits import ConnectionLimits
 from modelserve_sandbox.processes import wait_until
+from tests.helpers.lifecycle import assert_rules_kept, ledger_counts
 
 
 @contextmanager
@@ -32,6 +34,8 @@ def serving_gateway(settings: GatewaySettings, discovery: FixedDiscovery) -> Ite
     try:
         wait_until(lambda: _ready(url), 15, "the gateway to listen")
         yield url
+        # Read from the gateway's thread while it serves: plain integers, read whole.
+        assert_rules_kept(lambda: ledger_counts(app.proxy.ledger), "the gateway")
     finally:
         server.should_exit = True
         thread.join(10)

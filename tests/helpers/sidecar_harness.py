@@ -23,6 +23,7 @@ import httpx
 from aiohttp import web
 
 from modelserve.contracts import routes
+from modelserve.sidecar.keys import key_files, parse_keys
 from modelserve_sandbox.llama_server import llama_server_binary
 from modelserve_sandbox.processes import (
     free_ports,
@@ -31,6 +32,7 @@ from modelserve_sandbox.processes import (
     tail,
     wait_until,
 )
+from tests.helpers.lifecycle import assert_rules_kept, counts_in
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu"  # how they were recorded: its README.md
@@ -224,6 +226,7 @@ class Sidecar:
     process: subprocess.Popen
     url: str
     log: Path
+    env: dict[str, str] = field(default_factory=dict)  # the settings it was started with
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace")
@@ -256,7 +259,7 @@ def launch_sidecar(
         **env,
     }
     process = start_process(f"sidecar-{port}", [*argv_prefix, SIDECAR_BIN], log_dir, full_env)
-    sidecar = Sidecar(process, f"http://127.0.0.1:{port}", log_dir / f"sidecar-{port}.log")
+    sidecar = Sidecar(process, f"http://127.0.0.1:{port}", log_dir / f"sidecar-{port}.log", env)
 
     def alive() -> bool:
         if process.poll() is not None:
@@ -274,6 +277,31 @@ def launch_sidecar(
     return sidecar
 
 
+def stop_sidecar(sidecar: Sidecar) -> None:
+    """Stop a sidecar, first checking its request pipeline's lifecycle rules (lifecycle.py) if it still
+    runs and its metrics can be read (public, or with a key its Secret holds now)."""
+    try:
+        if sidecar.process.poll() is None:
+            text = _scrape(sidecar)
+            if text is not None:
+                assert_rules_kept(lambda: counts_in(_scrape(sidecar) or "", "modelserve_sidecar"), "the sidecar")
+    finally:
+        stop_process(sidecar.process)
+
+
+def _scrape(sidecar: Sidecar) -> str | None:
+    keys_dir = sidecar.env.get("MODELSERVE_KEYS_DIR")
+    keys = sorted(k for p in key_files(Path(keys_dir)) for k in parse_keys(p.read_text())) if keys_dir else []
+    for headers in [{}, *({"Authorization": f"Bearer {key.decode()}"} for key in keys)]:
+        try:
+            answer = httpx.get(sidecar.url + "/metrics", headers=headers, timeout=10)
+        except httpx.TransportError:
+            return None
+        if answer.status_code == 200:
+            return answer.text
+    return None
+
+
 @contextmanager
 def private_sidecar(engine_url: str, base: Path, max_tokens: int, **env: str) -> Iterator[Sidecar]:
     """A ready private sidecar (key API_KEY) in front of the engine at `engine_url`, temperature 0
@@ -286,7 +314,7 @@ def private_sidecar(engine_url: str, base: Path, max_tokens: int, **env: str) ->
         wait_ready(running)
         yield running
     finally:
-        stop_process(running.process)
+        stop_sidecar(running)
 
 
 def wait_ready(sidecar: Sidecar, timeout: float = 60) -> None:

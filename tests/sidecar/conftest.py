@@ -19,6 +19,7 @@ from tests.helpers.sidecar_harness import (
     launch_sidecar,
     start_replay,
     stop_process,
+    stop_sidecar,
     wait_ready,
 )
 
@@ -43,7 +44,7 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
 
     yield start
     for sidecar in started:
-        stop_process(sidecar.process)
+        stop_sidecar(sidecar)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def replay_sidecar(replay: ReplayEngine, tmp_path_factory: pytest.TempPathFactor
         wait_ready(sidecar)
         yield sidecar
     finally:
-        stop_process(sidecar.process)
+        stop_sidecar(sidecar)
 
 
 @pytest.fixture(scope="session")

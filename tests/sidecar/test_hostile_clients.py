@@ -31,6 +31,7 @@ from tests.helpers.sidecar_harness import (
     launch_sidecar,
     metric_value,
     stop_process,
+    stop_sidecar,
     wait_ready,
 )
 
@@ -57,7 +58,7 @@ def sidecar(replay: ReplayEngine, tmp_path_factory: pytest.TempPathFactory) -> I
         wait_ready(running)
         yield running
     finally:
-        stop_process(running.process)
+        stop_sidecar(running)
 
 
 def test_a_header_section_sent_forever_gets_431_and_the_connection_closed(
