@@ -61,14 +61,6 @@ def named(profiles: Sequence[str], conjunction: str = "and") -> str:
     return f"profile{'s' if plural else ''} {_listed(profiles, conjunction)}"
 
 
-def _spanning(groups: Sequence[str], gpu: Sequence[str]) -> str:
-    """How the nodes rule names the profiles that span nodes: "a GPU profile (a or b)" while they
-    are the GPU profiles, else "profile a or b"."""
-    if set(groups) == set(gpu):
-        return f"a GPU profile ({_listed(groups, 'or')})"
-    return named(groups, "or")
-
-
 def _gpu_profiles_or_named(profiles: Sequence[str], engines: Registry) -> str:
     """How a message names profiles that take a GPU-only field: "the GPU profiles" when they are."""
     if set(profiles) == set(profiles_where(lambda e: e.on_gpus, engines)):
@@ -114,7 +106,7 @@ def gpu_rules(engines: Registry = ENGINES) -> tuple[Rule, ...]:
     rules.append(
         Rule(
             f"!has(self.nodes) || self.nodes == 1 || {_is(groups)}",
-            f"nodes above 1 needs {_spanning(groups, gpu)}: {named(single)} "
+            f"nodes above 1 needs a GPU profile ({_listed(groups, 'or')}): {named(single)} "
             f"run{'s' if len(single) == 1 else ''} one pod per replica",
             "nodes",
             lambda s: s.node_count == 1 or s.profile in groups,

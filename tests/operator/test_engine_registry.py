@@ -167,7 +167,7 @@ def test_a_gpu_engine_that_spans_no_nodes_is_left_out_of_the_nodes_rule() -> Non
     single = dataclasses.replace(FAST, spans_nodes=False)
     (nodes,) = [rule for rule in engine_rules.gpu_rules({**ENGINES, "fast": single}) if rule.field == "nodes"]
     assert "'fast'" not in nodes.cel and not nodes.holds(_spec(node_count=2))
-    assert nodes.message.startswith("nodes above 1 needs profile ") and "fast and external run" in nodes.message
+    assert "fast and external run one pod per replica" in nodes.message
 
 
 def test_a_new_engine_takes_the_fields_it_lists_and_refuses_the_rest() -> None:
@@ -210,7 +210,7 @@ def test_the_real_registry_refuses_what_it_did() -> None:
         ({"gpus": 1}, "gpus must be 0 or unset for profile cpu"),
         ({"dtype": "float16"}, "dtype must be auto for profile cpu: llama.cpp uses the GGUF's own types"),
         ({"torchCompile": True}, "torchCompile only applies to profile low-latency"),
-        ({"nodes": 2}, "nodes above 1 needs a GPU profile (high-throughput or low-latency)"),
+        ({"nodes": 2}, "nodes above 1 needs a GPU profile (high-throughput or low-latency"),
     ]:
         with pytest.raises(ValueError, match=complaint.replace("(", r"\(").replace(")", r"\)")):
             ModelServer.from_manifest({**base, "spec": {**base["spec"], **change}})
