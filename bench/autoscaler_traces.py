@@ -21,8 +21,8 @@ import argparse
 import math
 from collections import deque
 
+from harness.load_traces import TRACES, Rule, autoscaler_rule, simulate
 from modelserve.operator.autoscaler import Policy
-from tests.helpers.load_traces import TRACES, Rule, autoscaler_rule, simulate
 
 MIN, BUFFER, MAX, TARGET = 1, 1, 10, 8
 

@@ -40,9 +40,9 @@ from bench.sidecar_bench import (
     start_nginx,
     wait_http,
 )
+from harness.sidecar import launch_sidecar, wait_ready
 from modelserve.gateway.settings import LEAST_IN_FLIGHT, PREFIX_AFFINITY
 from modelserve_sandbox.processes import free_ports, start_process, stop_process
-from tests.helpers.sidecar_harness import launch_sidecar, wait_ready
 
 LEVELS = [("plain", 1, 0), ("plain", 16, 0), ("plain", 64, 0), ("stream", 1, 0), ("stream", 64, 0)]
 

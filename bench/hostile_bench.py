@@ -64,8 +64,8 @@ import yaml
 
 from bench.operator_scale import cpu_seconds, peak_rss_mib, rss_mib
 from bench.sidecar_bench import KEY, MODEL, PROXY_CPU, wait_http
+from harness.sidecar import SecretDir, launch_sidecar, wait_ready
 from modelserve_sandbox.processes import free_ports, start_process, stop_process
-from tests.helpers.sidecar_harness import SecretDir, launch_sidecar, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
@@ -856,9 +856,9 @@ def print_side_by_side(before: list[Row], after: list[Row], limits: dict[str, fl
 def memory_limits() -> dict[str, float]:
     """The containers' memory limits (MiB) of this checkout's manifests: the sidecar's from the
     operator's pod template, the gateway's from the chart's values."""
+    from harness.testdata import model_server
     from modelserve.api.manifests import sidecar_container
     from modelserve.contracts.operator_settings import Settings
-    from tests.helpers.operator_testdata import model_server
 
     units = {"Mi": 1, "Gi": 1024}
 

@@ -46,9 +46,9 @@ from pathlib import Path
 import aiohttp
 
 from bench.gateway_bench import start_gateway
+from harness.sidecar import ENGINE_MODEL, launch_engine, launch_sidecar, wait_ready
 from modelserve.gateway.settings import LEAST_IN_FLIGHT, PREFIX_AFFINITY
 from modelserve_sandbox.processes import free_ports, stop_process
-from tests.helpers.sidecar_harness import ENGINE_MODEL, launch_engine, launch_sidecar, wait_ready
 
 ROUND_ROBIN = "round-robin"
 ROUTINGS = (ROUND_ROBIN, LEAST_IN_FLIGHT, PREFIX_AFFINITY)

@@ -2,7 +2,7 @@
 
 - crds/modelserver.yaml and its chart copy, from the spec model (modelserve.api.crd);
 - README.md's spec reference table (modelserve.api.spec_table);
-- tests/operator/golden/*.yaml, each example's manifest set (review the diff: it is what users get);
+- tests/api/golden/*.yaml, each example's manifest set (review the diff: it is what users get);
 - tests/fixtures/sidecar-contract/<version>.json, this release's side of the operator-sidecar
   contract (earlier releases' stay: the next release's N-1 tests read them).
 """
@@ -45,7 +45,7 @@ def main() -> int:
             "-q",
             "-p",
             "no:cacheprovider",
-            "tests/operator/test_manifests.py",
+            "tests/api/test_manifests.py",
             "-k",
             "golden",
         ],
@@ -59,7 +59,7 @@ def main() -> int:
         return golden.returncode
     print(
         subprocess.run(
-            ["git", "status", "--short", "tests/operator/golden"], cwd=REPO, capture_output=True, text=True
+            ["git", "status", "--short", "tests/api/golden"], cwd=REPO, capture_output=True, text=True
         ).stdout,
         end="",
     )

@@ -19,6 +19,9 @@ import pytest
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.llama_server import llama_server_binary
 
+# Fixtures several test directories use (the layers' tests and the programs' share them).
+pytest_plugins = ("tests.helpers.sidecar_fixtures", "tests.helpers.operator_fixtures")
+
 TESTS = Path(__file__).parent
 CLUSTER_FIXTURES = frozenset({"cluster", "node_cluster"})
 ENGINE_FIXTURES = frozenset({"engine", "gguf_model", "llama_server", "node_cluster"})

@@ -20,7 +20,7 @@ table (allowlist.py): the pipeline sees consumer routes only, and looks each up 
 again (a refused key answers before a route is looked up, as before any other check).
 
 The lifecycle rules. They are what keeps a hand-written HTTP stack correct; `Ledger` counts them, the
-proxies export the counts, and the tests check them after their traffic (tests/helpers/lifecycle.py):
+proxies export the counts, and the tests check them after their traffic (harness/lifecycle.py):
 
 1. One owner at a time. A request is the protocol's (direct.py) until its body is in; then the express
    lane's (`Forward`, from the connections' callbacks); then a task's (the async way), each handing it

@@ -1,7 +1,7 @@
 """The gateway's connections are bounded as the sidecar's (modelserve/http/limits.py, shared), with its
 own settings: raw sockets against the gateway (in this process: tests/helpers/gateway_in_process.py)
 in front of a private sidecar before the replay engine. The bounds themselves are tried in depth
-against the sidecar (tests/sidecar/test_hostile_clients.py)."""
+against the sidecar (tests/http/test_hostile_clients.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,15 @@ from contextlib import ExitStack
 
 import pytest
 
+from harness.sidecar import (
+    API_KEY,
+    SecretDir,
+    free_ports,
+    launch_sidecar,
+    start_replay,
+    stop_sidecar,
+    wait_ready,
+)
 from modelserve.gateway.directory import Model
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.routing import Ring
@@ -23,15 +32,6 @@ from tests.helpers.hostile import (
     read_outcome,
     send_until_answered,
     still_serves,
-)
-from tests.helpers.sidecar_harness import (
-    API_KEY,
-    SecretDir,
-    free_ports,
-    launch_sidecar,
-    start_replay,
-    stop_sidecar,
-    wait_ready,
 )
 
 DEADLINE_SECONDS = 1.5

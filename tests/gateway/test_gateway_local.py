@@ -21,16 +21,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from modelserve.contracts import routes
-from modelserve.contracts.gateway import OWN_ROUTES
-from modelserve.gateway.directory import Model
-from modelserve.gateway.discovery import FixedDiscovery
-from modelserve.gateway.routing import Ring
-from modelserve.gateway.settings import GatewaySettings
-from modelserve.http import ollama
-from modelserve_sandbox.processes import wait_until
-from tests.helpers.gateway_in_process import serving_gateway
-from tests.helpers.sidecar_harness import (
+from harness.sidecar import (
     API_KEY,
     ENGINE_TABLES,
     MARK_HEADER,
@@ -52,6 +43,15 @@ from tests.helpers.sidecar_harness import (
     stop_sidecar,
     wait_ready,
 )
+from modelserve.contracts import routes
+from modelserve.contracts.gateway import OWN_ROUTES
+from modelserve.gateway.directory import Model
+from modelserve.gateway.discovery import FixedDiscovery
+from modelserve.gateway.routing import Ring
+from modelserve.gateway.settings import GatewaySettings
+from modelserve.http import ollama
+from modelserve_sandbox.processes import wait_until
+from tests.helpers.gateway_in_process import serving_gateway
 
 DEAD = "127.0.0.1:9"  # nothing listens on the discard port: connections are refused
 HELLO = [{"role": "user", "content": "hi"}]

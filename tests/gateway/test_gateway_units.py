@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from harness.sidecar import hostile_json
 from modelserve.contracts.env import ConfigError
 from modelserve.contracts.gateway import held_from_json, held_to_json
 from modelserve.gateway.catalog import model_objects, ollama_entries
@@ -23,7 +24,6 @@ from modelserve.gateway.settings import GatewaySettings
 from modelserve.http.downstream import Exchange
 from modelserve.http.errors import ErrorResponse, unauthorized
 from modelserve.operator.autoscaling import gateway_addresses, total_held
-from tests.helpers.sidecar_harness import hostile_json
 
 A, B, C = "10.88.0.2:8080", "10.88.0.3:8080", "10.88.0.4:8080"
 

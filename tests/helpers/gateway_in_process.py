@@ -12,13 +12,13 @@ from contextlib import contextmanager
 import httpx
 import uvicorn
 
+from harness.lifecycle import assert_rules_kept, ledger_counts
 from modelserve.gateway.app import build_app
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.http import serve
 from modelserve.http.limits import ConnectionLimits
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.lifecycle import assert_rules_kept, ledger_counts
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from .sidecar_harness import API_KEY, RawAnswer, dechunk
+from harness.sidecar import API_KEY, RawAnswer, dechunk
 
 KEYED = {"Authorization": f"Bearer {API_KEY}"}
 CHAT = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()

@@ -1,6 +1,6 @@
 """The request pipeline (modelserve/http/pipeline.py): both lanes of the direct protocol run the same
 steps in the same order, and the ledger sees each lifecycle rule broken (so the check every proxy
-test ends with, tests/helpers/lifecycle.py, can fail).
+test ends with, harness/lifecycle.py, can fail).
 
 The sidecar's own steps run in a real uvicorn server in this process, in front of the replay engine
 (vLLM's recorded answers); only a record of which step ran is added."""
@@ -15,6 +15,8 @@ import httpx
 import pytest
 import uvicorn
 
+from harness.lifecycle import assert_rules_kept, counts_in, ledger_counts
+from harness.sidecar import API_KEY, ReplayEngine, SecretDir, start_replay
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import serve
 from modelserve.http.downstream import Exchange
@@ -24,8 +26,6 @@ from modelserve.sidecar.keys import KeyStore
 from modelserve.sidecar.metrics import SidecarMetrics
 from modelserve.sidecar.proxy import Proxy
 from modelserve_sandbox.processes import free_ports, wait_until
-from tests.helpers.lifecycle import assert_rules_kept, counts_in, ledger_counts
-from tests.helpers.sidecar_harness import API_KEY, ReplayEngine, SecretDir, start_replay
 
 STEPS = ("admit", "plan", "ready", "wait", "pick", "release", "passes_on", "tried", "settle", "end")
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from harness.testdata import model_server
 from modelserve.api import manifests
 from modelserve.api.spec import ModelServer
 from modelserve.contracts.adapters import ADAPTERS_KEY, AdapterState, Desired, Phase, parse_desired
@@ -13,7 +14,6 @@ from modelserve.contracts.operator_settings import Settings
 from modelserve.contracts.sidecar import Settings as SidecarSettings
 from modelserve.operator.adapters import adapter_statuses, pods_to_nudge
 from modelserve.operator.status import transitions
-from tests.helpers.operator_testdata import model_server
 
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
 PIRATE = {"name": "pirate", "source": "acme/pirate-lora"}

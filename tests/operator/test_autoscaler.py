@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from modelserve.api.replicas import autoscaled, desired_replicas
-from modelserve.api.spec import Replicas
-from modelserve.kube.pods import readable
-from modelserve.operator.autoscaler import History, Load, Policy, decide, recommendation
-from modelserve.operator.status import transitions
-from tests.helpers.load_traces import (
+from harness.load_traces import (
     autoscaler_rule,
     burst,
     diurnal,
@@ -19,6 +14,11 @@ from tests.helpers.load_traces import (
     simulate,
     spike_then_idle,
 )
+from modelserve.api.replicas import autoscaled, desired_replicas
+from modelserve.api.spec import Replicas
+from modelserve.kube.pods import readable
+from modelserve.operator.autoscaler import History, Load, Policy, decide, recommendation
+from modelserve.operator.status import transitions
 
 POLICY = Policy(min=1, buffer=1, max=10, target=8, scale_down_delay=300, idle_window=600)
 TO_ZERO = Policy(min=0, buffer=1, max=10, target=8, scale_down_delay=300, idle_window=600)

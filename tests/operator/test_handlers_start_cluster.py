@@ -20,6 +20,7 @@ from kubernetes import client
 from kubernetes.config import kube_config
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.testdata import CRD_PATH
 from modelserve.contracts import gateway
 from modelserve.contracts.env import settings_or_exit
 from modelserve.contracts.names import Key
@@ -29,7 +30,6 @@ from modelserve.operator import handlers
 from modelserve.operator.main import operator_memo
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import free_ports, wait_until
-from tests.helpers.operator_testdata import CRD_PATH
 
 NAMESPACE = "wired"
 ELSEWHERE = "elsewhere"  # a namespace the operator is not given

@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness.testdata import CRD_PATH
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import tail, wait_until
-from tests.helpers.operator_testdata import CRD_PATH
 
 RESYNC_SECONDS = 2
 NEVER_SECONDS = 24 * 3600  # a resync period no test outlives

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.testdata import CRD_PATH, examples
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.operator_process import running_operator
 from tests.helpers.operator_cluster import RESYNC_SECONDS, OperatorView
-from tests.helpers.operator_testdata import CRD_PATH, examples
 
 
 @pytest.fixture(scope="module")

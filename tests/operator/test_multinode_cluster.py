@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from harness.testdata import examples
 from tests.helpers.operator_cluster import OperatorView
-from tests.helpers.operator_testdata import examples
 
 GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"

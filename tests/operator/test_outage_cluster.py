@@ -6,10 +6,10 @@ import json
 import time
 from pathlib import Path
 
+from harness.testdata import CRD_PATH
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import tail, wait_until
-from tests.helpers.operator_testdata import CRD_PATH
 
 OUTAGE_SECONDS = 30
 

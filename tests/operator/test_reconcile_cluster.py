@@ -9,8 +9,8 @@ import json
 import time
 from typing import Any
 
+from harness.testdata import EXAMPLES_DIR, examples
 from tests.helpers.operator_cluster import RESYNC_SECONDS, OperatorView
-from tests.helpers.operator_testdata import EXAMPLES_DIR, examples
 
 SMALL = {
     "apiVersion": "serving.modelserve.dev/v1alpha1",

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from harness.testdata import model_server
 from modelserve.api.spec import ModelServer
 from modelserve.api.status import Upgrade
 from modelserve.api.validation import explain
@@ -20,7 +21,6 @@ from modelserve.operator.status import (
     transitions,
     unschedulable_reason,
 )
-from tests.helpers.operator_testdata import model_server
 
 ENDPOINT = "http://m.ns.svc.cluster.local/v1"
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"

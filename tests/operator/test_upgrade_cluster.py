@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
+from harness.testdata import CRD_PATH
 from modelserve import __version__
 from modelserve.kube.apply import Kube
 from modelserve.kube.lease import Elector, Timing
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
-from tests.helpers.operator_testdata import CRD_PATH
 
 SELECTOR = "serving.modelserve.dev/modelserver"
 RESYNC_SECONDS = 2

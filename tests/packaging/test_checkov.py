@@ -60,7 +60,7 @@ NON_ROOT = (
 # vLLM's and SGLang's images run as root and write under it (their caches, /tmp): these examples'
 # engines pass every check above but the non-root ones. The cpu (llama.cpp) and external ones pass all.
 # The 16-GPU example is a LeaderWorkerSet, a kind checkov does not read: its leader and worker pods
-# meet Pod Security in tests/operator/test_pod_security_cluster.py instead.
+# meet Pod Security in tests/api/test_pod_security_cluster.py instead.
 ROOT_ENGINE_DEPLOYMENTS = ("lfm2-1-2b", "lfm2-8b-a1b", "lfm2-vl-1-6b", "tiny-chatml-vllm")
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml")) + sorted((REPO / "examples").glob("external/*.yaml"))
 MODELSERVE = Path(sys.executable).with_name("modelserve")

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.testdata import CRD_PATH, examples, invalid_cases
 from modelserve.api.spec import NAME_RULE
 from modelserve.api.validation import rules_by_message
 from modelserve.cli.main import API_KEY_PLACEHOLDER
 from modelserve.contracts.api_keys import GENERATED_KEY_FIELD
 from modelserve_sandbox.cluster import Cluster
 from tests.helpers.chart import REPO
-from tests.helpers.operator_testdata import CRD_PATH, examples, invalid_cases
 
-GOLDEN_DIR = REPO / "tests" / "operator" / "golden"
+GOLDEN_DIR = REPO / "tests" / "api" / "golden"
 GOLDEN_UID = "00000000-0000-4000-8000-000000000000"  # what the golden files were rendered with
 SIDECAR_IMAGE = "ghcr.io/modelserve/modelserve:0.1.0"
 

@@ -1,6 +1,6 @@
 """`modelserve run|list|show|rm|create`: arguments, tables, the chat session, errors, the
 port-forward (with a stand-in kubectl) and `create` as a user runs it. No cluster here: the real
-node runs them in tests/realnode/test_cli_on_node.py, the real engine in tests/sidecar/test_cli_engine.py."""
+node runs them in tests/realnode/test_cli_on_node.py, the real engine in tests/cli/test_cli_engine.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Modelfiles as ModelServer manifests, and Ollama's Go templates as Jinja (pure functions).
 
 jinja2 is not installed here (and is no dependency): these tests check the Jinja's text; the
-rendering, by llama.cpp's own template engine, is in tests/sidecar/test_cli_engine.py.
+rendering, by llama.cpp's own template engine, is in tests/cli/test_cli_engine.py.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import httpx
 import openai
 import pytest
 
+from harness.sidecar import launch_engine
 from modelserve_sandbox import realnode
 from modelserve_sandbox.processes import free_ports, stop_process
 from tests.helpers.node_view import NodeView
-from tests.helpers.sidecar_harness import launch_engine
 
 NAME = "host-gemma"
 HOST_MODEL = "gemma3-270m-on-host"  # what the host's server lists in /v1/models

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.testdata import examples
 from modelserve.api.manifests import workload
 from modelserve.api.spec import ModelServer
 from modelserve_sandbox.cluster import Cluster
 from tests.helpers.engine_parsers import SETTINGS, VLLM_IMAGE, parsed, sglang_container, sglang_volume, vllm_container
-from tests.helpers.operator_testdata import examples
 
 VLLM_KEYS = (
     "model_tag",

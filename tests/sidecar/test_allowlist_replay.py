@@ -13,9 +13,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from modelserve.contracts import routes
-from modelserve.contracts.sidecar import OWN_ROUTES
-from tests.helpers.sidecar_harness import (
+from harness.sidecar import (
     API_KEY,
     ENGINE_TABLES,
     MARK_HEADER,
@@ -30,6 +28,8 @@ from tests.helpers.sidecar_harness import (
     refused_counts,
     refused_routes,
 )
+from modelserve.contracts import routes
+from modelserve.contracts.sidecar import OWN_ROUTES
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 HELLO = [{"role": "user", "content": "hello"}]

@@ -12,7 +12,7 @@ import ollama
 import openai
 import pytest
 
-from tests.helpers.sidecar_harness import (
+from harness.sidecar import (
     API_KEY,
     ENGINE_MODEL,
     Engine,

@@ -13,8 +13,7 @@ import httpx
 import openai
 import pytest
 
-from modelserve.contracts.sidecar import OWN_ROUTES
-from tests.helpers.sidecar_harness import (
+from harness.sidecar import (
     API_KEY,
     ENGINE_MODEL,
     Engine,
@@ -30,6 +29,7 @@ from tests.helpers.sidecar_harness import (
     wait_ready,
     wait_until,
 )
+from modelserve.contracts.sidecar import OWN_ROUTES
 
 DEFAULT_MAX_TOKENS = 4  # the sidecar's sampling default: short answers keep the tests fast
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]

@@ -18,8 +18,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from modelserve.engines import sglang
-from tests.helpers.sidecar_harness import (
+from harness.sidecar import (
     API_KEY,
     IMAGE_MESSAGES,
     MARK_HEADER,
@@ -38,6 +37,7 @@ from tests.helpers.sidecar_harness import (
     wait_ready,
     wait_until,
 )
+from modelserve.engines import sglang
 
 StartSidecar = Callable[..., Sidecar]
 KUBELET_PROBE_TIMEOUT = 5  # the readinessProbe's timeoutSeconds in the operator's Deployment

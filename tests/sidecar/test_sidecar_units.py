@@ -7,6 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.sidecar import (
+    API_KEY,
+    IMAGE_MESSAGES,
+    SecretDir,
+    hostile_json,
+    read_recording,
+)
 from modelserve.contracts import routes
 from modelserve.contracts.env import ConfigError
 from modelserve.contracts.sidecar import Settings
@@ -20,13 +27,6 @@ from modelserve.sidecar.metrics import SidecarMetrics, route_label
 from modelserve.sidecar.proxy import DROP_TO_ENGINE, HOP_BY_HOP, Proxy, filter_headers
 from modelserve.sidecar.readiness import listed_models
 from modelserve.sidecar.request_checks import check_body, missing_sampling, request_model
-from tests.helpers.sidecar_harness import (
-    API_KEY,
-    IMAGE_MESSAGES,
-    SecretDir,
-    hostile_json,
-    read_recording,
-)
 
 REQUIRED = {"MODELSERVE_UPSTREAM_URL": "http://127.0.0.1:8000/", "MODELSERVE_SERVED_MODEL": "tiny"}
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 from aiohttp import web
 
+from harness.lifecycle import assert_rules_kept, counts_in
 from modelserve.contracts import routes
 from modelserve.sidecar.keys import key_files, parse_keys
 from modelserve_sandbox.llama_server import llama_server_binary
@@ -32,9 +33,8 @@ from modelserve_sandbox.processes import (
     tail,
     wait_until,
 )
-from tests.helpers.lifecycle import assert_rules_kept, counts_in
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 VLLM_FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu"  # how they were recorded: its README.md
 ENGINE_ROUTES = REPO / "tests" / "fixtures" / "engine_routes"  # one table per pinned engine
 # A test's requests carry it to the replay engine, which tells them from the sidecar's own probes.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.testdata import examples
 from modelserve import __version__
 from modelserve.api import manifests
 from modelserve.api.spec import AuthMode, ModelServer, SamplingDefaults
@@ -18,7 +19,6 @@ from modelserve.contracts.env import variables
 from modelserve.contracts.names import SIDECAR_NAME
 from modelserve.contracts.operator_settings import Settings
 from modelserve.engines import engine_for
-from tests.helpers.operator_testdata import examples
 
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0", drain_seconds=45)
 # Every example as it is, plus the variants the examples do not show.

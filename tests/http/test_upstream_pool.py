@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from harness.sidecar import free_ports
 from modelserve.http.relay import upstream_error_kind
 from modelserve.http.upstream_pool import (
     BodyCut,
@@ -22,7 +23,6 @@ from modelserve.http.upstream_pool import (
     request_head,
     split_url,
 )
-from tests.helpers.sidecar_harness import free_ports
 
 # A raw server's script: reads what it needs from the connection, writes what it answers.
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

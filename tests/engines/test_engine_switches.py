@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from harness.testdata import examples, invalid_cases
 from modelserve.api.spec import ModelServer, Profile
 from modelserve.engines import ENGINES
 from modelserve.engines.base import Engine
 from modelserve_sandbox.llama_server import llama_server_help
-from tests.helpers.operator_testdata import examples, invalid_cases
 
 # Each engine profile's first single-node example (a new engine's example serves here too).
 BASE = {
@@ -92,7 +92,7 @@ def test_ordinary_flags_and_variables_pass(profile: Profile) -> None:
 
 
 def test_the_catalog_refuses_each_switch_against_the_api_server() -> None:
-    # tests/operator/test_validation_cluster.py applies the catalog: each name appears there.
+    # tests/api/test_validation_cluster.py applies the catalog: each name appears there.
     said = " ".join(" ".join(case[3]) for case in invalid_cases())
     for engine in ENGINES.values():
         for switch in (*engine.admin_flags, *engine.admin_env):

@@ -1,4 +1,5 @@
-"""Control-plane fixtures for the operator: the CRD installed, the operator running as a subprocess."""
+"""Control-plane fixtures of the API, operator and packaging tests (registered for the whole suite by
+tests/conftest.py): the CRD installed, the operator running as a subprocess."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.testdata import CRD_PATH
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import tail
 from tests.helpers.operator_cluster import RESYNC_SECONDS, OperatorView
-from tests.helpers.operator_testdata import CRD_PATH
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from harness.testdata import model_server
 from modelserve.api import manifests, versions
 from modelserve.contracts.operator_settings import Settings
-from tests.helpers.operator_testdata import model_server
 
 OLD = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
 NEW = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.2.0", engine_images={"vllm": "vllm/vllm-openai:v9.9.9"})

@@ -14,8 +14,8 @@ import time
 import httptools
 import pytest
 
+from harness.sidecar import API_KEY, ReplayEngine, Sidecar
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.sidecar_harness import API_KEY, ReplayEngine, Sidecar
 
 HELLO = [{"role": "user", "content": "hello"}]
 CHAT = json.dumps({"model": "tiny", "messages": HELLO}).encode()

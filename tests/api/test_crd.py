@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
+from harness.testdata import CRD_PATH
 from modelserve.api import crd
-from tests.helpers.operator_testdata import CRD_PATH
 
 REGENERATE = "make generate"
 

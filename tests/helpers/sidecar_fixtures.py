@@ -1,4 +1,5 @@
-"""Fixtures for the sidecar tests (the helpers they use are in sidecar_harness.py)."""
+"""Fixtures of the sidecar, HTTP and CLI tests, registered for the whole suite by tests/conftest.py
+(the helpers they use are in harness/sidecar.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.sidecar_harness import (
+from harness.sidecar import (
     API_KEY,
     Engine,
     ReplayEngine,

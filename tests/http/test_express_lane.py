@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import httpx
 
-from tests.helpers.sidecar_harness import (
+from harness.sidecar import (
     API_KEY,
     ReplayEngine,
     Sidecar,

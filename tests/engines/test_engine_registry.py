@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from harness.testdata import examples
 from modelserve.api import engine_rules, validation
 from modelserve.api.spec import ModelServer
 from modelserve.contracts import engine_routes
@@ -19,7 +20,6 @@ from modelserve.contracts.operator_settings import Settings
 from modelserve.engines import ENGINES, REGISTRY, llamacpp, vllm
 from modelserve.engines.base import Engine, Role
 from tests.helpers.chart import REPO
-from tests.helpers.operator_testdata import examples
 
 OWN_FIELDS = {wire for wire, _, _ in engine_rules.ENGINE_OWN_FIELDS}
 

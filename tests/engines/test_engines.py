@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
+from harness.testdata import examples
 from modelserve.api.spec import ModelServer, Profile
 from modelserve.contracts.sidecar import LISTEN_PORT
 from modelserve.engines import ENGINES, engine_for
 from modelserve.engines.base import CHAT_TEMPLATE_PATH, Role, command_line
 from modelserve_sandbox.llama_server import llama_server_help
-from tests.helpers.operator_testdata import examples
 
 EXPECTED = {
     "lfm2-1.2b": "vllm serve LiquidAI/LFM2-1.2B --served-model-name lfm2-1-2b --host 127.0.0.1 --port 8000 "

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from harness.testdata import examples, invalid_cases
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.operator_testdata import examples, invalid_cases
 
 CASES = invalid_cases()
 

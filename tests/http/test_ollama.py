@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
+from harness.sidecar import hostile_json, nested_object, read_recording
 from modelserve.http import ollama
 from modelserve.http.ollama import Clock, Plan, Refusal, StreamTranslator
 from modelserve.sidecar.metrics import route_label
-from tests.helpers.sidecar_harness import hostile_json, nested_object, read_recording
 
 SERVED = "gemma-3-270m"
 NOW = "2026-11-23T03:28:09.211038Z"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.sidecar import ENGINE_TABLES, engine_routes
 from modelserve.contracts import routes
-from tests.helpers.sidecar_harness import ENGINE_TABLES, engine_routes
 
 
 @pytest.mark.parametrize("table", ENGINE_TABLES)

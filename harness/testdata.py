@@ -10,10 +10,10 @@ import yaml
 
 from modelserve.api.spec import ModelServer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 EXAMPLES_DIR = REPO / "examples"
 CRD_PATH = REPO / "crds" / "modelserver.yaml"
-CATALOG_PATH = REPO / "tests" / "operator" / "invalid_manifests.yaml"
+CATALOG_PATH = REPO / "tests" / "api" / "invalid_manifests.yaml"
 
 
 def examples() -> dict[str, dict[str, Any]]:

@@ -17,8 +17,7 @@ import httpx
 import openai
 import pytest
 
-from modelserve.cli import modelfile
-from tests.helpers.sidecar_harness import (
+from harness.sidecar import (
     API_KEY,
     ENGINE_MODEL,
     Engine,
@@ -30,6 +29,7 @@ from tests.helpers.sidecar_harness import (
     stop_process,
     wait_until,
 )
+from modelserve.cli import modelfile
 
 MAX_TOKENS = 24  # the sidecar's default: answers stay short on two cores
 CLI_SECONDS = 120

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from harness.testdata import examples
 from modelserve.api.manifests import workload
 from modelserve.api.spec import ModelServer
 from modelserve.contracts.operator_settings import Settings
 from modelserve_sandbox.cluster import Cluster
 from tests.helpers.operator_cluster import OperatorView
-from tests.helpers.operator_testdata import examples
 
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
 RESTRICTED_EXAMPLES = ("smollm2-135m-cpu", "qwen3-mlx")  # llama.cpp and external

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from harness.testdata import examples, invalid_cases
 from modelserve.api import spec as spec_module
 from modelserve.api.spec import AuthMode, Dtype, ModelServer, ModelServerSpec, Profile
 from modelserve.engines import sglang, vllm
-from tests.helpers.operator_testdata import examples, invalid_cases
 
 
 def _manifest(spec: dict[str, Any], name: str = "m") -> dict[str, Any]:

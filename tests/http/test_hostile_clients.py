@@ -11,18 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.hostile import (
-    CHAT,
-    KEYED,
-    chat_head,
-    connect,
-    endless_headers,
-    error_code,
-    read_outcome,
-    send_until_answered,
-    still_serves,
-)
-from tests.helpers.sidecar_harness import (
+from harness.sidecar import (
     API_KEY,
     MARK_HEADER,
     ReplayEngine,
@@ -33,6 +22,17 @@ from tests.helpers.sidecar_harness import (
     stop_process,
     stop_sidecar,
     wait_ready,
+)
+from tests.helpers.hostile import (
+    CHAT,
+    KEYED,
+    chat_head,
+    connect,
+    endless_headers,
+    error_code,
+    read_outcome,
+    send_until_answered,
+    still_serves,
 )
 
 DEADLINE_SECONDS = 1.5  # the head's and the body's, short for the tests

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.testdata import examples
 from modelserve.api import manifests
 from modelserve.api.spec import ModelServer
 from modelserve.contracts.names import SELECTOR_LABEL
 from modelserve.contracts.operator_settings import Settings
-from tests.helpers.operator_testdata import examples
 
 GOLDEN_DIR = Path(__file__).with_name("golden")
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
