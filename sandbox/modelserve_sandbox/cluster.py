@@ -294,6 +294,28 @@ class Cluster:
         self.kubectl("create", "namespace", name)
         self.wait_for_service_account(name)
 
+    def wait_established(self, crd: str = "", timeout: float = 60) -> None:
+        """Until the named CRD (every CRD, when none is named) is Established. Polled here:
+        `kubectl wait --for=condition=Established` fails at once, instead of waiting, on a CRD the
+        API server has not given a status yet (".status.conditions accessor error")."""
+        wait_until(
+            lambda: self._established(crd),
+            timeout,
+            f"CRD {crd or '(all)'} to be Established",
+            on_timeout=lambda: "\n" + self.kubectl("get", "crd", check=False).stdout,
+        )
+
+    def _established(self, crd: str) -> bool:
+        result = self.kubectl("get", "crd", *([crd] if crd else []), "-o", "json", check=False)
+        if result.returncode:
+            return False
+        found = json.loads(result.stdout)
+        items = [found] if crd else found.get("items", [])
+        return bool(items) and all(
+            any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+            for conditions in (((item.get("status") or {}).get("conditions") or []) for item in items)
+        )
+
     def wait_for_service_account(self, namespace: str, timeout: float = 60) -> None:
         # Pods are refused until the controller-manager has made the namespace's `default` SA.
         wait_until(
@@ -447,7 +469,7 @@ class Cluster:
         """The LeaderWorkerSet CRDs and controller, its webhooks served on loopback (lws.py)."""
         assert self._pki
         self.kubectl("apply", "--server-side", "-f", str(lws.crd_dir(default_cache())))
-        self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        self.wait_established()
         cert_dir = self.workdir / "lws-certs"
         serving_cert(self._pki, cert_dir, "lws-webhook")
         config = self.workdir / "lws-config.yaml"

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(cluster.kubectl("get", "nodes", "-L", "type", "-o", "wide").stdout, flush=True)
         cluster.kubectl("apply", "--server-side", "-f", str(args.crds))
-        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        cluster.wait_established()
         try:
             with host_programs(cluster) as programs:
                 return _serve(args, cluster, programs, stop)

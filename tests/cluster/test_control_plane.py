@@ -134,7 +134,7 @@ CRD = {
 
 def test_crd_with_a_cel_rule_refuses_a_bad_object_at_kubectl_apply(cluster: Cluster, namespace: str) -> None:
     cluster.kubectl("apply", "-f", "-", input=json.dumps(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.proof.modelserve.dev", "--timeout=60s")
+    cluster.wait_established("widgets.proof.modelserve.dev")
 
     def widget(name: str, lo: int, hi: int) -> str:
         return json.dumps(

@@ -20,7 +20,7 @@ from tests.helpers.operator_cluster import RESYNC_SECONDS, OperatorView
 def crd_installed(cluster: Cluster) -> None:
     # Forced: the chart tests may have installed the chart's copy of the same CRD first.
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/modelservers.serving.modelserve.dev", "--timeout=60s")
+    cluster.wait_established("modelservers.serving.modelserve.dev")
 
 
 @pytest.fixture(scope="session")

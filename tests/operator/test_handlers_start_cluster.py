@@ -47,7 +47,7 @@ STOPPED_THREADS = ("modelserve-autoscaler", "modelserve-resync", "modelserve-lea
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with Cluster(tmp_path_factory.mktemp("start"), gpu_nodes=1, cpu_nodes=0, real_node=False, lws=False) as running:
         running.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        running.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        running.wait_established()
         running.create_namespace(NAMESPACE)
         running.create_namespace(ELSEWHERE)
         yield running

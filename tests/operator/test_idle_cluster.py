@@ -51,7 +51,7 @@ def test_an_idle_operator_only_watches(tmp_path: Path) -> None:
     # A control plane of its own: no other test's objects change while this one listens.
     with Cluster(tmp_path / "cluster", gpu_nodes=1, cpu_nodes=0, real_node=False) as cluster:
         cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        cluster.wait_established()
         with running_operator(cluster.operator_env, tmp_path / "operator", RESYNC_SECONDS) as (operator, log):
             items = [_model_server(index) for index in range(MODEL_SERVERS)]
             cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))

@@ -19,7 +19,7 @@ from tests.helpers.operator_cluster import RESYNC_SECONDS, OperatorView
 def bare_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with Cluster(tmp_path_factory.mktemp("no-lws"), cpu_nodes=0, real_node=False, lws=False) as cluster:
         cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        cluster.wait_established()
         yield cluster
 
 

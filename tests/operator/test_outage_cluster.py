@@ -30,7 +30,7 @@ def test_after_an_outage_a_new_modelserver_gets_its_deployment(tmp_path: Path) -
     # A control plane of its own: the outage must not reach the other tests' cluster.
     with Cluster(tmp_path / "cluster", gpu_nodes=1, cpu_nodes=0, real_node=False) as cluster:
         cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        cluster.wait_established()
 
         def deployment(name: str) -> bool:
             return cluster.kubectl("get", "deployment", name, "--ignore-not-found", "-o", "name").stdout != ""

@@ -41,7 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     # Its own control plane: these tests run their own operators, which must not meet the session's.
     with Cluster(tmp_path_factory.mktemp("day2"), gpu_nodes=1, cpu_nodes=0, real_node=False, lws=False) as running:
         running.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-        running.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        running.wait_established()
         yield running
 
 

@@ -127,7 +127,7 @@ def _api_server_refusal(cluster: Cluster, namespace: str, manifest: dict[str, An
 
 def test_render_and_the_api_server_name_the_same_fields(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/modelservers.serving.modelserve.dev")
+    cluster.wait_established("modelservers.serving.modelserve.dev")
     rule_messages = {NAME_RULE.message, *rules_by_message()}
     for case, manifest, _, _ in invalid_cases():
         refusal = _api_server_refusal(cluster, namespace, manifest)

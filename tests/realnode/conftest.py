@@ -65,7 +65,7 @@ def node_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     before = host_snapshot(workdir)
     with Cluster(workdir, gpu_nodes=1, real_node=True) as running:
         running.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-        running.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        running.wait_established()
         yield running
     # Stopping the node puts the host back as it was: the check runs on the real stop path.
     changes = _host_changes(before, host_snapshot(workdir))

@@ -1,0 +1,217 @@
+"""Token-rate benchmark: the proxies relaying token streams at GPU rates, against nginx in the same run.
+
+    .venv/bin/python -m bench.token_rate_bench                   # 256, 512, 1024 streams, one run
+    .venv/bin/python -m bench.token_rate_bench --streams 256 --seconds 5
+
+What a GPU engine sends: each token its own SSE event, written and flushed on its own. The engine
+(bench/tokenrate/engine, Go) streams 200 token events 10 ms apart (100 tokens/s per stream); the load
+(bench/tokenrate/load, Go) keeps N streams open, each started again when it ends, and measures the
+events delivered per second, the time to the first token (TTFB) and the gaps between tokens (sent
+10 ms apart). Both run on the core the proxies do not (taskset), and neither is the limit: the
+"direct" column must reach the offered rate (N x 100 events/s).
+
+Paths, each proxy process pinned to core 1 (nginx with one worker and the sidecar's Key check):
+  direct            load -> engine
+  nginx             load -> nginx -> engine
+  sidecar           load -> modelserve-sidecar -> engine
+  nginx->nginx      load -> nginx -> nginx -> engine
+  gateway->sidecar  load -> modelserve-gateway -> modelserve-sidecar -> engine
+
+"cpu us/event" is the CPU time of the path's proxies per token event delivered. The ratios printed
+at the end are issue 34's targets (sidecar and gateway->sidecar against nginx and nginx->nginx).
+Not part of `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import gateway_bench, sidecar_bench
+from bench.sidecar_bench import KEY, MODEL, PROXY_CPU, Target, ensure_nginx, start_nginx, wait_http
+from modelserve.gateway.settings import LEAST_IN_FLIGHT
+from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
+
+HERE = Path(__file__).resolve().parent / "tokenrate"
+BUILD = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "modelserve" / "bench-tokenrate"
+LOAD_CPU = "0"  # the engine and the load: the core the proxies are not on
+CHUNKS = 200
+GAP_MS = 10
+LEVELS = (256, 512, 1024)
+COLUMNS = ("events/s", "offered", "ttfb p50", "ttfb p99", "gap p50", "gap p99", "cpu us/event", "lost")
+
+
+@dataclass
+class Path2(Target):
+    """A path through two proxy processes: its CPU is both of theirs."""
+
+    second: subprocess.Popen | None = None
+
+    def cpu_seconds(self) -> float:
+        return super().cpu_seconds() + Target(self.name, self.url, self.second).cpu_seconds()
+
+
+def build() -> tuple[Path, Path]:
+    """The engine and the load, built from bench/tokenrate (standard library only) when changed."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"}
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    binaries = []
+    for name in ("engine", "load"):
+        source = HERE / name / "main.go"
+        binary = BUILD / name
+        if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
+            print(f"building {name} (go)...", flush=True)
+            subprocess.run([go, "build", "-o", str(binary), f"./{name}"], cwd=HERE, env=env, check=True)
+        binaries.append(binary)
+    return binaries[0], binaries[1]
+
+
+def wait_keyed(url: str, log: Path) -> None:
+    """Until `url` answers a request with the key (nginx has no route of its own to wait for)."""
+
+    def up() -> bool:
+        request = urllib.request.Request(url, headers={"Authorization": f"Key {KEY}"})
+        try:
+            with urllib.request.urlopen(request, timeout=1):
+                return True
+        except OSError:
+            return False
+
+    wait_until(up, 30, url, on_timeout=lambda: "\n" + tail(log))
+
+
+def measure(load: Path, target: Target, streams: int, seconds: float, warmup: float) -> dict[str, float]:
+    """One level against one target: the load's figures, and the path's CPU while it measured."""
+    argv = [str(load), "-url", target.url, "-key", KEY, "-streams", str(streams)]
+    argv += ["-seconds", str(seconds), "-warmup", str(warmup)]
+    process = subprocess.Popen(["taskset", "-c", LOAD_CPU, *argv], stdout=subprocess.PIPE, text=True)
+    time.sleep(warmup)  # the load measures from `warmup` on: so does the CPU reading
+    cpu = target.cpu_seconds()
+    time.sleep(seconds)
+    cpu = target.cpu_seconds() - cpu
+    out, _ = process.communicate(timeout=seconds + warmup + 120)
+    figures = json.loads(out)
+    figures["offered"] = streams * 1000 / GAP_MS
+    events = figures["events_per_second"] * seconds
+    figures["cpu_us_per_event"] = cpu / events * 1e6 if target.process is not None and events else float("nan")
+    return figures
+
+
+def row(figures: dict[str, float]) -> list[float]:
+    keys = ("events_per_second", "offered", "ttfb_p50_ms", "ttfb_p99_ms", "gap_p50_ms", "gap_p99_ms")
+    return [figures[k] for k in keys] + [figures["cpu_us_per_event"], figures["lost"]]
+
+
+def print_table(results: dict[tuple[int, str], dict[str, float]]) -> None:
+    print(f"{'streams':<9}{'path':<18}" + "".join(f"{c:>13}" for c in COLUMNS))
+    for (streams, name), figures in results.items():
+        cells = "".join(f"{'-':>13}" if math.isnan(v) else f"{v:>13.1f}" for v in row(figures))
+        print(f"{streams:<9}{name:<18}{cells}")
+    print(flush=True)
+
+
+def print_targets(results: dict[tuple[int, str], dict[str, float]], levels: tuple[int, ...]) -> None:
+    """Issue 34's targets, as ratios to nginx's path in the same run."""
+
+    def ratio(streams: int, ours: str, theirs: str, key: str) -> float:
+        mine, base = results.get((streams, ours)), results.get((streams, theirs))
+        return mine[key] / base[key] if mine and base and base[key] > 0 else float("nan")
+
+    for ours, theirs in (("sidecar", "nginx"), ("gateway->sidecar", "nginx->nginx")):
+        for streams in levels:
+            for key, bound in (("ttfb_p99_ms", "<= 1.5"), ("gap_p99_ms", "<= 1.5"), ("cpu_us_per_event", "<= 1.5")):
+                label = f"{streams} streams {key} {ours}/{theirs} ({bound})"
+                print(f"  {label:<70}{ratio(streams, ours, theirs, key):8.2f}")
+    for streams in levels:
+        sidecar = results.get((streams, "sidecar"))
+        if sidecar:
+            print(
+                f"  {streams} streams sidecar events/s (>= 100k at 1024)".ljust(72)
+                + f"{sidecar['events_per_second']:8.0f}"
+            )
+    lost = sum(f["lost"] for f in results.values())
+    print(f"  {'streams lost or cut, every level and path (== 0)':<70}{lost:8.0f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, nargs="+", default=list(LEVELS))
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured time per level and path")
+    parser.add_argument("--warmup", type=float, default=3.0, help="time before measuring")
+    parser.add_argument("--paths", nargs="+", help="only these paths (direct always runs first)")
+    args = parser.parse_args()
+
+    engine_bin, load_bin = build()
+    nginx = ensure_nginx()
+    workdir = Path(tempfile.mkdtemp(prefix="token-rate-bench-"))
+    engine_port, sidecar_port, gateway_port, gw_sidecar_port, nginx_port, back_port, front_port = free_ports(7)
+    processes: list[subprocess.Popen] = []
+    try:
+        engine_argv = ["taskset", "-c", LOAD_CPU, str(engine_bin), "-port", str(engine_port)]
+        engine_argv += ["-chunks", str(CHUNKS), "-gap", f"{GAP_MS}ms"]
+        processes.append(start_process("engine", engine_argv, workdir))
+        engine_url = f"http://127.0.0.1:{engine_port}"
+        wait_http(engine_url + "/health", "the engine", workdir / "engine.log")
+
+        sidecar = sidecar_bench.start_sidecar(workdir, sidecar_port, engine_url)
+        processes.append(sidecar)
+        wait_http(f"http://127.0.0.1:{sidecar_port}/readyz", "the sidecar", workdir / "sidecar.log")
+        # The gateway's own sidecar, so the two paths never share a process.
+        behind = sidecar_bench.start_sidecar(workdir, gw_sidecar_port, engine_url, "sidecar-behind-gateway")
+        processes.append(behind)
+        wait_http(f"http://127.0.0.1:{gw_sidecar_port}/readyz", "the second sidecar", workdir / "sidecar.log")
+        gateway = gateway_bench.start_gateway(
+            workdir, gateway_port, MODEL, [f"127.0.0.1:{gw_sidecar_port}"], LEAST_IN_FLIGHT, PROXY_CPU
+        )
+        processes.append(gateway)
+
+        conf = sidecar_bench.NGINX_CONF.format(dir=workdir / "nginx", key=KEY, engine_port=engine_port, port=nginx_port)
+        one = start_nginx(nginx, workdir, conf, "nginx")
+        back_conf = sidecar_bench.NGINX_CONF.format(
+            dir=workdir / "nginx-back", key=KEY, engine_port=engine_port, port=back_port
+        )
+        back = start_nginx(nginx, workdir, back_conf, "nginx-back")
+        front_conf = gateway_bench.NGINX_CONF.format(
+            dir=workdir / "nginx-front", key=KEY, engine_port=back_port, port=front_port
+        )
+        front = start_nginx(nginx, workdir, front_conf, "nginx-front")
+        processes += [one, back, front]
+        for port in (nginx_port, front_port):
+            wait_keyed(f"http://127.0.0.1:{port}/health", workdir / "nginx.log")
+
+        targets = [
+            Target("direct", engine_url),
+            Target("nginx", f"http://127.0.0.1:{nginx_port}", one),
+            Target("sidecar", f"http://127.0.0.1:{sidecar_port}", sidecar),
+            Path2("nginx->nginx", f"http://127.0.0.1:{front_port}", front, back),
+            Path2("gateway->sidecar", f"http://127.0.0.1:{gateway_port}", gateway, behind),
+        ]
+        if args.paths:
+            targets = [t for t in targets if t.name == "direct" or t.name in args.paths]
+        results: dict[tuple[int, str], dict[str, float]] = {}
+        for streams in args.streams:
+            for target in targets:
+                print(f"  {streams} streams through {target.name}...", file=sys.stderr, flush=True)
+                results[streams, target.name] = measure(load_bin, target, streams, args.seconds, args.warmup)
+        print(f"token events {GAP_MS} ms apart, {CHUNKS} per stream; {args.seconds:g} s measured per level and path")
+        print_table(results)
+        print_targets(results, tuple(args.streams))
+    finally:
+        for process in reversed(processes):
+            stop_process(process)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+module modelserve.dev/bench/tokenrate
+
+go 1.22
