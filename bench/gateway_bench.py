@@ -94,11 +94,13 @@ def start_gateway(
     routing: str,
     cpu: str | None = None,
     env: dict[str, str] | None = None,
+    profile: Path | None = None,
 ) -> subprocess.Popen:
     """Start the gateway process (pinned to `cpu` if given; more MODELSERVE_GATEWAY_* settings in
-    `env`) and wait until it is ready."""
+    `env`; under cProfile, writing to `profile` when it stops, if given) and wait until it is ready."""
     spec = json.dumps({"port": port, "model": model, "replicas": replicas, "routing": routing, "env": env or {}})
-    argv = [sys.executable, "-m", "bench.gateway_bench", "--serve-gateway", spec]  # from the repository root
+    profiled = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
+    argv = [sys.executable, *profiled, "-m", "bench.gateway_bench", "--serve-gateway", spec]  # from the repository root
     process = start_process("gateway", ["taskset", "-c", cpu, *argv] if cpu else argv, log_dir)
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", "the gateway", log_dir / "gateway.log")

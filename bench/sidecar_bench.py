@@ -157,8 +157,11 @@ def ensure_nginx() -> str:
     return found
 
 
-def start_sidecar(workdir: Path, port: int, engine_url: str, name: str = "sidecar") -> subprocess.Popen:
-    """modelserve-sidecar pinned to PROXY_CPU, private: the key KEY in `workdir`/keys."""
+def start_sidecar(
+    workdir: Path, port: int, engine_url: str, name: str = "sidecar", profile: Path | None = None
+) -> subprocess.Popen:
+    """modelserve-sidecar pinned to PROXY_CPU, private: the key KEY in `workdir`/keys; under cProfile,
+    writing to `profile` when it stops, if given."""
     keys = workdir / "keys"
     keys.mkdir(exist_ok=True)
     (keys / "api-key").write_text(KEY + "\n")
@@ -171,7 +174,10 @@ def start_sidecar(workdir: Path, port: int, engine_url: str, name: str = "sideca
         "MODELSERVE_SERVED_MODEL": MODEL,
         "MODELSERVE_KEYS_DIR": str(keys),
     }
-    return start_process(name, ["taskset", "-c", PROXY_CPU, sidecar_bin], workdir, env)
+    command = [sidecar_bin]
+    if profile is not None:
+        command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "modelserve.sidecar.main"]
+    return start_process(name, ["taskset", "-c", PROXY_CPU, *command], workdir, env)
 
 
 def start_nginx(nginx: str, workdir: Path, conf: str, name: str = "nginx") -> subprocess.Popen:

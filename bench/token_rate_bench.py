@@ -2,13 +2,15 @@
 
     .venv/bin/python -m bench.token_rate_bench                   # 256, 512, 1024 streams, one run
     .venv/bin/python -m bench.token_rate_bench --streams 256 --seconds 5
+    .venv/bin/python -m bench.token_rate_bench --streams 256 --profile   # where each event's CPU goes
 
 What a GPU engine sends: each token its own SSE event, written and flushed on its own. The engine
 (bench/tokenrate/engine, Go) streams 200 token events 10 ms apart (100 tokens/s per stream); the load
 (bench/tokenrate/load, Go) keeps N streams open, each started again when it ends, and measures the
 events delivered per second, the time to the first token (TTFB) and the gaps between tokens (sent
-10 ms apart). Both run on the core the proxies do not (taskset), and neither is the limit: the
-"direct" column must reach the offered rate (N x 100 events/s).
+10 ms apart). The load runs on the core the proxies do not (taskset), the engine where the kernel
+puts it, and neither is the limit: the "direct" column must reach the offered rate (N x 100
+events/s).
 
 Paths, each proxy process pinned to core 1 (nginx with one worker and the sidecar's Key check):
   direct            load -> engine
@@ -19,6 +21,9 @@ Paths, each proxy process pinned to core 1 (nginx with one worker and the sideca
 
 "cpu us/event" is the CPU time of the path's proxies per token event delivered. The ratios printed
 at the end are issue 34's targets (sidecar and gateway->sidecar against nginx and nginx->nginx).
+With --profile, the sidecar and the gateway run under cProfile (the direct and our paths only) and
+the functions that take the most of their time are printed per token event relayed (cProfile's own
+overhead included: compare functions with each other, not with the unprofiled figures).
 Not part of `make test`.
 """
 
@@ -28,7 +33,9 @@ import argparse
 import json
 import math
 import os
+import pstats
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,7 +51,7 @@ from modelserve_sandbox.processes import free_ports, start_process, stop_process
 
 HERE = Path(__file__).resolve().parent / "tokenrate"
 BUILD = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "modelserve" / "bench-tokenrate"
-LOAD_CPU = "0"  # the engine and the load: the core the proxies are not on
+LOAD_CPU = "0"  # the load: the core the proxies are not on
 CHUNKS = 200
 GAP_MS = 10
 LEVELS = (256, 512, 1024)
@@ -108,6 +115,19 @@ def measure(load: Path, target: Target, streams: int, seconds: float, warmup: fl
     return figures
 
 
+def print_profile(profile: Path, events: float, top: int = 14) -> None:
+    """The functions with the most time of their own in a proxy's profile, per token event relayed."""
+    stats = pstats.Stats(str(profile))
+    total = stats.total_tt  # type: ignore[attr-defined]
+    print(f"{profile.stem}: {total / events * 1e6:.1f} us of profiled time per event ({events:.0f} events)")
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:top]  # type: ignore[attr-defined]
+    for (filename, line, function), (_, calls, own, cumulative, _) in rows:
+        where = f"{Path(filename).name}:{line} {function}" if line else function
+        own_us, cumulative_us = own / events * 1e6, cumulative / events * 1e6
+        print(f"  {own_us:7.2f} us own {cumulative_us:8.2f} us cum {calls / events:6.2f} calls  {where}")
+    print(flush=True)
+
+
 def row(figures: dict[str, float]) -> list[float]:
     keys = ("events_per_second", "offered", "ttfb_p50_ms", "ttfb_p99_ms", "gap_p50_ms", "gap_p99_ms")
     return [figures[k] for k in keys] + [figures["cpu_us_per_event"], figures["lost"]]
@@ -150,7 +170,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="measured time per level and path")
     parser.add_argument("--warmup", type=float, default=3.0, help="time before measuring")
     parser.add_argument("--paths", nargs="+", help="only these paths (direct always runs first)")
+    parser.add_argument("--profile", action="store_true", help="run the sidecar and the gateway under cProfile")
     args = parser.parse_args()
+    if args.profile:
+        args.paths = ["sidecar", "gateway->sidecar"]
 
     engine_bin, load_bin = build()
     nginx = ensure_nginx()
@@ -158,21 +181,37 @@ def main() -> None:
     engine_port, sidecar_port, gateway_port, gw_sidecar_port, nginx_port, back_port, front_port = free_ports(7)
     processes: list[subprocess.Popen] = []
     try:
-        engine_argv = ["taskset", "-c", LOAD_CPU, str(engine_bin), "-port", str(engine_port)]
+        # The engine floats: pinned beside the load on a two-core machine, the two of them top out
+        # near 55k events/s, short of the 102k offered at 1024 streams (direct reaches it floating).
+        engine_argv = [str(engine_bin), "-port", str(engine_port)]
         engine_argv += ["-chunks", str(CHUNKS), "-gap", f"{GAP_MS}ms"]
         processes.append(start_process("engine", engine_argv, workdir))
         engine_url = f"http://127.0.0.1:{engine_port}"
         wait_http(engine_url + "/health", "the engine", workdir / "engine.log")
 
-        sidecar = sidecar_bench.start_sidecar(workdir, sidecar_port, engine_url)
+        profiles = workdir / "profiles"
+        profiles.mkdir()
+
+        def profile(name: str) -> Path | None:
+            return profiles / f"{name}.prof" if args.profile else None
+
+        sidecar = sidecar_bench.start_sidecar(workdir, sidecar_port, engine_url, profile=profile("sidecar"))
         processes.append(sidecar)
         wait_http(f"http://127.0.0.1:{sidecar_port}/readyz", "the sidecar", workdir / "sidecar.log")
         # The gateway's own sidecar, so the two paths never share a process.
-        behind = sidecar_bench.start_sidecar(workdir, gw_sidecar_port, engine_url, "sidecar-behind-gateway")
+        behind = sidecar_bench.start_sidecar(
+            workdir, gw_sidecar_port, engine_url, "sidecar-behind-gateway", profile("sidecar-behind-gateway")
+        )
         processes.append(behind)
         wait_http(f"http://127.0.0.1:{gw_sidecar_port}/readyz", "the second sidecar", workdir / "sidecar.log")
         gateway = gateway_bench.start_gateway(
-            workdir, gateway_port, MODEL, [f"127.0.0.1:{gw_sidecar_port}"], LEAST_IN_FLIGHT, PROXY_CPU
+            workdir,
+            gateway_port,
+            MODEL,
+            [f"127.0.0.1:{gw_sidecar_port}"],
+            LEAST_IN_FLIGHT,
+            PROXY_CPU,
+            profile=profile("gateway"),
         )
         processes.append(gateway)
 
@@ -207,6 +246,18 @@ def main() -> None:
         print(f"token events {GAP_MS} ms apart, {CHUNKS} per stream; {args.seconds:g} s measured per level and path")
         print_table(results)
         print_targets(results, tuple(args.streams))
+        if args.profile:
+            for process in (sidecar, behind, gateway):
+                # SIGINT: uvicorn raises the signal again once it has shut down, and only SIGINT's
+                # KeyboardInterrupt lets cProfile write its file on the way out (SIGTERM kills it).
+                process.send_signal(signal.SIGINT)
+                process.wait(timeout=60)
+            relayed = {
+                name: sum(f["events_total"] for (_, n), f in results.items() if n == name) for _, name in results
+            }
+            print_profile(profiles / "sidecar.prof", relayed["sidecar"])
+            print_profile(profiles / "gateway.prof", relayed["gateway->sidecar"])
+            print_profile(profiles / "sidecar-behind-gateway.prof", relayed["gateway->sidecar"])
     finally:
         for process in reversed(processes):
             stop_process(process)

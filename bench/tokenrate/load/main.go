@@ -20,6 +20,7 @@ import (
 var body = []byte(`{"model":"fake","messages":[{"role":"user","content":"hello"}],"stream":true}`)
 
 type tally struct {
+	all       int // every token event, warm-up included (a profile's denominator)
 	events    int
 	completed int
 	lost      int
@@ -61,6 +62,7 @@ func stream(client *http.Client, url, key string, t *tally, measuring func(time.
 		if !bytes.Contains(line, []byte(`"delta"`)) {
 			continue // the usage event
 		}
+		t.all++
 		if measuring(now) {
 			t.events++
 			if last.IsZero() {
@@ -119,6 +121,7 @@ func main() {
 	wg.Wait()
 	total := tally{}
 	for _, t := range tallies {
+		total.all += t.all
 		total.events += t.events
 		total.completed += t.completed
 		total.lost += t.lost
@@ -127,6 +130,7 @@ func main() {
 	}
 	json.NewEncoder(os.Stdout).Encode(map[string]float64{
 		"events_per_second": float64(total.events) / *seconds,
+		"events_total":      float64(total.all),
 		"ttfb_p50_ms":       percentile(total.ttfbs, 0.5),
 		"ttfb_p99_ms":       percentile(total.ttfbs, 0.99),
 		"gap_p50_ms":        percentile(total.gaps, 0.5),
