@@ -41,11 +41,11 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 from bench import gateway_bench, sidecar_bench
 from bench.sidecar_bench import KEY, MODEL, PROXY_CPU, Target, ensure_nginx, start_nginx, wait_http
+from bench.two_hops_bench import Hops
 from modelserve.gateway.settings import LEAST_IN_FLIGHT
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
 
@@ -56,16 +56,6 @@ CHUNKS = 200
 GAP_MS = 10
 LEVELS = (256, 512, 1024)
 COLUMNS = ("events/s", "offered", "ttfb p50", "ttfb p99", "gap p50", "gap p99", "cpu us/event", "lost")
-
-
-@dataclass
-class Path2(Target):
-    """A path through two proxy processes: its CPU is both of theirs."""
-
-    second: subprocess.Popen | None = None
-
-    def cpu_seconds(self) -> float:
-        return super().cpu_seconds() + Target(self.name, self.url, self.second).cpu_seconds()
 
 
 def build() -> tuple[Path, Path]:
@@ -233,8 +223,8 @@ def main() -> None:
             Target("direct", engine_url),
             Target("nginx", f"http://127.0.0.1:{nginx_port}", one),
             Target("sidecar", f"http://127.0.0.1:{sidecar_port}", sidecar),
-            Path2("nginx->nginx", f"http://127.0.0.1:{front_port}", front, back),
-            Path2("gateway->sidecar", f"http://127.0.0.1:{gateway_port}", gateway, behind),
+            Hops("nginx->nginx", f"http://127.0.0.1:{front_port}", front, back),
+            Hops("gateway->sidecar", f"http://127.0.0.1:{gateway_port}", gateway, behind),
         ]
         if args.paths:
             targets = [t for t in targets if t.name == "direct" or t.name in args.paths]

@@ -1,5 +1,5 @@
 """The gateway's connections are bounded as the sidecar's (modelserve/http/limits.py, shared), with its
-own settings: raw sockets against the gateway (in this process: tests/helpers/gateway_in_process.py)
+own settings: raw sockets against the gateway (in this process: tests.helpers.in_process.py)
 in front of a private sidecar before the replay engine. The bounds themselves are tried in depth
 against the sidecar (tests/http/test_hostile_clients.py)."""
 
@@ -23,7 +23,6 @@ from modelserve.gateway.directory import Model
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
-from tests.helpers.gateway_in_process import serving_gateway
 from tests.helpers.hostile import (
     chat_head,
     connect,
@@ -33,6 +32,7 @@ from tests.helpers.hostile import (
     send_until_answered,
     still_serves,
 )
+from tests.helpers.in_process import serving_gateway
 
 DEADLINE_SECONDS = 1.5
 BUDGET_BYTES = 1024 * 1024

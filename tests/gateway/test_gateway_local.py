@@ -51,7 +51,7 @@ from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.http import ollama
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.gateway_in_process import serving_gateway
+from tests.helpers.in_process import serving_gateway
 
 DEAD = "127.0.0.1:9"  # nothing listens on the discard port: connections are refused
 HELLO = [{"role": "user", "content": "hi"}]

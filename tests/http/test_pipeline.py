@@ -7,18 +7,15 @@ The sidecar's own steps run in a real uvicorn server in this process, in front o
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from harness.lifecycle import assert_rules_kept, counts_in, ledger_counts
+from harness.lifecycle import counts_in, ledger_counts
 from harness.sidecar import API_KEY, ReplayEngine, SecretDir, start_replay
 from modelserve.contracts.sidecar import Settings
-from modelserve.http import serve
 from modelserve.http.downstream import Exchange
 from modelserve.http.pipeline import ENDED_TWICE, PICKED_WHILE_HELD, SETTLED_TWICE, Plan
 from modelserve.http.upstream import open_pool
@@ -26,6 +23,7 @@ from modelserve.sidecar.keys import KeyStore
 from modelserve.sidecar.metrics import SidecarMetrics
 from modelserve.sidecar.proxy import Proxy
 from modelserve_sandbox.processes import free_ports, wait_until
+from tests.helpers.in_process import serving
 
 STEPS = ("admit", "plan", "ready", "wait", "pick", "release", "passes_on", "tried", "settle", "end")
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -73,17 +71,11 @@ def served(replay: ReplayEngine, tmp_path: Any) -> Iterator[tuple[str, Recorded]
             return
         await proxy(scope, receive, send)
 
-    server = uvicorn.Server(serve.config(app, "127.0.0.1", port, 5.0, direct, "warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: proxy.pool is not None and _listening(url), 15, "the proxy to listen")
+    def ready(url: str) -> bool:
+        return proxy.pool is not None and _listening(url)
+
+    with serving(app, port, direct, proxy.ledger, ready, "the recorded proxy") as url:
         yield url, proxy
-        assert_rules_kept(lambda: ledger_counts(proxy.ledger), "the recorded proxy")
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def _listening(url: str) -> bool:
