@@ -373,7 +373,8 @@ class ReplayEngine:
     SSE events, to make a stream last), `x-replay-stall` (seconds before answering) and
     `x-replay-drop-once: <id>` (close the connection instead of answering, the first time),
     `x-replay-drop-reused` (close a connection that served before instead of answering, as llama.cpp
-    leaves its kept-alive connections after a stream); and
+    leaves its kept-alive connections after a stream), `x-replay-repeat: <n>` (a stream's events n
+    times over, [DONE] once at its end); and
     as attributes: `healthy` and `health_delay` (seconds /health takes, as a busy SGLang's does)."""
 
     port: int
@@ -381,6 +382,7 @@ class ReplayEngine:
     # (method, raw path, x-test-mark header) of every request, the sidecar's own probes included
     seen: list[tuple[str, str, str]] = field(default_factory=list)
     streams: list[str] = field(default_factory=list)  # "complete" or "client_gone", per stream
+    sent: int = 0  # bytes of stream events written, all streams (how far a held stream got)
     # x-test-mark -> the header names (lower-cased) each request with that mark arrived with
     header_names: dict[str, list[set[str]]] = field(default_factory=dict)
     healthy: bool = True
@@ -488,11 +490,14 @@ class ReplayEngine:
         await response.prepare(request)
         gap = float(request.headers.get("x-replay-gap", 0))
         events = recording.body.split(b"\n\n")[:-1]
+        # A long stream: every event but the last ([DONE]) that many times over.
+        events = events[:-1] * int(request.headers.get("x-replay-repeat", 1)) + events[-1:]
         try:
             for i, event in enumerate(events):
                 if i and gap:
                     await asyncio.sleep(gap)
                 await response.write(event + b"\n\n")
+                self.sent += len(event) + 2
             await response.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             self.streams.append("client_gone")

@@ -239,6 +239,24 @@ class DirectDownstream:
         else:
             self._transport.write(chunk)
 
+    def write_now(self, chunk: bytes, last: bool) -> bool:
+        """`write`, or `end` when `last`, without waiting for a slow client (the transport buffers
+        what it must); False when the client's buffer is full (await `drain` before more)."""
+        if last:
+            self._cancel = None
+        if self.disconnected:
+            return True
+        if last:
+            self._transport.write(self._framed_last(chunk))
+            self._completed()
+        elif chunk:
+            self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk)
+        return not self._flow.write_paused
+
+    async def drain(self) -> None:
+        if self._flow.write_paused and not self.disconnected:
+            await self._flow.drain()
+
     async def end(self, chunk: bytes = b"") -> None:
         self._cancel = None  # from here a hang-up is the answer's own end, not a client gone
         if self._flow.write_paused and not self.disconnected:

@@ -121,6 +121,23 @@ def whole_body(upstream: Response, exchange: Exchange, tail: ResponseTail | None
     return body
 
 
+def _sink(
+    write_now: Callable[[bytes, bool], bool], exchange: Exchange, tail: ResponseTail | None
+) -> Callable[[bytes, bool], bool]:
+    """What the upstream connection calls with each read's body bytes: timed, kept for the usage,
+    written to the client (the last with the body's end)."""
+
+    def sink(chunk: bytes, last: bool) -> bool:
+        if chunk:
+            if exchange.ttfb is None:
+                exchange.ttfb = perf_counter() - exchange.start
+            if tail is not None:
+                tail.add(chunk)
+        return write_now(chunk, last)
+
+    return sink
+
+
 async def relay(
     client: Downstream,
     exchange: Exchange,
@@ -147,6 +164,10 @@ async def relay(
                 await client.whole(upstream.status, headers, whole_body(upstream, exchange, tail))
                 return (tail.bytes() if tail is not None else None), None
             await client.start(upstream.status, headers)
+            write_now = getattr(client, "write_now", None)
+            if write_now is not None:  # the direct protocol's client: piped from the callbacks
+                await upstream.pipe(_sink(write_now, exchange, tail), client.drain)  # type: ignore[attr-defined]
+                return (tail.bytes() if tail is not None else None), None
             last = b""
             while chunk := await upstream.read_chunk():
                 if exchange.ttfb is None:

@@ -152,6 +152,11 @@ class Response:
         connection = self._connection
         return connection.complete and not connection.body
 
+    def pipe(self, sink: Callable[[bytes, bool], bool], drain: Callable[[], Awaitable[None]]) -> Awaitable[None]:
+        """The rest of the body to `sink` as it arrives, from the connection's callbacks (no reader
+        woken per chunk): `sink(chunk, last)`, False when it is full (then `drain()` is awaited)."""
+        return self._connection.pipe(sink, drain)
+
     def release(self) -> None:
         self._connection.done()
 
@@ -189,6 +194,10 @@ class _Connection(asyncio.Protocol):
         # Instead of a waiter: called once the response headers are in (after the whole segment that
         # brought them was parsed) or the exchange failed. The server's express lane (express.py).
         self.on_answer: Callable[[_Connection], None] | None = None
+        # Instead of a reader woken per chunk (Response.pipe): given the body bytes each read brought,
+        # from this protocol's callback, and whether they end the body; False to pause reading.
+        self.sink: Callable[[bytes, bool], bool] | None = None
+        self.sink_ended = False  # the sink was given the body's end
         self.last_read = 0.0
         self.released = False
 
@@ -215,6 +224,8 @@ class _Connection(asyncio.Protocol):
                 self._fail(error)
         if self.headers_done and self.on_answer is not None:
             self._answered()
+        elif self.sink is not None and self.error is None and (self.body or self.complete):
+            self._deliver()
 
     def eof_received(self) -> bool:
         return False  # close the transport: connection_lost follows
@@ -257,6 +268,8 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
+        if self.sink is not None:
+            return  # delivered once the read is parsed (data_received), with no reader to wake
         self.buffered += len(body)
         if self.buffered > READ_AHEAD_BYTES and not self.paused and self.transport is not None:
             self.paused = True
@@ -331,6 +344,50 @@ class _Connection(asyncio.Protocol):
             self.last_read = self.loop.time()
             self.transport.resume_reading()
         return chunk
+
+    def _deliver(self) -> None:
+        """What this read brought of the body, to the sink; reading paused if the sink is full (the
+        reader, woken, waits for it to drain and resumes), the reader woken at the body's end."""
+        assert self.sink is not None
+        body = self.body
+        chunk = body.popleft() if len(body) == 1 else b"".join(body)
+        body.clear()
+        self.sink_ended = self.complete
+        if not self.sink(chunk, self.complete) and not self.complete and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+            self._wake()
+        if self.complete:
+            self._wake()
+
+    async def pipe(self, sink: Callable[[bytes, bool], bool], drain: Callable[[], Awaitable[None]]) -> None:
+        """The rest of the body to `sink` from this protocol's callbacks, until it ends (raises the
+        exchange's error). `drain`: until the sink takes more, after it said it was full."""
+        self.sink = sink
+        self.buffered = 0
+        try:
+            if self.body or self.complete:
+                self._deliver()
+            while not self.complete:
+                if not self.paused:
+                    await self._wait()
+                    continue
+                # Paused by the sink (its client's buffer full), or by the read-ahead bound before
+                # the pipe was laid: on once the client has drained.
+                await drain()
+                self.paused = False
+                self.last_read = self.loop.time()
+                if self.transport is not None:
+                    self.transport.resume_reading()
+                if self.body or self.complete:
+                    self._deliver()
+            if not self.sink_ended:  # a body the connection's end delimited: it ended in connection_lost
+                self._deliver()
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self.sink = None
 
     def done(self) -> None:
         """The caller is finished with the response: pool the connection, or close it."""

@@ -12,6 +12,7 @@ import socket
 import time
 
 import httptools
+import httpx
 import pytest
 
 from harness.sidecar import API_KEY, ReplayEngine, Sidecar
@@ -40,6 +41,7 @@ class Answers:
 
     def on_message_begin(self) -> None:
         self.current = {"headers": [], "body": b""}
+        self.parts: list[bytes] = []  # joined once the answer is whole (a long stream comes in many)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.current["headers"].append((name.decode().lower(), value.decode()))
@@ -48,9 +50,10 @@ class Answers:
         self.current["status"] = self.parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
-        self.current["body"] += body
+        self.parts.append(body)
 
     def on_message_complete(self) -> None:
+        self.current["body"] = b"".join(self.parts)
         self.done.append(self.current)
 
     def read(self, count: int) -> list[dict]:
@@ -254,3 +257,43 @@ def test_a_client_gone_mid_stream_stops_the_engine_stream(replay: ReplayEngine, 
         assert connection.recv(65536).startswith(b"HTTP/1.1 200 ")
     # The fast lane's connection_lost cancels the relay, which closes the engine's connection.
     wait_until(lambda: replay.streams.count("client_gone") > before, 20, "the engine's stream to be cut")
+
+
+def test_a_stream_to_a_client_that_stops_reading_holds_the_engine_and_arrives_whole(
+    replay: ReplayEngine, replay_sidecar: Sidecar
+) -> None:
+    """Back-pressure both ways: while a client with a small receive window reads nothing, a 25 MB
+    stream (more than every buffer on the way holds) stops short at the engine: the relay stopped
+    reading it. Once the client reads, the stream goes on and arrives byte for byte as the engine
+    sent it. A relay that never resumed would hang here (the socket's timeout fails the test)."""
+    repeat = "16000"
+    direct = httpx.post(
+        replay.url + "/v1/chat/completions", content=STREAM, headers={"x-replay-repeat": repeat}, timeout=60
+    ).content
+    host, port = replay_sidecar.url.removeprefix("http://").rsplit(":", 1)
+    with socket.socket() as connection:
+        # Before connecting, so the window the client offers is small from the start.
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        connection.settimeout(30)
+        connection.connect((host, int(port)))
+        before = replay.sent
+        connection.sendall(request("POST", "/v1/chat/completions", STREAM, x_replay_repeat=repeat))
+        wait_until(lambda: _settled(replay), 30, "the engine's stream to stop moving")
+        assert replay.sent - before < len(direct) // 2, "the relay read the engine on while its client read nothing"
+        chunks = []
+        while chunk := connection.recv(65536):
+            chunks.append(chunk)
+            if b"".join(chunks[-2:]).endswith(b"0\r\n\r\n"):
+                break  # the chunked body's end: the connection stays open for the next request
+    answers = Answers(connection)
+    answers.parser.feed_data(b"".join(chunks))
+    (answer,) = answers.done
+    assert answer["status"] == 200 and len(direct) > 20_000_000
+    assert answer["body"] == direct
+
+
+def _settled(replay: ReplayEngine, quiet_seconds: float = 0.5) -> bool:
+    """The engine wrote nothing for `quiet_seconds` (it was held, or finished)."""
+    sent = replay.sent
+    time.sleep(quiet_seconds)
+    return sent > 0 and replay.sent == sent
