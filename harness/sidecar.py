@@ -24,7 +24,8 @@ from aiohttp import web
 
 from harness.lifecycle import assert_rules_kept, counts_in
 from modelserve.contracts import routes
-from modelserve.sidecar.keys import key_files, parse_keys
+from modelserve.contracts.key_entries import is_hash, parse_entry
+from modelserve.sidecar.keys import key_files
 from modelserve_sandbox.llama_server import llama_server_binary
 from modelserve_sandbox.processes import (
     free_ports,
@@ -291,8 +292,10 @@ def stop_sidecar(sidecar: Sidecar) -> None:
 
 def _scrape(sidecar: Sidecar) -> str | None:
     keys_dir = sidecar.env.get("MODELSERVE_KEYS_DIR")
-    keys = sorted(k for p in key_files(Path(keys_dir)) for k in parse_keys(p.read_text())) if keys_dir else []
-    for headers in [{}, *({"Authorization": f"Bearer {key.decode()}"} for key in keys)]:
+    # The plaintext keys (a hashed one cannot be sent).
+    entries = [parse_entry(p.name, p.read_text()) for p in key_files(Path(keys_dir))] if keys_dir else []
+    keys = sorted(k for entry in entries for k in entry.credentials if not is_hash(k))
+    for headers in [{}, *({"Authorization": f"Bearer {key}"} for key in keys)]:
         try:
             answer = httpx.get(sidecar.url + "/metrics", headers=headers, timeout=10)
         except httpx.TransportError:

@@ -149,6 +149,8 @@ def sidecar_settings(ms: ModelServer, settings: Settings) -> contract.Settings:
         "vision": spec.vision,
         "sampling_defaults": MappingProxyType(sampling),
         "drain_seconds": settings.drain_seconds,
+        # What one replica serves at full speed: past it, requests wait their turn by key (fair share).
+        "engine_concurrency": spec.replicas.target_per_replica,
         **settings.sidecar_limits,
     }
     if spec.external:

@@ -116,7 +116,8 @@ class Replicas(WireModel):
         ge=1,
         le=10000,
         description="Requests in flight one replica serves at full speed; demand above it adds replicas "
-        "(vLLM and SGLang batch dozens; a llama.cpp server has its few slots).",
+        "(vLLM and SGLang batch dozens; a llama.cpp server has its few slots). Also what the sidecar lets "
+        "reach the engine at once: more wait there, served across API keys in turn.",
     )
     scale_down_delay_seconds: int = Field(
         300,

@@ -73,6 +73,13 @@ def positive_int(raw: str) -> int:
     return value
 
 
+def non_negative_int(raw: str) -> int:
+    value = number(raw, int)
+    if value < 0:
+        raise ValueError("must be zero or a positive integer")
+    return value
+
+
 def positive_float(raw: str) -> float:
     value = number(raw, float)
     if not value > 0:

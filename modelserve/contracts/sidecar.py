@@ -24,6 +24,7 @@ from .env import (
     env_setting,
     non_empty,
     non_negative_float,
+    non_negative_int,
     path,
     port,
     positive_float,
@@ -215,6 +216,9 @@ class Settings:
     # Connections to the engine; sized for an engine's concurrency (vLLM queues beyond its
     # max-num-seqs itself, where its own metrics show the wait), not aiohttp's default 100.
     upstream_max_connections: int = env_setting("MODELSERVE_UPSTREAM_MAX_CONNECTIONS", positive_int, default=1024)
+    # Requests the engine is given at once (the ModelServer's replicas.targetPerReplica); more wait in
+    # the sidecar, served across keys in turn (sidecar/fair_share.py). 0: no bound.
+    engine_concurrency: int = env_setting("MODELSERVE_ENGINE_CONCURRENCY", non_negative_int, default=0)
 
     # LoRA adapters: which engine API loads them (none: the ModelServer has no adapters), and the
     # directory of the mounted ConfigMap listing them (contracts/adapters.py).

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 # OpenAI's error `type` vocabulary; `code` says precisely what went wrong.
 AUTHENTICATION_ERROR = "authentication_error"
 INVALID_REQUEST_ERROR = "invalid_request_error"
 SERVER_ERROR = "server_error"
+RATE_LIMIT_ERROR = "rate_limit_error"
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,21 @@ _AUTH_FAILURES = {
     ),
     "malformed": ("Malformed Authorization header: expected 'Bearer <key>' or 'Key <key>'.", "malformed_authorization"),
     "invalid": ("Invalid API key.", "invalid_api_key"),
+    "expired": ("This API key has expired.", "expired_api_key"),
 }
 
 
 def unauthorized(reason: str) -> ErrorResponse:
     message, code = _AUTH_FAILURES[reason]
     return ErrorResponse(401, message, AUTHENTICATION_ERROR, code, extra_headers=_CHALLENGE)
+
+
+def too_many_requests(message: str, code: str, retry_after_seconds: float | None) -> ErrorResponse:
+    """A limit reached (OpenAI's 429 `rate_limit_exceeded` family); `Retry-After` when a wait is known."""
+    extra = (
+        () if retry_after_seconds is None else ((b"retry-after", str(max(1, math.ceil(retry_after_seconds))).encode()),)
+    )
+    return ErrorResponse(429, message, RATE_LIMIT_ERROR, code, extra_headers=extra)
 
 
 def bad_request(message: str, code: str, param: str | None = None) -> ErrorResponse:
@@ -73,6 +84,17 @@ def engine_unavailable(retry_after_seconds: int) -> ErrorResponse:
         "The model engine is not reachable (starting, restarting or overloaded); retry later.",
         SERVER_ERROR,
         "engine_unavailable",
+        extra_headers=((b"retry-after", str(retry_after_seconds).encode()),),
+    )
+
+
+def engine_busy(waited_seconds: float, retry_after_seconds: int) -> ErrorResponse:
+    """A request that waited its turn at a full engine for the whole upstream timeout."""
+    return ErrorResponse(
+        503,
+        f"The model engine was busy with other requests for {waited_seconds:g} s; retry later.",
+        SERVER_ERROR,
+        "engine_busy",
         extra_headers=((b"retry-after", str(retry_after_seconds).encode()),),
     )
 

@@ -1,9 +1,10 @@
-"""Reading the API key out of an `Authorization` header (pure)."""
+"""Reading the API key out of an `Authorization` header, and whose it is (pure)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from modelserve.contracts.key_entries import KeyEntry
 from modelserve.http.relay import authorization_header
 
 from .keys import KeyStore
@@ -22,9 +23,21 @@ def extract_key(header: bytes | None) -> tuple[bytes | None, str | None]:
     return parts[1], None
 
 
-def refusal_reason(headers: Iterable[tuple[bytes, bytes]], keys: KeyStore) -> str | None:
-    """Why the request's key is refused (missing, malformed, invalid), or None if it is good."""
+def identify(headers: Iterable[tuple[bytes, bytes]], keys: KeyStore, now: float) -> tuple[KeyEntry | None, str | None]:
+    """(the named key, None) for a good key, else why it is refused: (None, missing, malformed or
+    invalid), or (the named key, expired). `now`: seconds since the epoch."""
     key, reason = extract_key(authorization_header(headers))
-    if key is not None and not keys.matches(key):
-        return "invalid"
-    return reason
+    if key is None:
+        return None, reason
+    entry = keys.identify(key)
+    if entry is None:
+        return None, "invalid"
+    expires = entry.limits.expires
+    if expires is not None and now >= expires:
+        return entry, "expired"
+    return entry, None
+
+
+def refusal_reason(headers: Iterable[tuple[bytes, bytes]], keys: KeyStore, now: float) -> str | None:
+    """Why the request's key is refused, or None if it is good."""
+    return identify(headers, keys, now)[1]

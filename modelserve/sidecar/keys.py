@@ -1,12 +1,16 @@
-"""API keys from a mounted Secret directory, reloaded when its files change."""
+"""Named API keys from a mounted Secret directory (contracts/key_entries.py: one entry per data key,
+plaintext keys or their SHA-256), reloaded when its files change."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import hashlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+
+from modelserve.contracts.key_entries import HASH_PREFIX, EntryError, KeyEntry, is_hash, parse_entry
 
 log = logging.getLogger(__name__)
 
@@ -15,11 +19,6 @@ POLL_SECONDS = 0.5
 
 # What identifies the directory's content cheaply: (name, mtime_ns, size, inode) of each file.
 Signature = tuple[tuple[str, int, int, int], ...]
-
-
-def parse_keys(text: str) -> set[bytes]:
-    """Every non-blank line is a key; surrounding whitespace is ignored."""
-    return {line.strip().encode() for line in text.splitlines() if line.strip()}
 
 
 def key_files(directory: Path) -> list[Path]:
@@ -43,43 +42,75 @@ def signature(directory: Path) -> Signature:
     return tuple(entries)
 
 
-def load_keys(directory: Path) -> set[bytes]:
-    keys: set[bytes] = set()
+def load_entries(directory: Path) -> tuple[list[KeyEntry], list[str]]:
+    """The named keys in a Secret mount, and why each unusable entry was skipped (by name only)."""
+    entries: list[KeyEntry] = []
+    problems: list[str] = []
     for path in key_files(directory):
         try:
-            keys |= parse_keys(path.read_text())
-        except (FileNotFoundError, UnicodeDecodeError) as exc:
-            log.warning("skipping key file %s: %s", path.name, type(exc).__name__)
-    return keys
+            entries.append(parse_entry(path.name, path.read_text()))
+        except FileNotFoundError:  # swapped out mid-read; the next poll sees the new one
+            continue
+        except UnicodeDecodeError:
+            problems.append(f"{path.name}: not UTF-8 text")
+        except EntryError as error:
+            problems.append(str(error))
+    return entries, problems
+
+
+def digest(candidate: bytes) -> bytes:
+    return hashlib.sha256(candidate).digest()
+
+
+def by_digest(entries: list[KeyEntry]) -> dict[bytes, KeyEntry]:
+    """Each credential's SHA-256 (a stored hash as it is, a plaintext key hashed) -> its entry.
+    A candidate is looked up by its own digest: what the lookup's timing could reveal is about a
+    hash, never about a key, so no comparison need be constant-time."""
+    found: dict[bytes, KeyEntry] = {}
+    for entry in entries:
+        for credential in entry.credentials:
+            key = bytes.fromhex(credential[len(HASH_PREFIX) :]) if is_hash(credential) else digest(credential.encode())
+            found[key] = entry
+    return found
 
 
 class KeyStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._keys: tuple[bytes, ...] = ()
+        self.entries: tuple[KeyEntry, ...] = ()
+        self.problems: tuple[str, ...] = ()  # unusable entries: "<name>: why" (a metric counts them)
+        self._by_digest: dict[bytes, KeyEntry] = {}
         self._signature: Signature | None = None
+        self.on_change: Callable[[], None] | None = None  # after a reload (the proxy forgets old names)
         self.reload_if_changed()
 
     def __len__(self) -> int:
-        return len(self._keys)
+        """The credentials (keys and hashes) accepted."""
+        return len(self._by_digest)
+
+    def identify(self, candidate: bytes) -> KeyEntry | None:
+        """The named key `candidate` is a credential of, or None."""
+        return self._by_digest.get(digest(candidate))
 
     def matches(self, candidate: bytes) -> bool:
-        """Constant time per key, and every key is compared, so timing tells nothing."""
-        found = False
-        for key in self._keys:
-            found |= hmac.compare_digest(candidate, key)
-        return found
+        return self.identify(candidate) is not None
 
     def reload_if_changed(self) -> bool:
         current = signature(self.directory)
         if current == self._signature:
             return False
-        self._keys = tuple(sorted(load_keys(self.directory)))
+        entries, problems = load_entries(self.directory)
+        self.entries, self.problems = tuple(entries), tuple(problems)
+        self._by_digest = by_digest(entries)
         self._signature = current
-        # The count only: keys never reach the logs.
-        log.info("loaded %d API key(s) from %s", len(self._keys), self.directory)
-        if not self._keys:
+        # Names and counts only: keys never reach the logs.
+        for problem in problems:
+            log.warning("skipping key entry %s", problem)
+        log.info("loaded %d API key(s) of %d name(s) from %s", len(self), len(entries), self.directory)
+        if not self._by_digest:
             log.warning("no API keys in %s: every proxied request is refused", self.directory)
+        if self.on_change is not None:
+            self.on_change()
         return True
 
     async def watch(self, interval: float = POLL_SECONDS) -> None:

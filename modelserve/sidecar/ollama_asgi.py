@@ -5,6 +5,7 @@ sent. Keys, body limit, request checks, sampling defaults, demand and metrics ar
 from __future__ import annotations
 
 import json
+import time
 from time import perf_counter
 from typing import Any
 
@@ -40,7 +41,7 @@ class OllamaAdapter:
         limit = self.settings.max_body_bytes
         declared = content_length(headers)
         keys = self.proxy.keys
-        if (keys is not None and refusal_reason(headers, keys) is not None) or (
+        if (keys is not None and refusal_reason(headers, keys, time.time()) is not None) or (
             declared is not None and declared > limit
         ):
             # The proxy refuses these before it reads anything (and counts them as on /v1): the

@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from time import perf_counter
 
 from modelserve.contracts import routes
+from modelserve.contracts.key_entries import KeyEntry
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import errors
-from modelserve.http.downstream import Exchange, Headers
+from modelserve.http.downstream import Downstream, Exchange, Headers, answer
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
 from modelserve.http.pipeline import Pipeline, Plan, Upstream
 from modelserve.http.relay import HOP_BY_HOP, filter_headers, upstream_error_kind
 from modelserve.http.usage import usage_from_tail
 
 from .adapters import Adapters
-from .auth import refusal_reason
+from .auth import identify
 from .demand import Demand
+from .fair_share import FairShare
+from .key_limits import IN_FLIGHT, KeyLimiter
+from .key_usage import KeyUsage
 from .keys import KeyStore
 from .metrics import SidecarMetrics, route_label
 from .request_checks import check_body, request_model
@@ -31,16 +36,25 @@ log = logging.getLogger(__name__)
 # whole body is here) and Authorization (the engine has no use for the key; keeps it out of its logs).
 DROP_TO_ENGINE = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authorization"}
 RETRY_AFTER_SECONDS = 5
+PUBLIC = ""  # the fair share's one queue when no key names a request (public mode)
+ENGINE_BUSY = "engine_busy"
 
 
 class EnginePlan(Plan):
-    """A request for the engine, and its model label (with adapters only: usage per adapter)."""
+    """A request for the engine, its model label (with adapters only: usage per adapter), the named
+    key it came with (None in public mode), whether it holds an engine slot (fair_share.py), and the
+    tokens its answer reported."""
 
-    __slots__ = ("model",)
+    __slots__ = ("key", "model", "slot", "tokens")
 
-    def __init__(self, route: routes.Route, body: bytes, headers: Headers, model: str | None) -> None:
+    def __init__(
+        self, route: routes.Route, body: bytes, headers: Headers, model: str | None, key: KeyEntry | None
+    ) -> None:
         super().__init__(route, body, headers, route.metered)
         self.model = model
+        self.key = key
+        self.slot = False
+        self.tokens = 0
 
 
 class Proxy(Pipeline):
@@ -56,6 +70,16 @@ class Proxy(Pipeline):
         self.keys = keys  # None in public mode
         self.metrics = metrics
         ledger = self.ledger
+        self.limits = KeyLimiter()
+        if keys is not None:  # a removed name's state goes with it: bounded by the Secret's entries
+            keys.on_change = lambda: self.limits.keep_only(entry.name for entry in keys.entries)
+        self.fair = FairShare(settings.engine_concurrency)
+        self.usage = KeyUsage(
+            settings.served_model,
+            lambda name: self.limits.use(name).in_flight,
+            self.fair.waiting_for,
+            metrics.registry,
+        )
         self.demand = Demand(lambda: ledger.in_flight)
         # Read when scraped: the pipeline counts requests in flight already, without the gauge's lock.
         metrics.in_flight.set_function(lambda: ledger.in_flight)
@@ -68,10 +92,12 @@ class Proxy(Pipeline):
         """The 401 for a request whose key is refused (and counted), or None when it may pass."""
         if self.keys is None:
             return None
-        reason = refusal_reason(headers, self.keys)
+        entry, reason = identify(headers, self.keys, time.time())
         if reason is None:
             return None
         self.metrics.auth_failures.labels(reason).inc()
+        if entry is not None:  # a named key refused (expired): counted by its name too
+            self.usage.refused(entry.name, reason)
         return errors.unauthorized(reason)
 
     # --- the pipeline's steps ---------------------------------------------------------------------
@@ -104,7 +130,41 @@ class Proxy(Pipeline):
             if adapters:
                 # Only with adapters: one more parse of the body, for usage per adapter.
                 model = self._model_label(request_model(body), adapters)
-        return EnginePlan(route, body, filter_headers(headers, DROP_TO_ENGINE), model)
+        key = None
+        if self.keys is not None and route.method == "POST":  # the work an engine does: counted, limited
+            # Admitted from the head already: the lookup again (a hash and a dict), for the name.
+            key, reason = identify(headers, self.keys, time.time())
+            if key is None or reason is not None:  # the Secret changed in between
+                return errors.unauthorized(reason or "invalid")
+            over = self.limits.refusal(key, time.time())
+            if over is not None:
+                self.usage.refused(key.name, over[0])
+                return _over_limit(key.name, *over)
+            self.limits.started(key.name, time.time())
+            self.usage.started(key.name)
+        return EnginePlan(route, body, filter_headers(headers, DROP_TO_ENGINE), model, key)
+
+    def ready(self, plan: EnginePlan) -> bool:  # type: ignore[override]
+        """An engine slot taken now (a GET never needs one: the model list is no work)."""
+        if plan.route.method != "POST":
+            return True
+        plan.slot = self.fair.take_now()
+        return plan.slot
+
+    async def wait(self, plan: EnginePlan, client: Downstream, exchange: Exchange, peer: str | None) -> bool:  # type: ignore[override]
+        """In the key's queue until the engine has a slot for it, at most the upstream timeout."""
+        name, weight = (plan.key.name, plan.key.limits.weight) if plan.key is not None else (PUBLIC, 1)
+        timeout = self.settings.upstream_timeout_seconds
+        plan.slot = await self.fair.take(name, weight, client.gone(), timeout)
+        if plan.slot:
+            return True
+        if client.gone().done():
+            exchange.client_gone = True
+        else:
+            if plan.key is not None:
+                self.usage.refused(plan.key.name, ENGINE_BUSY)
+            exchange.status = await answer(client, errors.engine_busy(timeout, RETRY_AFTER_SECONDS))
+        return False
 
     def pick(self, plan: Plan, attempt: int) -> Upstream:
         # The second try is nearly always after a pooled keep-alive connection the engine had just
@@ -123,10 +183,20 @@ class Proxy(Pipeline):
             self.metrics.upstream_errors.labels("status_5xx").inc()
         usage = usage_from_tail(tail) if tail is not None else None
         self.metrics.count_usage(usage)
+        if plan.key is not None and usage is not None:
+            plan.tokens = usage[0] + usage[1]
+            self.usage.used(plan.key.name, usage)
         if plan.model is not None:
             self.metrics.count_model(plan.model, exchange.status, usage)
 
     def end(self, exchange: Exchange) -> None:
+        plan = exchange.plan
+        if isinstance(plan, EnginePlan):
+            if plan.key is not None:
+                self.limits.finished(plan.key.name, plan.tokens, time.time())
+            if plan.slot:
+                plan.slot = False
+                self.fair.release()
         status = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
         self.metrics.observe(route_label(exchange.route), status, perf_counter() - exchange.start, exchange.ttfb)
 
@@ -140,3 +210,13 @@ class Proxy(Pipeline):
         if model in adapters.adapter_names:
             return adapters.adapter_names[model]
         return self.settings.served_model if model in (None, self.settings.served_model) else "other"
+
+
+def _over_limit(name: str, reason: str, retry_after: float | None) -> errors.ErrorResponse:
+    """The 429 for a key over one of its limits (the name, never the key)."""
+    what = {
+        IN_FLIGHT: "requests in flight",
+        "requests_per_minute": "requests per minute",
+        "tokens_per_minute": "tokens per minute",
+    }[reason]
+    return errors.too_many_requests(f"API key {name!r} is over its limit of {what}.", reason, retry_after)

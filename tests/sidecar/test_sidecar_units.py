@@ -22,7 +22,7 @@ from modelserve.http.downstream import Exchange
 from modelserve.http.json_body import NESTED_TOO_DEEPLY, BadJson, encode, parse
 from modelserve.http.usage import ResponseTail, usage_from_tail
 from modelserve.sidecar.auth import extract_key, refusal_reason
-from modelserve.sidecar.keys import KeyStore, key_files, parse_keys
+from modelserve.sidecar.keys import KeyStore, key_files
 from modelserve.sidecar.metrics import SidecarMetrics, route_label
 from modelserve.sidecar.proxy import DROP_TO_ENGINE, HOP_BY_HOP, Proxy, filter_headers
 from modelserve.sidecar.readiness import listed_models
@@ -130,11 +130,6 @@ def test_extract_key(header: bytes | None, expected: tuple[bytes | None, str | N
     assert extract_key(header) == expected
 
 
-def test_parse_keys_ignores_blank_lines_and_whitespace() -> None:
-    assert parse_keys("  one \n\n\ttwo\t\n   \nthree") == {b"one", b"two", b"three"}
-    assert parse_keys("\n \n") == set()
-
-
 def test_key_store_reads_a_secret_mount_and_follows_updates(tmp_path: Path) -> None:
     secret = SecretDir(tmp_path / "keys")
     secret.write({"api-key": f"{API_KEY}\n", "other": "second-key\n\n"})
@@ -158,11 +153,11 @@ def test_refusal_reason(tmp_path: Path) -> None:
     secret = SecretDir(tmp_path / "keys")
     secret.write({"api-key": API_KEY})
     store = KeyStore(secret.path)
-    assert refusal_reason([(b"authorization", f"Bearer {API_KEY}".encode())], store) is None
-    assert refusal_reason([(b"authorization", f"key {API_KEY}".encode())], store) is None
-    assert refusal_reason([(b"authorization", b"Bearer wrong")], store) == "invalid"
-    assert refusal_reason([(b"authorization", b"Token x")], store) == "malformed"
-    assert refusal_reason([(b"accept", b"*/*")], store) == "missing"
+    assert refusal_reason([(b"authorization", f"Bearer {API_KEY}".encode())], store, 0) is None
+    assert refusal_reason([(b"authorization", f"key {API_KEY}".encode())], store, 0) is None
+    assert refusal_reason([(b"authorization", b"Bearer wrong")], store, 0) == "invalid"
+    assert refusal_reason([(b"authorization", b"Token x")], store, 0) == "malformed"
+    assert refusal_reason([(b"accept", b"*/*")], store, 0) == "missing"
 
 
 def test_unauthorized_is_openai_shaped_with_a_challenge() -> None:

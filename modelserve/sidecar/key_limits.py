@@ -1,0 +1,111 @@
+"""Each named key's use against its limits (contracts/key_entries.py): requests in flight, requests and
+tokens over the last minute. Pure: the clock is passed in.
+
+The minute is a sliding window of one-second buckets, so a key's state is at most 60 buckets per
+measure whatever its traffic, and a refusal can say when the window will have room again."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from modelserve.contracts.key_entries import KeyEntry
+
+WINDOW_SECONDS = 60
+
+# Why a key's request is refused: the metrics label, and what the client is told.
+IN_FLIGHT = "in_flight"
+REQUESTS_PER_MINUTE = "requests_per_minute"
+TOKENS_PER_MINUTE = "tokens_per_minute"
+
+
+class Window:
+    """Amounts over the last WINDOW_SECONDS, in one-second buckets."""
+
+    __slots__ = ("buckets", "total")
+
+    def __init__(self) -> None:
+        self.buckets: deque[list[int]] = deque()  # [second, amount], oldest first
+        self.total = 0
+
+    def _expire(self, now: float) -> None:
+        horizon = int(now) - WINDOW_SECONDS
+        buckets = self.buckets
+        while buckets and buckets[0][0] <= horizon:
+            self.total -= buckets.popleft()[1]
+
+    def add(self, now: float, amount: int) -> None:
+        self._expire(now)
+        second = int(now)
+        if self.buckets and self.buckets[-1][0] == second:
+            self.buckets[-1][1] += amount
+        else:
+            self.buckets.append([second, amount])
+        self.total += amount
+
+    def sum(self, now: float) -> int:
+        self._expire(now)
+        return self.total
+
+    def room_after(self, now: float, limit: int) -> float:
+        """Seconds until the window's sum falls below `limit` (as its oldest buckets leave it)."""
+        self._expire(now)
+        total = self.total
+        for second, amount in self.buckets:
+            total -= amount
+            if total < limit:
+                return second + WINDOW_SECONDS - now
+        return 0.0
+
+
+@dataclass
+class KeyUse:
+    in_flight: int = 0
+    requests: Window = field(default_factory=Window)
+    tokens: Window = field(default_factory=Window)
+
+
+class KeyLimiter:
+    """The use of every configured key name (an unknown name never gets state here)."""
+
+    def __init__(self) -> None:
+        self.uses: dict[str, KeyUse] = {}
+
+    def use(self, name: str) -> KeyUse:
+        use = self.uses.get(name)
+        if use is None:
+            use = self.uses[name] = KeyUse()
+        return use
+
+    def refusal(self, entry: KeyEntry, now: float) -> tuple[str, float | None] | None:
+        """(why, seconds until it may pass or None if unknown) when `entry` is over a limit, else None."""
+        limits = entry.limits
+        if not limits.limited:
+            return None
+        use = self.use(entry.name)
+        if limits.max_in_flight is not None and use.in_flight >= limits.max_in_flight:
+            return IN_FLIGHT, None  # when one ends is not known
+        if limits.requests_per_minute is not None and use.requests.sum(now) >= limits.requests_per_minute:
+            return REQUESTS_PER_MINUTE, use.requests.room_after(now, limits.requests_per_minute)
+        if limits.tokens_per_minute is not None and use.tokens.sum(now) >= limits.tokens_per_minute:
+            return TOKENS_PER_MINUTE, use.tokens.room_after(now, limits.tokens_per_minute)
+        return None
+
+    def started(self, name: str, now: float) -> None:
+        use = self.use(name)
+        use.in_flight += 1
+        use.requests.add(now, 1)
+
+    def finished(self, name: str, tokens: int, now: float) -> None:
+        """A request ended: `tokens`, prompt and completion as the engine reported them (0 if it did not)."""
+        use = self.use(name)
+        use.in_flight -= 1
+        if tokens:
+            use.tokens.add(now, tokens)
+
+    def keep_only(self, names: Iterable[str]) -> None:
+        """Forget the state of names no longer configured (and idle): bounded by the Secret's entries."""
+        kept = set(names)
+        for name in [n for n, use in self.uses.items() if n not in kept and use.in_flight == 0]:
+            del self.uses[name]
