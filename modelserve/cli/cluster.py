@@ -12,12 +12,14 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from modelserve.api.spec import AuthMode
+from modelserve.contracts.key_entries import EntryError, is_hash, parse_entry
 from modelserve.contracts.names import API_VERSION, KIND
 from modelserve.kube import apply
 
@@ -100,7 +102,81 @@ class Cluster:
         secret = self._do(self.kube.get, "v1", "Secret", namespace, name)
         if secret is None:
             raise ClusterError(f'the key Secret "{name}" is not in namespace "{namespace}" (yet)')
-        return {key: base64.b64decode(value).decode() for key, value in (secret.get("data") or {}).items()}
+        return _decoded(secret)
+
+    def secret(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return self._do(self.kube.get, "v1", "Secret", namespace, name)
+
+    def patch_secret_entry(
+        self, name: str, namespace: str, data_key: str, text: str | None, resource_version: str | None = None
+    ) -> None:
+        """Set one data entry to `text`, or remove it (None), leaving the Secret's other entries alone:
+        a JSON merge patch, so two people editing different keys do not undo each other. A merge patch
+        removes a key only when it is null in `data` (stringData is write-only, merged into data).
+        With `resource_version`, the API server refuses (409) if the Secret changed since it was read."""
+        patch: dict[str, Any] = {"data": {data_key: None}} if text is None else {"stringData": {data_key: text}}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        self._do(self.kube.patch, "v1", "Secret", namespace, name, patch)
+
+    def create_secret(self, name: str, namespace: str, data_key: str, text: str) -> None:
+        """A new Secret with one entry (refused with 409 if someone created it meanwhile)."""
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace},
+            "type": "Opaque",
+            "stringData": {data_key: text},
+        }
+        self._do(self.kube.create_returning, manifest)
+
+
+def _decoded(secret: dict[str, Any]) -> dict[str, str]:
+    # errors="replace": a binary entry someone else put there is shown as unreadable, not a crash.
+    data = secret.get("data") or {}
+    return {key: base64.b64decode(value).decode(errors="replace") for key, value in data.items()}
+
+
+@dataclass(frozen=True)
+class KeyStore:
+    """A ModelServer's key Secret as the key commands read it; `resource_version` None: not there yet."""
+
+    secret: str
+    namespace: str
+    generated: bool  # the operator's <name>-api-keys: the operator creates it, the CLI never does
+    data: dict[str, str]
+    resource_version: str | None
+
+
+def key_store(cluster: Cluster, name: str, namespace: str) -> KeyStore:
+    """The key Secret of ModelServer `name`; ClusterError when it takes no keys (auth.mode public)."""
+    where = key_secret(cluster.get(name, namespace))
+    if where is None:
+        raise ClusterError(
+            f'ModelServer "{name}" has auth.mode public: it checks no API keys (set auth.mode private first)'
+        )
+    secret_name, generated_field = where
+    found = cluster.secret(secret_name, namespace)
+    if found is None:
+        return KeyStore(secret_name, namespace, bool(generated_field), {}, None)
+    return KeyStore(
+        secret_name, namespace, bool(generated_field), _decoded(found), found["metadata"]["resourceVersion"]
+    )
+
+
+def write_key_entry(cluster: Cluster, store: KeyStore, data_key: str, text: str | None) -> None:
+    """Set or remove one entry of the store's Secret, refused if the Secret changed since it was read
+    (another `key create` of the same name); a named Secret not there yet is created, the generated one
+    is left to the operator (creating it first would keep the operator from putting its key in)."""
+    if store.resource_version is not None:
+        cluster.patch_secret_entry(store.secret, store.namespace, data_key, text, store.resource_version)
+    elif store.generated:
+        raise ClusterError(
+            f'the operator has not created the key Secret "{store.secret}" in namespace "{store.namespace}" yet '
+            "(is it running?): try again once it has"
+        )
+    elif text is not None:
+        cluster.create_secret(store.secret, store.namespace, data_key, text)
 
 
 def key_secret(ms: dict[str, Any]) -> tuple[str, str] | None:
@@ -114,13 +190,17 @@ def key_secret(ms: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def first_key(data: dict[str, str], key: str) -> str | None:
-    """The key in a Secret's data: the named entry, or the first non-empty line of the first entry."""
-    if key:
-        return (data.get(key) or "").strip() or None
-    for name in sorted(data):
-        lines = [line.strip() for line in data[name].splitlines() if line.strip()]
-        if lines:
-            return lines[0]
+    """The key in a Secret's data: the named entry's, or the first of the first entry (in name order)
+    that holds one. Only a plaintext credential is a key: a hash (what `modelserve key create` stores)
+    cannot be sent, and an entry that does not parse is skipped, as the sidecar skips it."""
+    for name in [key] if key else sorted(data):
+        try:
+            entry = parse_entry(name, data.get(name) or "")
+        except EntryError:
+            continue
+        plain = [credential for credential in entry.credentials if not is_hash(credential)]
+        if plain:
+            return plain[0]
     return None
 
 
@@ -131,7 +211,9 @@ def read_key(cluster: Cluster, ms: dict[str, Any]) -> str | None:
     secret, key = where
     found = first_key(cluster.secret_data(secret, ms["metadata"]["namespace"]), key)
     if found is None:
-        raise ClusterError(f'the Secret "{secret}" holds no API key')
+        raise ClusterError(
+            f'the Secret "{secret}" holds no API key in plaintext (a hashed one cannot be read back): pass --key'
+        )
     return found
 
 

@@ -11,6 +11,15 @@ and Ollama's habits, against the cluster of the current kubeconfig:
   modelserve rm NAME               delete a ModelServer (its pods, Service and key go with it)
   modelserve create NAME -f Modelfile [--apply]   a ModelServer from an Ollama Modelfile
 
+and, in a ModelServer's key Secret on that cluster, named API keys with limits (only a key's hash
+is stored: the key is printed once, when made; the model's sidecars reload the Secret):
+
+  modelserve key create NAME --for MS [--max-in-flight N] [--requests-per-minute N]
+                 [--tokens-per-minute N] [--expires 30d|12h|90m|RFC3339] [--weight N]
+  modelserve key list --for MS     names, credential counts and limits (never a key)
+  modelserve key revoke NAME --for MS
+  modelserve key rotate NAME --for MS [--keep-old]   a new key; --keep-old: the old one stays valid too
+
 `render` validates with the same spec model the CRD is generated from, so it refuses what
 `kubectl apply` refuses and names the same field; it reads the operator's settings from the same
 MODELSERVE_* environment variables (e.g. MODELSERVE_SIDECAR_IMAGE).
@@ -22,6 +31,7 @@ import argparse
 import re
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,11 +47,11 @@ from modelserve.contracts.names import KIND
 from modelserve.contracts.operator_settings import Settings
 from modelserve.engines import Profile
 
-from . import modelfile
+from . import keys, modelfile
 from . import run as cli_run
 from . import views as cli_views
 from .chat_client import ChatError
-from .cluster import Cluster, ClusterError, port_forward, read_key
+from .cluster import Cluster, ClusterError, key_store, port_forward, read_key, write_key_entry
 
 # render never invents a key or a uid: the operator makes the one, the API server the other.
 API_KEY_PLACEHOLDER = "<generated once by the operator>"
@@ -109,11 +119,54 @@ def _parser() -> argparse.ArgumentParser:
     )
     new_cmd.add_argument("name", metavar="NAME", help="name of the Secret")
     new_cmd.add_argument("-n", "--namespace", default="default", help="namespace of the Secret (default: default)")
+    _named_key_commands(key_cmd)
     _ollama_commands(commands)
     return parser
 
 
 NAMESPACE_HELP = "namespace (default: the kubeconfig context's)"
+KEY_NAME_HELP = "the key's name: its data key in the Secret, what metrics and logs show (never the key)"
+
+
+def _named_key_commands(key_cmd: Any) -> None:
+    def with_target(command: Any) -> None:
+        command.add_argument(
+            "--for", dest="model_server", required=True, metavar="MODELSERVER", help="the ModelServer the key is for"
+        )
+        command.add_argument("-n", "--namespace", help=NAMESPACE_HELP)
+
+    create_cmd = key_cmd.add_parser(
+        "create",
+        help="a new named key with limits; prints the key once",
+        description="Generate a key, store its hash and limits as entry NAME of the ModelServer's key Secret, "
+        "and print the key (only this once: the Secret does not hold it). The limits are the ModelServer's "
+        "as a whole, shared by its replicas.",
+    )
+    create_cmd.add_argument("name", metavar="NAME", help=KEY_NAME_HELP)
+    with_target(create_cmd)
+    create_cmd.add_argument("--max-in-flight", type=int, metavar="N", help="requests of this key at once")
+    create_cmd.add_argument("--requests-per-minute", type=int, metavar="N", help="requests a minute")
+    create_cmd.add_argument("--tokens-per-minute", type=int, metavar="N", help="tokens a minute")
+    create_cmd.add_argument(
+        "--expires", metavar="WHEN", help="a lifetime (30d, 12h, 90m) or an RFC 3339 time (2027-01-01T00:00:00Z)"
+    )
+    create_cmd.add_argument(
+        "--weight", type=int, metavar="N", help="its share of a busy engine against other keys' (default: 1)"
+    )
+    list_cmd = key_cmd.add_parser("list", aliases=["ls"], help="the named keys and their limits (never a key)")
+    with_target(list_cmd)
+    revoke_cmd = key_cmd.add_parser("revoke", help="remove a named key: its credentials stop working")
+    revoke_cmd.add_argument("name", metavar="NAME", help=KEY_NAME_HELP)
+    with_target(revoke_cmd)
+    rotate_cmd = key_cmd.add_parser(
+        "rotate",
+        help="a new key in place of a named key's credentials, limits kept; prints it once",
+        description="Generate a new key for entry NAME (its limits kept) and print it once. Its old "
+        "credentials stop working, or with --keep-old stay valid beside it while clients move over.",
+    )
+    rotate_cmd.add_argument("name", metavar="NAME", help=KEY_NAME_HELP)
+    with_target(rotate_cmd)
+    rotate_cmd.add_argument("--keep-old", action="store_true", help="the old credentials stay valid too")
 
 
 def _ollama_commands(commands: Any) -> None:
@@ -178,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         dump(objects, sys.stdout)
         return 0
+    if args.key_command in KEY_COMMANDS:
+        try:
+            return KEY_COMMANDS[args.key_command](args)
+        except (ClusterError, keys.KeyCommandError) as error:
+            print(f"modelserve key {args.key_command}: {error}", file=sys.stderr)
+            return 1
     if not re.match(spec.DNS_SUBDOMAIN_PATTERN, args.name) or len(args.name) > 253:
         print(f"modelserve key new: {args.name!r} is not a valid Secret name (a DNS subdomain)", file=sys.stderr)
         return 1
@@ -262,6 +321,91 @@ def create_command(args: argparse.Namespace) -> int:
     cluster.apply(manifest)
     print(f'applied ModelServer "{args.name}" in namespace "{namespace}"')
     return 0
+
+
+# The sidecars see a changed Secret once the kubelet has refreshed its mounted copy.
+RELOAD_NOTE = "the kubelet has updated the Secret mounted in the model's pods (a minute or two)"
+
+
+def key_create_command(args: argparse.Namespace) -> int:
+    # Every refusal of the arguments comes before the cluster is asked anything.
+    keys.check_name(args.name)
+    expires = keys.parse_expires(args.expires, time.time()) if args.expires is not None else None
+    limits = keys.limits(args.max_in_flight, args.requests_per_minute, args.tokens_per_minute, expires, args.weight)
+    cluster, namespace = _target(args)
+    store = key_store(cluster, args.model_server, namespace)
+    if args.name in store.data:
+        raise keys.KeyCommandError(
+            f'the Secret "{store.secret}" already has a key named "{args.name}": rotate it, or revoke it first'
+        )
+    key = new_api_key()
+    write_key_entry(cluster, store, args.name, keys.new_entry(args.name, key, limits))
+    # The key on stdout alone (for `KEY=$(modelserve key create ...)`); it is not stored anywhere.
+    print(key)
+    print(
+        f'modelserve key create: key "{args.name}" stored (as its hash) in Secret "{store.secret}" of namespace '
+        f'"{namespace}"; it is printed only this once, and works once {RELOAD_NOTE}.',
+        file=sys.stderr,
+    )
+    return 0
+
+
+def key_list_command(args: argparse.Namespace) -> int:
+    cluster, namespace = _target(args)
+    store = key_store(cluster, args.model_server, namespace)
+    if store.resource_version is None:
+        raise ClusterError(f'the key Secret "{store.secret}" is not in namespace "{namespace}" (yet)')
+    if not store.data:
+        print(f'No keys in Secret "{store.secret}": every request is refused.', file=sys.stderr)
+        return 0
+    sys.stdout.write(keys.list_table(store.data, time.time()))
+    return 0
+
+
+def key_revoke_command(args: argparse.Namespace) -> int:
+    cluster, namespace = _target(args)
+    store = key_store(cluster, args.model_server, namespace)
+    if args.name not in store.data:
+        raise keys.KeyCommandError(f'no key named "{args.name}" in the Secret "{store.secret}"')
+    write_key_entry(cluster, store, args.name, None)
+    print(f'revoked key "{args.name}" of ModelServer "{args.model_server}" in namespace "{namespace}"')
+    if len(store.data) == 1:
+        print(
+            f'modelserve key revoke: that was the last key: "{args.model_server}" refuses every request',
+            file=sys.stderr,
+        )
+    return 0
+
+
+def key_rotate_command(args: argparse.Namespace) -> int:
+    cluster, namespace = _target(args)
+    store = key_store(cluster, args.model_server, namespace)
+    entry = keys.existing_entry(store.data, args.name, store.secret)
+    key = new_api_key()
+    write_key_entry(cluster, store, args.name, keys.rotated(entry, key, args.keep_old))
+    print(key)
+    if args.keep_old:
+        kept = "its old credentials stay valid beside it"
+    else:
+        kept = f"its old credentials stop working once {RELOAD_NOTE}"
+    print(f'modelserve key rotate: new key for "{args.name}", printed only this once; {kept}.', file=sys.stderr)
+    if entry.limits.expires is not None and entry.limits.expires <= time.time():
+        # Rotation keeps the limits, the expiry among them: say so rather than hand out a dead key.
+        print(
+            f'modelserve key rotate: warning: "{args.name}" has expired, and the new key with it: '
+            "revoke it and create it again with a new --expires",
+            file=sys.stderr,
+        )
+    return 0
+
+
+KEY_COMMANDS = {
+    "create": key_create_command,
+    "list": key_list_command,
+    "ls": key_list_command,
+    "revoke": key_revoke_command,
+    "rotate": key_rotate_command,
+}
 
 
 OLLAMA_COMMANDS = {
