@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from pathlib import PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
@@ -46,6 +47,7 @@ from .status import Versions
 SERVICE_PORT = 80
 KEYS_VOLUME = "api-keys"
 ADAPTERS_VOLUME = "adapters"
+REPLICAS_VOLUME = "serving-replicas"
 PROBE_PERIOD_SECONDS = 10
 # The engine's preStop sleep lasts the sidecar's drain; this covers the engine's own shutdown after it.
 ENGINE_SHUTDOWN_SECONDS = 30
@@ -54,6 +56,9 @@ ENGINE_SHUTDOWN_SECONDS = 30
 ENDPOINT_PROPAGATION_SECONDS = 5
 # On the pod template: a new chat template rolls the pods (engines read it once, at start).
 CHAT_TEMPLATE_HASH_ANNOTATION = f"{GROUP}/chat-template-sha256"
+# The ModelServer's ready replicas, kept on each of its pods by the operator (operator/key_share.py):
+# the sidecar reads it (a downward API file) and enforces its share of each key's limits.
+REPLICAS_ANNOTATION = f"{GROUP}/serving-replicas"
 # On running pods, not the template: the operator sets it when spec.adapters changes, and the pod's
 # update makes the kubelet sync it, which refreshes the mounted list at once instead of on its
 # periodic sync (a minute or more) without restarting anything.
@@ -204,6 +209,8 @@ def sidecar_container(ms: ModelServer, settings: Settings) -> dict[str, Any]:
     mounts = []
     if not sidecar.auth_public:
         mounts.append({"name": KEYS_VOLUME, "mountPath": str(sidecar.keys_dir), "readOnly": True})
+        replicas_dir = str(sidecar.replicas_file.parent)
+        mounts.append({"name": REPLICAS_VOLUME, "mountPath": replicas_dir, "readOnly": True})
     if ms.spec.adapters is not None:
         # A ConfigMap volume, not env: the kubelet updates its files in a running pod (no roll).
         mounts.append({"name": ADAPTERS_VOLUME, "mountPath": str(sidecar.adapters_dir), "readOnly": True})
@@ -228,6 +235,10 @@ def _volumes(ms: ModelServer, engine: Engine | None, with_keys: bool = True) -> 
     secret = keys_secret_name(ms)
     if secret and with_keys:
         volumes.append({"name": KEYS_VOLUME, "secret": {"secretName": secret}})
+        # The kubelet writes the annotation into the file, and rewrites it when the annotation changes.
+        field = {"fieldPath": f"metadata.annotations['{REPLICAS_ANNOTATION}']"}
+        count = {"path": PurePosixPath(contract.REPLICAS_FILE).name, "fieldRef": field}
+        volumes.append({"name": REPLICAS_VOLUME, "downwardAPI": {"items": [count]}})
     if ms.spec.adapters is not None and with_keys:  # the sidecar's pods only
         config_map = {"name": adapters_name(ms), "items": [{"key": ADAPTERS_KEY, "path": ADAPTERS_KEY}]}
         volumes.append({"name": ADAPTERS_VOLUME, "configMap": config_map})

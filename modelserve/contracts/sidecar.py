@@ -46,6 +46,10 @@ from .env import (
 CONTRACT_VERSION = 1
 LISTEN_PORT = 8080
 KEYS_DIR = "/etc/modelserve/keys"
+# The number of the ModelServer's ready replicas, which the operator keeps in an annotation of each
+# pod and the kubelet mirrors into this file (a downward API volume): each sidecar enforces its share
+# of a key's limits. Absent or empty: 1.
+REPLICAS_FILE = "/etc/modelserve/replicas/count"
 # The sidecar's own routes: the operator points the kubelet's probes at them.
 HEALTH_ROUTE = "/healthz"
 READY_ROUTE = "/readyz"
@@ -163,6 +167,8 @@ OMITTED_AT_DEFAULT = frozenset(
         "engine_metrics",
         "adapter_api",
         "adapters_dir",
+        "engine_concurrency",
+        "replicas_file",
         *CLIENT_LIMITS,
     }
 )
@@ -219,6 +225,9 @@ class Settings:
     # Requests the engine is given at once (the ModelServer's replicas.targetPerReplica); more wait in
     # the sidecar, served across keys in turn (sidecar/fair_share.py). 0: no bound.
     engine_concurrency: int = env_setting("MODELSERVE_ENGINE_CONCURRENCY", non_negative_int, default=0)
+    replicas_file: Path = env_setting(  # noqa: RUF009 - immutable
+        "MODELSERVE_REPLICAS_FILE", path, default=Path(REPLICAS_FILE)
+    )
 
     # LoRA adapters: which engine API loads them (none: the ModelServer has no adapters), and the
     # directory of the mounted ConfigMap listing them (contracts/adapters.py).

@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from modelserve.api import manifests
-from modelserve.api.spec import ModelServer
+from modelserve.api.spec import AuthMode, ModelServer
 from modelserve.api.status import utc_now
 from modelserve.api.validation import explain
 from modelserve.api.versions import upgrade
@@ -32,6 +32,7 @@ from modelserve.kube.workqueue import WorkQueue
 
 from .adapters import adapter_statuses, pods_to_nudge, read_pod_adapters
 from .autoscaling import Autoscaling
+from .key_share import pods_to_tell, sharing_replicas
 from .status import (
     Observed,
     Reported,
@@ -161,7 +162,10 @@ class Reconciler:
         pods = self.caches.by_kind["Pod"].owned_by(namespace, name)
         digest = manifests.adapters_digest(ms)
         if digest is not None and apply_error is None:
-            self._nudge(ms, pods_to_nudge(digest, serving_pods(pods)), digest)
+            self._annotate(ms, pods_to_nudge(digest, serving_pods(pods)), manifests.ADAPTERS_HASH_ANNOTATION, digest)
+        if ms.spec.auth.mode == AuthMode.PRIVATE:
+            count = sharing_replicas(pods)
+            self._annotate(ms, pods_to_tell(pods, count), manifests.REPLICAS_ANNOTATION, str(count))
         status = compute_status(
             ms,
             Observed(generation, workload, pods, previous, apply_error),
@@ -187,14 +191,15 @@ class Reconciler:
             ]
         self._report(body, previous, status, now)
 
-    def _nudge(self, ms: ModelServer, names: list[str], digest: str) -> None:
-        """Annotate pods with the adapters list they should mount (pods_to_nudge says why)."""
-        patch = {"metadata": {"annotations": {manifests.ADAPTERS_HASH_ANNOTATION: digest}}}
+    def _annotate(self, ms: ModelServer, names: list[str], annotation: str, value: str) -> None:
+        """Annotate pods: the adapters list they should mount (pods_to_nudge says why), the replicas
+        sharing the key limits (key_share.py)."""
+        patch = {"metadata": {"annotations": {annotation: value}}}
         for pod in names:
             try:
                 self.kube.patch("v1", "Pod", ms.namespace, pod, patch)
-            except ApiException as error:  # gone or going: a new pod mounts the new list anyway
-                log.debug("%s/%s: pod %s adapters annotation: %s", ms.namespace, ms.name, pod, error_message(error))
+            except ApiException as error:  # gone or going: a new pod is annotated in its turn
+                log.debug("%s/%s: pod %s %s: %s", ms.namespace, ms.name, pod, annotation, error_message(error))
 
     def lws_cache(self) -> WatchCache | None:
         """The LeaderWorkerSet cache, started the first time the API server is found serving the

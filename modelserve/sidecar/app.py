@@ -81,6 +81,7 @@ def build_app(settings: Settings) -> Dispatcher:
         tasks = [asyncio.create_task(readiness.watch())]
         if keys is not None:
             tasks.append(asyncio.create_task(keys.watch()))
+            tasks.append(asyncio.create_task(proxy.replicas.watch()))
         if adapters.enabled:
             tasks.append(asyncio.create_task(adapters.watch()))
         try:

@@ -50,15 +50,25 @@ class FairShare:
                 self.credit = weight
         self.weights[name] = weight
         queue.append(granted)
+        # Slots may have freed since `take_now` said no (the express lane hands a waiting request to
+        # a task, which starts later): hand them out now, or nobody would until the next release.
+        self._grant()
         try:
             await asyncio.wait_for(asyncio.wait((granted, gone), return_when=asyncio.FIRST_COMPLETED), timeout)
         except TimeoutError:
             pass
-        finally:
-            if not granted.done():
+        except BaseException:  # cancelled (the client went away, the server stops)
+            if granted.done() and not granted.cancelled():
+                self.release()  # granted as it was cancelled: nobody will give it back
+            else:
                 granted.cancel()
                 self._leave(name, granted)
-        return not granted.cancelled()
+            raise
+        if not granted.done():
+            granted.cancel()
+            self._leave(name, granted)
+            return False
+        return True
 
     def release(self) -> None:
         """A slot given back (its request ended): the next turn's request takes it."""

@@ -20,6 +20,12 @@ REQUESTS_PER_MINUTE = "requests_per_minute"
 TOKENS_PER_MINUTE = "tokens_per_minute"
 
 
+def share(limit: int, replicas: int) -> int:
+    """One replica's part of a ModelServer's limit: rounded up, so a key is never refused everywhere
+    below its limit (the replicas together allow at most `replicas` - 1 more than it)."""
+    return -(-limit // max(1, replicas))
+
+
 class Window:
     """Amounts over the last WINDOW_SECONDS, in one-second buckets."""
 
@@ -78,18 +84,23 @@ class KeyLimiter:
             use = self.uses[name] = KeyUse()
         return use
 
-    def refusal(self, entry: KeyEntry, now: float) -> tuple[str, float | None] | None:
-        """(why, seconds until it may pass or None if unknown) when `entry` is over a limit, else None."""
+    def refusal(self, entry: KeyEntry, now: float, replicas: int = 1) -> tuple[str, float | None] | None:
+        """(why, seconds until it may pass or None if unknown) when `entry` is over this replica's
+        share of a limit (1/`replicas` of it, rounded up), else None."""
         limits = entry.limits
         if not limits.limited:
             return None
         use = self.use(entry.name)
-        if limits.max_in_flight is not None and use.in_flight >= limits.max_in_flight:
+        if limits.max_in_flight is not None and use.in_flight >= share(limits.max_in_flight, replicas):
             return IN_FLIGHT, None  # when one ends is not known
-        if limits.requests_per_minute is not None and use.requests.sum(now) >= limits.requests_per_minute:
-            return REQUESTS_PER_MINUTE, use.requests.room_after(now, limits.requests_per_minute)
-        if limits.tokens_per_minute is not None and use.tokens.sum(now) >= limits.tokens_per_minute:
-            return TOKENS_PER_MINUTE, use.tokens.room_after(now, limits.tokens_per_minute)
+        if limits.requests_per_minute is not None:
+            limit = share(limits.requests_per_minute, replicas)
+            if use.requests.sum(now) >= limit:
+                return REQUESTS_PER_MINUTE, use.requests.room_after(now, limit)
+        if limits.tokens_per_minute is not None:
+            limit = share(limits.tokens_per_minute, replicas)
+            if use.tokens.sum(now) >= limit:
+                return TOKENS_PER_MINUTE, use.tokens.room_after(now, limit)
         return None
 
     def started(self, name: str, now: float) -> None:

@@ -27,6 +27,7 @@ from .key_limits import IN_FLIGHT, KeyLimiter
 from .key_usage import KeyUsage
 from .keys import KeyStore
 from .metrics import SidecarMetrics, route_label
+from .replica_share import ReplicaShare
 from .request_checks import check_body, request_model
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class Proxy(Pipeline):
         self.metrics = metrics
         ledger = self.ledger
         self.limits = KeyLimiter()
+        self.replicas = ReplicaShare(settings.replicas_file)  # how many sidecars share a key's limits
         if keys is not None:  # a removed name's state goes with it: bounded by the Secret's entries
             keys.on_change = lambda: self.limits.keep_only(entry.name for entry in keys.entries)
         self.fair = FairShare(settings.engine_concurrency)
@@ -136,7 +138,7 @@ class Proxy(Pipeline):
             key, reason = identify(headers, self.keys, time.time())
             if key is None or reason is not None:  # the Secret changed in between
                 return errors.unauthorized(reason or "invalid")
-            over = self.limits.refusal(key, time.time())
+            over = self.limits.refusal(key, time.time(), self.replicas.count)
             if over is not None:
                 self.usage.refused(key.name, over[0])
                 return _over_limit(key.name, *over)

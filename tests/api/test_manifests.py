@@ -91,9 +91,11 @@ def test_private_auth_mounts_the_generated_key_secret_into_the_sidecar_only() ->
     containers = _containers(ms)
     assert _env(containers["sidecar"])["MODELSERVE_KEYS_DIR"] == "/etc/modelserve/keys"
     assert containers["sidecar"]["volumeMounts"] == [
-        {"name": "api-keys", "mountPath": "/etc/modelserve/keys", "readOnly": True}
+        {"name": "api-keys", "mountPath": "/etc/modelserve/keys", "readOnly": True},
+        # How many ready replicas share the keys' limits (operator/key_share.py), from the annotation.
+        {"name": "serving-replicas", "mountPath": "/etc/modelserve/replicas", "readOnly": True},
     ]
-    assert all(mount["name"] != "api-keys" for mount in containers["engine"]["volumeMounts"])
+    assert all(mount["name"] not in ("api-keys", "serving-replicas") for mount in containers["engine"]["volumeMounts"])
 
 
 def test_a_named_key_secret_is_mounted_and_none_is_generated() -> None:
@@ -270,7 +272,7 @@ def test_an_external_server_gets_the_sidecar_alone_pointed_at_its_url() -> None:
     assert (env["MODELSERVE_ENGINE_HEALTH_PATH"], env["MODELSERVE_ENGINE_METRICS"]) == ("/v1/models", "false")
     # No GPU, no model download: no toleration, no shared memory, no hub cache, no engine image.
     assert "tolerations" not in pod and "nvidia.com/gpu" not in str(pod)
-    assert [volume["name"] for volume in pod["volumes"]] == ["api-keys"]
+    assert [volume["name"] for volume in pod["volumes"]] == ["api-keys", "serving-replicas"]
     assert "HF_" not in str(pod) and "huggingface" not in str(pod)
     assert pod["terminationGracePeriodSeconds"] > sidecar["lifecycle"]["preStop"]["sleep"]["seconds"]
     template = manifests.deployment(ms, SETTINGS)["spec"]["template"]["metadata"]

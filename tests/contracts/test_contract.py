@@ -109,6 +109,8 @@ def test_rendering_round_trips_every_setting() -> None:
         upstream_max_connections=3,
         adapter_api=AdapterApi.SGLANG,
         adapters_dir=Path("/adapters"),
+        engine_concurrency=6,
+        replicas_file=Path("/replicas/count"),
         max_head_bytes=8192,
         max_header_fields=20,
         head_timeout_seconds=2.5,

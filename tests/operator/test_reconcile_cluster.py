@@ -254,6 +254,17 @@ def test_kubectl_scale_sets_the_replicas_through_the_scale_subresource(ops: Oper
 
     ops.wait(scaled, "three replicas ready")
     assert (ops.get("deployment", "small") or {})["spec"]["replicas"] == 3
+
+    def shares() -> list[str | None]:
+        """What each live pod is told of the replicas sharing the key limits (key_share.py)."""
+        listed = ops.kubectl("get", "pods", "-l", "serving.modelserve.dev/modelserver=small", "-o", "json").stdout
+        return [
+            (pod["metadata"].get("annotations") or {}).get("serving.modelserve.dev/serving-replicas")
+            for pod in json.loads(listed)["items"]
+            if not pod["metadata"].get("deletionTimestamp")
+        ]
+
+    ops.wait(lambda: shares() == ["3", "3", "3"], "each pod told that 3 replicas share the key limits")
     scale = json.loads(
         ops.kubectl(
             "get", "--raw", f"/apis/serving.modelserve.dev/v1alpha1/namespaces/{ops.namespace}/modelservers/small/scale"

@@ -9,6 +9,7 @@ import json
 import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -128,3 +129,35 @@ def test_an_entry_changed_in_the_secret_takes_effect_without_a_restart(keyed_sid
     assert chat(keyed_sidecar, KEYS["team-a"]).status_code == 200
     keys_dir.write(entries)
     wait_until(lambda: chat(keyed_sidecar, KEYS["team-b"]).status_code == 200, 10, "team-b to be back")
+
+
+def test_two_replicas_share_a_key_limit(replay: ReplayEngine, tmp_path: Path) -> None:
+    """Two sidecars, each told (as the operator tells each pod) that 2 replicas are ready: a key
+    limited to 2 requests in flight gets 1 at each, 2 in all; told 1, each admits 2."""
+    secret = SecretDir(tmp_path / "keys")
+    secret.write({"shared": json.dumps({"keys": [hash_key("key-shared")], "maxInFlight": 2})})
+    count = tmp_path / "replicas" / "count"
+    count.parent.mkdir()
+    count.write_text("2")
+    env = {"MODELSERVE_KEYS_DIR": str(secret.path), "MODELSERVE_REPLICAS_FILE": str(count)}
+    sidecars = [launch_sidecar(tmp_path / f"logs-{i}", replay.url, "tiny", env) for i in range(2)]
+    slow = {"x-replay-stall": "2.0"}
+    in_flight = "modelserve_sidecar_key_in_flight_requests"
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(chat, sidecar, "key-shared", **slow) for sidecar in sidecars]
+            for sidecar in sidecars:
+                wait_until(lambda s=sidecar: series(s, in_flight, key="shared", model="tiny") == 1, 20, "one each")
+            refused = [chat(sidecar, "key-shared").status_code for sidecar in sidecars]
+            assert [h.result().status_code for h in held] == [200, 200]
+        assert refused == [429, 429]
+
+        count.write_text("1")  # one replica left: it alone carries the whole limit
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(chat, sidecars[0], "key-shared", **slow)
+            wait_until(lambda: series(sidecars[0], in_flight, key="shared", model="tiny") == 1, 20, "one in flight")
+            wait_until(lambda: chat(sidecars[0], "key-shared").status_code == 200, 10, "the whole limit at one replica")
+            assert first.result().status_code == 200
+    finally:
+        for sidecar in sidecars:
+            stop_sidecar(sidecar)

@@ -23,6 +23,7 @@ from modelserve.sidecar.auth import identify
 from modelserve.sidecar.fair_share import FairShare
 from modelserve.sidecar.key_limits import IN_FLIGHT, REQUESTS_PER_MINUTE, TOKENS_PER_MINUTE, KeyLimiter
 from modelserve.sidecar.keys import KeyStore
+from modelserve.sidecar.replica_share import read_count
 
 
 def bearer(key: str) -> list[tuple[bytes, bytes]]:
@@ -224,3 +225,58 @@ def test_a_line_spelt_as_a_hash_must_be_one_and_a_dot_name_is_no_name() -> None:
         parse_entry("legacy", "sha256:abc\n")
     with pytest.raises(EntryError, match="data key"):
         parse_entry(".team", "key\n")
+
+
+def test_a_slot_freed_between_the_refusal_and_the_wait_is_not_lost() -> None:
+    """The express lane hands a request that found no slot to a task, which starts later: the slots
+    freed meanwhile go to it when it starts waiting, not at some later release."""
+
+    async def run() -> None:
+        fair = FairShare(1)
+        assert fair.take_now() and not fair.take_now()
+        fair.release()  # before the refused request's task waits
+        never = asyncio.get_running_loop().create_future()
+        assert await fair.take("A", 1, never, 5) is True
+        assert fair.busy == 1 and fair.waiting == 0
+
+    asyncio.run(run())
+
+
+def test_a_waiter_cancelled_as_it_is_granted_gives_the_slot_back() -> None:
+    async def run() -> None:
+        fair = FairShare(1)
+        assert fair.take_now()
+        never = asyncio.get_running_loop().create_future()
+        waiter = asyncio.create_task(fair.take("A", 1, never, 5))
+        await asyncio.sleep(0)
+        fair.release()  # granted to the waiter...
+        waiter.cancel()  # ...which is cancelled before it runs again
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert fair.busy == 0 and fair.waiting == 0 and fair.take_now()
+
+    asyncio.run(run())
+
+
+def test_each_replica_enforces_its_share_rounded_up(tmp_path: Path) -> None:
+    limiter, key = KeyLimiter(), entry(max_in_flight=3, requests_per_minute=10)
+    limiter.started("a", 1.0)
+    limiter.started("a", 1.0)
+    assert limiter.refusal(key, 1.0, replicas=2) == (IN_FLIGHT, None)  # 2 of ceil(3/2)
+    assert limiter.refusal(key, 1.0, replicas=1) is None
+    limiter.finished("a", 0, 1.0)
+    limiter.finished("a", 0, 1.0)
+    for _ in range(3):
+        limiter.started("a", 2.0)
+        limiter.finished("a", 0, 2.0)
+    # 5 requests this minute: over ceil(10/2) = 5 each of 2 replicas, under ceil(10/1).
+    assert limiter.refusal(key, 2.0, replicas=2) is not None
+    assert limiter.refusal(key, 2.0, replicas=1) is None
+
+
+def test_the_replica_count_file_reads_as_one_unless_it_says_more(tmp_path: Path) -> None:
+    count = tmp_path / "count"
+    assert read_count(count) == 1  # not mounted, or outside Kubernetes
+    for text, expected in (("", 1), ("3", 3), ("0", 1), ("x", 1), ("2\n", 2)):
+        count.write_text(text)
+        assert read_count(count) == expected
