@@ -59,6 +59,10 @@ CHAT_TEMPLATE_HASH_ANNOTATION = f"{GROUP}/chat-template-sha256"
 # The ModelServer's ready replicas, kept on each of its pods by the operator (operator/key_share.py):
 # the sidecar reads it (a downward API file) and enforces its share of each key's limits.
 REPLICAS_ANNOTATION = f"{GROUP}/serving-replicas"
+# The key Secret's resourceVersion, kept on each pod by the operator: changing it makes the kubelet
+# sync the pod, which refreshes the mounted keys now (a revoked key refused within seconds) rather
+# than on its periodic sync a minute or more later. A version, never anything derived from the keys.
+KEYS_VERSION_ANNOTATION = f"{GROUP}/keys-version"
 # On running pods, not the template: the operator sets it when spec.adapters changes, and the pod's
 # update makes the kubelet sync it, which refreshes the mounted list at once instead of on its
 # periodic sync (a minute or more) without restarting anything.

@@ -164,8 +164,13 @@ class Reconciler:
         if digest is not None and apply_error is None:
             self._annotate(ms, pods_to_nudge(digest, serving_pods(pods)), manifests.ADAPTERS_HASH_ANNOTATION, digest)
         if ms.spec.auth.mode == AuthMode.PRIVATE:
-            count = sharing_replicas(pods)
-            self._annotate(ms, pods_to_tell(pods, count), manifests.REPLICAS_ANNOTATION, str(count))
+            count = str(sharing_replicas(pods))
+            self._annotate(ms, pods_to_tell(pods, count), manifests.REPLICAS_ANNOTATION, count)
+            secret = self.caches.by_kind["Secret"].get(ms.namespace, manifests.keys_secret_name(ms) or "")
+            if secret is not None:
+                version = secret["metadata"]["resourceVersion"]
+                told = pods_to_tell(pods, version, manifests.KEYS_VERSION_ANNOTATION)
+                self._annotate(ms, told, manifests.KEYS_VERSION_ANNOTATION, version)
         status = compute_status(
             ms,
             Observed(generation, workload, pods, previous, apply_error),

@@ -31,4 +31,13 @@ def test_a_lone_starting_replica_counts_as_one() -> None:
 
 def test_only_live_serving_pods_not_yet_told_are_patched() -> None:
     pods = [pod("a", True, "2"), pod("b", False, "1"), pod("c", True), pod("d", True, deleting=True)]
-    assert pods_to_tell(pods, 2) == ["b", "c"]
+    assert pods_to_tell(pods, "2") == ["b", "c"]
+
+
+def test_the_key_secrets_version_is_told_as_its_own_annotation() -> None:
+    from modelserve.api.manifests import KEYS_VERSION_ANNOTATION
+
+    told = pod("a", True)
+    told["metadata"]["annotations"][KEYS_VERSION_ANNOTATION] = "41"
+    assert pods_to_tell([told, pod("b", True)], "41", KEYS_VERSION_ANNOTATION) == ["b"]
+    assert pods_to_tell([told], "42", KEYS_VERSION_ANNOTATION) == ["a"]

@@ -12,10 +12,13 @@ no request.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,7 @@ import httpx
 import openai
 import pytest
 
+from modelserve.contracts.sidecar import LISTEN_PORT
 from modelserve_sandbox.cluster import Cluster
 from tests.helpers.gateway_routing import gateway_replicas, routed_beside_long_streams
 from tests.helpers.node_view import GREEDY, NO_END, PROMPT, NodeView, Timeline, cpu_server, install_chart
@@ -139,6 +143,82 @@ def test_models_are_listed_per_key(installed: Installed) -> None:
     with pytest.raises(openai.NotFoundError) as unknown:
         _client(installed.base, key).chat.completions.create(model="gamma", messages=HELLO, max_tokens=8)
     assert unknown.value.body["param"] == "model"  # type: ignore[index]
+
+
+def test_named_keys_are_limited_counted_and_revoked_within_seconds(installed: Installed, node_cluster: Cluster) -> None:
+    """`modelserve key create` issues two keys for beta (only their hashes stored); through the
+    gateway, team-a (at most 1 request in flight) is refused a second one while team-b is served;
+    beta's sidecar counts each by name as the clients counted; `key revoke` refuses team-b's key
+    through the Service and the gateway within seconds (the operator makes the kubelet refresh the
+    mounted keys at once)."""
+    view = installed.view
+    view.wait_phase("beta", "Ready")
+
+    def cli(*args: str) -> str:
+        command = [sys.executable, "-m", "modelserve.cli.main", "key", *args, "--for", "beta", "-n", view.namespace]
+        return subprocess.run(
+            command, env=node_cluster.env, capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+
+    key_a = cli("create", "team-a", "--max-in-flight", "1").strip()
+    key_b = cli("create", "team-b").strip()
+    stored = view.secret_value("beta-api-keys", "team-a")
+    assert key_a not in stored and json.loads(stored)["maxInFlight"] == 1
+    client_a, client_b = _client(installed.base, key_a), _client(installed.base, key_b)
+    view.wait(lambda: _accepted(client_b), "team-b's new key to be accepted", 120)
+
+    (pod,) = view.ready_pods("beta")
+    metrics_url = f"http://{pod['status']['podIP']}:{LISTEN_PORT}/metrics"
+    long = {"max_tokens": 400, "logit_bias": NO_END}
+    completion_b = 0
+    requests = "modelserve_sidecar_key_requests_total"
+    tokens = "modelserve_sidecar_key_tokens_total"
+    before = (_series(metrics_url, requests, "team-b"), _series(metrics_url, tokens, "team-b", kind="completion"))
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(lambda: client_a.chat.completions.create(model="beta", messages=PROMPT, **long))
+        view.wait(
+            lambda: _series(metrics_url, "modelserve_sidecar_key_in_flight_requests", "team-a") == 1, "a in flight", 60
+        )
+        with pytest.raises(openai.RateLimitError) as over:
+            client_a.chat.completions.create(model="beta", messages=HELLO, max_tokens=4)
+        assert over.value.body["code"] == "in_flight"  # type: ignore[index]
+        for _ in range(2):  # team-b is served meanwhile
+            reply = client_b.chat.completions.create(model="beta", messages=HELLO, max_tokens=8, **GREEDY)
+            assert reply.usage is not None
+            completion_b += reply.usage.completion_tokens
+        assert held.result().choices[0].message.content
+    # What the clients counted, as beta's sidecar counted it.
+    assert _series(metrics_url, "modelserve_sidecar_key_refusals_total", "team-a", reason="in_flight") == 1
+    after = (_series(metrics_url, requests, "team-b"), _series(metrics_url, tokens, "team-b", kind="completion"))
+    assert (after[0] - before[0], after[1] - before[1]) == (2, completion_b)
+    assert key_a not in httpx.get(metrics_url, timeout=10).text
+
+    cli("revoke", "team-b")
+    revoked = time.monotonic()
+    service = _client(f"http://{view.cluster_ip('beta')}", key_b)
+    view.wait(lambda: not _accepted(client_b) and not _accepted(service), "team-b's key to be refused", 120)
+    print(f"team-b's key refused through the gateway and the Service {time.monotonic() - revoked:.1f} s after revoke")
+    assert _accepted(client_a)  # the others stay
+
+
+def _accepted(client: openai.OpenAI) -> bool:
+    """The key opens beta (a one-token answer), or is refused (401)."""
+    try:
+        client.chat.completions.create(model="beta", messages=HELLO, max_tokens=1)
+    except openai.AuthenticationError:
+        return False
+    return True
+
+
+def _series(url: str, name: str, key: str, **labels: str) -> float:
+    """One series of beta's sidecar, by key name (0 when absent)."""
+    wanted = {"key": key, "model": "beta", **labels}
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        if line.startswith(name + "{"):
+            found = dict(part.split("=", 1) for part in line[len(name) + 1 : line.index("}")].split(","))
+            if {k: v.strip('"') for k, v in found.items()} == wanted:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 # llama.cpp's own routes, from its source (tests/fixtures/engine_routes), but the consumer ones and
