@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
-from modelserve.http.errors import INVALID_REQUEST_ERROR, SERVER_ERROR, ErrorResponse, bad_request
+from modelserve.http.errors import INVALID_REQUEST_ERROR, SERVER_ERROR, ErrorResponse, bad_request, retry_after
 
 # After a hold timed out the model is still starting: come back soon, not at once.
 HOLD_RETRY_AFTER_SECONDS = 30
 FULL_RETRY_AFTER_SECONDS = 5
 REPLICA_RETRY_AFTER_SECONDS = 1
-
-
-def _retry_after(seconds: float) -> tuple[tuple[bytes, bytes], ...]:
-    return ((b"retry-after", str(math.ceil(seconds)).encode()),)
 
 
 def missing_model() -> ErrorResponse:
@@ -43,7 +37,7 @@ def hold_timeout(name: str, seconds: float) -> ErrorResponse:
         f"No replica of '{name}' became ready within {seconds:g} s; it is still starting. Retry later.",
         SERVER_ERROR,
         "model_starting",
-        extra_headers=_retry_after(HOLD_RETRY_AFTER_SECONDS),
+        extra_headers=retry_after(HOLD_RETRY_AFTER_SECONDS),
     )
 
 
@@ -53,7 +47,7 @@ def hold_queue_full(name: str, limit: int) -> ErrorResponse:
         f"'{name}' has no ready replica and {limit} requests are already waiting for one. Retry later.",
         "rate_limit_error",
         "hold_queue_full",
-        extra_headers=_retry_after(FULL_RETRY_AFTER_SECONDS),
+        extra_headers=retry_after(FULL_RETRY_AFTER_SECONDS),
     )
 
 
@@ -63,7 +57,7 @@ def replica_unavailable() -> ErrorResponse:
         "No replica of the model could be reached (two tried); retry later.",
         SERVER_ERROR,
         "replica_unavailable",
-        extra_headers=_retry_after(REPLICA_RETRY_AFTER_SECONDS),
+        extra_headers=retry_after(REPLICA_RETRY_AFTER_SECONDS),
     )
 
 
@@ -75,5 +69,5 @@ def unverified_hold_full(name: str, per_model: int, per_client: int) -> ErrorRes
         f"{per_model} at a time ({per_client} per client); as many are already waiting. Retry later.",
         "rate_limit_error",
         "hold_queue_full",
-        extra_headers=_retry_after(FULL_RETRY_AFTER_SECONDS),
+        extra_headers=retry_after(FULL_RETRY_AFTER_SECONDS),
     )

@@ -53,11 +53,14 @@ def unauthorized(reason: str) -> ErrorResponse:
     return ErrorResponse(401, message, AUTHENTICATION_ERROR, code, extra_headers=_CHALLENGE)
 
 
+def retry_after(seconds: float) -> tuple[tuple[bytes, bytes], ...]:
+    """The `Retry-After` header: whole seconds, at least 1 (0 would invite a retry at once)."""
+    return ((b"retry-after", str(max(1, math.ceil(seconds))).encode()),)
+
+
 def too_many_requests(message: str, code: str, retry_after_seconds: float | None) -> ErrorResponse:
     """A limit reached (OpenAI's 429 `rate_limit_exceeded` family); `Retry-After` when a wait is known."""
-    extra = (
-        () if retry_after_seconds is None else ((b"retry-after", str(max(1, math.ceil(retry_after_seconds))).encode()),)
-    )
+    extra = () if retry_after_seconds is None else retry_after(retry_after_seconds)
     return ErrorResponse(429, message, RATE_LIMIT_ERROR, code, extra_headers=extra)
 
 
@@ -84,7 +87,7 @@ def engine_unavailable(retry_after_seconds: int) -> ErrorResponse:
         "The model engine is not reachable (starting, restarting or overloaded); retry later.",
         SERVER_ERROR,
         "engine_unavailable",
-        extra_headers=((b"retry-after", str(retry_after_seconds).encode()),),
+        extra_headers=retry_after(retry_after_seconds),
     )
 
 
@@ -95,7 +98,7 @@ def engine_busy(waited_seconds: float, retry_after_seconds: int) -> ErrorRespons
         f"The model engine was busy with other requests for {waited_seconds:g} s; retry later.",
         SERVER_ERROR,
         "engine_busy",
-        extra_headers=((b"retry-after", str(retry_after_seconds).encode()),),
+        extra_headers=retry_after(retry_after_seconds),
     )
 
 
