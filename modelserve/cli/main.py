@@ -51,7 +51,7 @@ from . import keys, modelfile
 from . import run as cli_run
 from . import views as cli_views
 from .chat_client import ChatError
-from .cluster import Cluster, ClusterError, key_store, port_forward, read_key, write_key_entry
+from .cluster import Cluster, ClusterError, KeyStore, key_store, port_forward, read_key, write_key_entry
 
 # render never invents a key or a uid: the operator makes the one, the API server the other.
 API_KEY_PLACEHOLDER = "<generated once by the operator>"
@@ -323,8 +323,15 @@ def create_command(args: argparse.Namespace) -> int:
     return 0
 
 
-# The sidecars see a changed Secret once the kubelet has refreshed its mounted copy.
-RELOAD_NOTE = "the kubelet has updated the Secret mounted in the model's pods (a minute or two)"
+# The sidecars see a changed Secret once the kubelet has refreshed its mounted copy: at once for the
+# generated one (the operator syncs the pods), on the kubelet's own sync for a named one.
+RELOAD_NOTE = "the kubelet has updated the Secret mounted in the model's pods (seconds; a minute for a named Secret)"
+
+
+def _key_store(args: argparse.Namespace) -> tuple[Cluster, KeyStore, str]:
+    """The cluster, the key Secret of `args.model_server` as it is now, and its namespace."""
+    cluster, namespace = _target(args)
+    return cluster, key_store(cluster, args.model_server, namespace), namespace
 
 
 def key_create_command(args: argparse.Namespace) -> int:
@@ -332,8 +339,7 @@ def key_create_command(args: argparse.Namespace) -> int:
     keys.check_name(args.name)
     expires = keys.parse_expires(args.expires, time.time()) if args.expires is not None else None
     limits = keys.limits(args.max_in_flight, args.requests_per_minute, args.tokens_per_minute, expires, args.weight)
-    cluster, namespace = _target(args)
-    store = key_store(cluster, args.model_server, namespace)
+    cluster, store, namespace = _key_store(args)
     if args.name in store.data:
         raise keys.KeyCommandError(
             f'the Secret "{store.secret}" already has a key named "{args.name}": rotate it, or revoke it first'
@@ -351,8 +357,7 @@ def key_create_command(args: argparse.Namespace) -> int:
 
 
 def key_list_command(args: argparse.Namespace) -> int:
-    cluster, namespace = _target(args)
-    store = key_store(cluster, args.model_server, namespace)
+    _, store, namespace = _key_store(args)
     if store.resource_version is None:
         raise ClusterError(f'the key Secret "{store.secret}" is not in namespace "{namespace}" (yet)')
     if not store.data:
@@ -363,8 +368,7 @@ def key_list_command(args: argparse.Namespace) -> int:
 
 
 def key_revoke_command(args: argparse.Namespace) -> int:
-    cluster, namespace = _target(args)
-    store = key_store(cluster, args.model_server, namespace)
+    cluster, store, namespace = _key_store(args)
     if args.name not in store.data:
         raise keys.KeyCommandError(f'no key named "{args.name}" in the Secret "{store.secret}"')
     write_key_entry(cluster, store, args.name, None)
@@ -378,8 +382,7 @@ def key_revoke_command(args: argparse.Namespace) -> int:
 
 
 def key_rotate_command(args: argparse.Namespace) -> int:
-    cluster, namespace = _target(args)
-    store = key_store(cluster, args.model_server, namespace)
+    cluster, store, _ = _key_store(args)
     entry = keys.existing_entry(store.data, args.name, store.secret)
     key = new_api_key()
     write_key_entry(cluster, store, args.name, keys.rotated(entry, key, args.keep_old))
