@@ -11,6 +11,7 @@ from time import perf_counter
 from typing import Any
 
 from . import errors
+from .direct import DirectDownstream
 from .downstream import AsgiDownstream, ClientGone, Downstream, Exchange, answer
 from .upstream_pool import ConnectFailed, Response, UpstreamError
 from .usage import ResponseTail
@@ -164,9 +165,8 @@ async def relay(
                 await client.whole(upstream.status, headers, whole_body(upstream, exchange, tail))
                 return (tail.bytes() if tail is not None else None), None
             await client.start(upstream.status, headers)
-            write_now = getattr(client, "write_now", None)
-            if write_now is not None:  # the direct protocol's client: piped from the callbacks
-                await upstream.pipe(_sink(write_now, exchange, tail), client.drain)  # type: ignore[attr-defined]
+            if isinstance(client, DirectDownstream):  # written from the upstream's callbacks, no task woken
+                await upstream.pipe(_sink(client.write_now, exchange, tail), client.drain)
                 return (tail.bytes() if tail is not None else None), None
             last = b""
             while chunk := await upstream.read_chunk():

@@ -84,6 +84,11 @@ class KeyLimiter:
             use = self.uses[name] = KeyUse()
         return use
 
+    def in_flight(self, name: str) -> int:
+        """Read when scraped: no state made for a name that has none (or was forgotten)."""
+        use = self.uses.get(name)
+        return use.in_flight if use is not None else 0
+
     def refusal(self, entry: KeyEntry, now: float, replicas: int = 1) -> tuple[str, float | None] | None:
         """(why, seconds until it may pass or None if unknown) when `entry` is over this replica's
         share of a limit (1/`replicas` of it, rounded up), else None."""

@@ -3,7 +3,6 @@ plaintext keys or their SHA-256), reloaded when its files change."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import os
@@ -11,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from modelserve.contracts.key_entries import HASH_PREFIX, EntryError, KeyEntry, is_hash, parse_entry
+
+from .mount_poll import poll
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +116,4 @@ class KeyStore:
 
     async def watch(self, interval: float = POLL_SECONDS) -> None:
         """Poll for changes until cancelled (the app's lifespan owns this task)."""
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                self.reload_if_changed()
-            except OSError as exc:
-                log.warning("reading keys from %s failed: %s", self.directory, exc)
+        await poll(self.reload_if_changed, self.directory, interval)

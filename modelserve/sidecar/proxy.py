@@ -78,7 +78,7 @@ class Proxy(Pipeline):
         self.fair = FairShare(settings.engine_concurrency)
         self.usage = KeyUsage(
             settings.served_model,
-            lambda name: self.limits.use(name).in_flight,
+            self.limits.in_flight,
             self.fair.waiting_for,
             metrics.registry,
         )
@@ -135,14 +135,15 @@ class Proxy(Pipeline):
         key = None
         if self.keys is not None and route.method == "POST":  # the work an engine does: counted, limited
             # Admitted from the head already: the lookup again (a hash and a dict), for the name.
-            key, reason = identify(headers, self.keys, time.time())
+            now = time.time()
+            key, reason = identify(headers, self.keys, now)
             if key is None or reason is not None:  # the Secret changed in between
                 return errors.unauthorized(reason or "invalid")
-            over = self.limits.refusal(key, time.time(), self.replicas.count)
+            over = self.limits.refusal(key, now, self.replicas.count)
             if over is not None:
                 self.usage.refused(key.name, over[0])
                 return _over_limit(key.name, *over)
-            self.limits.started(key.name, time.time())
+            self.limits.started(key.name, now)
             self.usage.started(key.name)
         return EnginePlan(route, body, filter_headers(headers, DROP_TO_ENGINE), model, key)
 

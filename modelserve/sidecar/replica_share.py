@@ -4,9 +4,10 @@ reads the file (polled, as the keys are). Each sidecar then enforces 1/N of each
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
+
+from .mount_poll import poll
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,4 @@ class ReplicaShare:
 
     async def watch(self, interval: float = POLL_SECONDS) -> None:
         """Poll the file until cancelled (the app's lifespan owns this task)."""
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                self.refresh()
-            except OSError as exc:
-                log.warning("reading %s failed: %s", self.path, exc)
+        await poll(self.refresh, self.path, interval)
