@@ -6,6 +6,7 @@
 #     (hack/install-python.sh);
 #   - the control plane, kubelet and kube-proxy built from Go modules (hack/build-control-plane.sh);
 #   - the LeaderWorkerSet controller and its CRDs, from its Go module (hack/build-lws.sh);
+#   - CoreDNS, the sandbox's cluster DNS, from its Go module (hack/build-coredns.sh);
 #   - SGLang's command line parser, for the test of a group's command lines (hack/install-sglang-cli.sh);
 #   - llama.cpp's llama-server built from source (hack/build-llama-server.sh);
 #   - checkov, the manifest scanner of the security tests, in a venv of its own (hack/install-checkov.sh);
@@ -18,6 +19,7 @@ bash hack/install-debian-packages.sh
 bash hack/install-python.sh
 bash hack/build-control-plane.sh
 bash hack/build-lws.sh
+bash hack/build-coredns.sh
 bash hack/install-sglang-cli.sh
 bash hack/build-llama-server.sh
 bash hack/install-checkov.sh

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
 
-from . import lws, realnode, tiny_model
+from . import cluster_dns, lws, realnode, tiny_model
 from .forwarder import Forwarder
 from .hub_mirror import HubFile, HubMirror
 from .nodes import NodeShape, node_manifests
@@ -128,6 +128,8 @@ class Ports:
     lws_webhook: int
     lws_health: int
     lws_metrics: int
+    dns: int
+    dns_ready: int
 
     @classmethod
     def pick(cls) -> Ports:
@@ -543,6 +545,7 @@ class Cluster:
         )
         self.hub_files = hub_files(self.workdir)
         self._servers.append(HubMirror(self.hub_files, realnode.GATEWAY, self.ports.hub).start())
+        self._start_cluster_dns()
         # The kubelet checks callers through SubjectAccessReviews; the Node authorizer leaves
         # those to RBAC, and no default binding gives nodes the system:node role any more.
         self.kubectl(
@@ -578,6 +581,30 @@ class Cluster:
             60,
             f"the real node's {realnode.GPUS} nvidia.com/gpu allocatable",
             on_timeout=self._real_node.check_alive,
+        )
+
+    def _start_cluster_dns(self) -> None:
+        """CoreDNS on the bridge's address and the `kube-dns` Service in front of it (cluster_dns.py),
+        before the kubelet starts: the kubelet writes its address into every pod's resolv.conf."""
+        corefile = self.workdir / "Corefile"
+        corefile.write_text(
+            cluster_dns.corefile(self.kubeconfig, realnode.GATEWAY, self.ports.dns, self.ports.dns_ready)
+        )
+        self._start(cluster_dns.BINARY, [self._bin(cluster_dns.BINARY), "-conf", str(corefile)])
+        wait_until(
+            lambda: _http_ok(f"http://127.0.0.1:{self.ports.dns_ready}/ready"),
+            60,
+            "CoreDNS ready",
+            on_timeout=lambda: self._check_alive(cluster_dns.BINARY),
+        )
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "-f",
+            "-",
+            input=json.dumps(
+                {"apiVersion": "v1", "kind": "List", "items": cluster_dns.manifests(realnode.GATEWAY, self.ports.dns)}
+            ),
         )
 
     def _allocatable_gpus(self, name: str) -> int:

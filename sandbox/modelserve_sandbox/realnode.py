@@ -22,6 +22,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import cluster_dns
 from .hoststate import HostState, kill_cgroup_processes, kubepods_cgroups
 from .processes import start_process, stop_process, tail, wait_until
 
@@ -127,6 +128,9 @@ def kubelet_config(ca_cert: Path, runtime_socket: Path, port: int, healthz_port:
         "imageGCLowThresholdPercent": 99,
         "serializeImagePulls": False,
         "resolvConf": "/etc/resolv.conf",
+        # Pods resolve the cluster's names through CoreDNS (cluster_dns.py), as in a user's cluster.
+        "clusterDNS": [cluster_dns.SERVICE_IP],
+        "clusterDomain": cluster_dns.CLUSTER_DOMAIN,
         "podPidsLimit": 4096,
     }
 
@@ -169,6 +173,8 @@ def host_problem(bin_dir: Path, image_archives: list[Path]) -> str | None:
     for binary in ("kubelet", "kube-proxy"):
         if not (bin_dir / binary).is_file():
             return f"{binary} missing in {bin_dir} (hack/build-control-plane.sh builds it)"
+    if not (bin_dir / cluster_dns.BINARY).is_file():
+        return f"{cluster_dns.BINARY} missing in {bin_dir} (hack/build-coredns.sh builds it)"
     if not image_archives:
         return "no node images built (hack/build-images.sh builds them)"
     absent = [str(a) for a in image_archives if not a.is_file()]

@@ -1,0 +1,80 @@
+"""Cluster DNS on the real node, as a user's cluster has it: CoreDNS (the sandbox's, built from its
+Go module) behind `kube-dns`, the kubelet's `--cluster-dns`. A pod resolves Services by name, and a
+LeaderWorkerSet's worker resolves its leader's hostname (`LWS_LEADER_ADDRESS`, a pod of the group's
+headless Service) to the leader pod's address; names outside the cluster get NXDOMAIN at once."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from modelserve import __version__
+from modelserve_sandbox import cluster_dns
+from modelserve_sandbox.cluster import API_SERVICE_IP, Cluster
+from modelserve_sandbox.processes import wait_until
+from tests.helpers.node_view import remove_namespace
+
+IMAGE = f"ghcr.io/modelserve/modelserve:{__version__}"
+# Runs in each pod of the group: the leader's name from LeaderWorkerSet's webhook, resolved within
+# a bound (the record appears once the leader has an address), then a Service and an outside name.
+RESOLVE = """
+import json, os, socket, time
+def lookup(name):
+    try:
+        return sorted({a[4][0] for a in socket.getaddrinfo(name, None, socket.AF_INET)})
+    except socket.gaierror as error:
+        return error.errno
+leader = os.environ["LWS_LEADER_ADDRESS"]
+deadline = time.monotonic() + 120
+while not isinstance(found := lookup(leader), list) and time.monotonic() < deadline:
+    time.sleep(1)
+print(json.dumps({"leader_address": leader, "leader": found, "dns_service": lookup("kube-dns.kube-system"),
+    "api_service": lookup("kubernetes.default.svc.cluster.local"), "outside": lookup("example.com"),
+    "resolv_conf": open("/etc/resolv.conf").read()}), flush=True)
+time.sleep(600)
+"""
+
+
+def group(name: str) -> dict:
+    container = {"name": "main", "image": IMAGE, "command": ["python", "-c", RESOLVE]}
+    template = {"spec": {"containers": [container], "terminationGracePeriodSeconds": 1}}
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {"size": 2, "leaderTemplate": template, "workerTemplate": template},
+        },
+    }
+
+
+@pytest.fixture
+def namespace(node_cluster: Cluster) -> Iterator[str]:
+    name = f"dns-{uuid.uuid4().hex[:8]}"
+    node_cluster.create_namespace(name)
+    yield name
+    remove_namespace(node_cluster, name, f"namespace {name}'s pods gone")
+
+
+def test_a_group_worker_resolves_its_leader_and_services_by_name(node_cluster: Cluster, namespace: str) -> None:
+    node_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(group("resolve")))
+
+    def said(pod: str) -> dict | None:
+        log = node_cluster.kubectl("logs", pod, "-n", namespace, check=False).stdout
+        return next((json.loads(line) for line in log.splitlines() if line.startswith("{")), None)
+
+    wait_until(lambda: said("resolve-0-1") is not None, 180, "the worker's lookups")
+    worker = said("resolve-0-1")
+    assert worker is not None
+    leader = json.loads(node_cluster.kubectl("get", "pod", "resolve-0", "-n", namespace, "-o", "json").stdout)
+    assert worker["leader_address"] == f"resolve-0.resolve.{namespace}"
+    assert worker["leader"] == [leader["status"]["podIP"]], worker
+    assert worker["dns_service"] == [cluster_dns.SERVICE_IP], worker
+    assert worker["api_service"] == [API_SERVICE_IP], worker
+    assert worker["outside"] == -2, worker  # EAI_NONAME: NXDOMAIN, nothing asked outside the machine
+    assert f"nameserver {cluster_dns.SERVICE_IP}" in worker["resolv_conf"]
+    assert f"search {namespace}.svc.{cluster_dns.CLUSTER_DOMAIN}" in worker["resolv_conf"]
