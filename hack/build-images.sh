@@ -8,7 +8,9 @@
 #     /app/llama-server, the layout of the official image;
 #   - vllm/vllm-openai:v<V>, a stand-in for vLLM's CUDA image: the same release's CPU build
 #     from PyPI (hack/images/vllm/Dockerfile says what differs and why);
-#   - registry.k8s.io/pause:3.10, a static pause binary FROM scratch.
+#   - registry.k8s.io/pause:3.10, a static pause binary FROM scratch;
+#   - modelserve.local/openai-client:<openai version>, the base plus the openai SDK: the
+#     in-cluster client of the tests and the README.
 # Images carry the exact names the operator and chart use by default, so the manifests that
 # run in the sandbox are the ones a user gets. A private dockerd (no iptables, no bridge, its
 # own data root in the cache) runs only while something needs building.
@@ -138,7 +140,21 @@ if [[ ! -f $IMAGES/vllm-$vllm_hash.tar ]]; then
   "${DOCKER[@]}" rmi -f "$VLLM" >/dev/null  # the archive is the cache: keep the build's disk once, not twice
 fi
 
+# --- the in-cluster client: our base plus the openai SDK the tests use ----------------------
+OPENAI_VERSION=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("openai"))')
+client_hash=$(echo "$base_hash $OPENAI_VERSION" | cat - <(hash_files hack/images/openai-client/Dockerfile) | sha256sum | cut -c1-16)
+CLIENT=modelserve.local/openai-client:$OPENAI_VERSION
+if [[ ! -f $IMAGES/openai-client-$client_hash.tar ]]; then
+  start_dockerd
+  "${DOCKER[@]}" image inspect "$BASE" >/dev/null 2>&1 || "${DOCKER[@]}" load -q -i "$IMAGES/base-$base_hash.tar"
+  "${DOCKER[@]}" build -q --network host --build-arg BASE_IMAGE="$BASE" --build-arg OPENAI_VERSION="$OPENAI_VERSION" \
+    -t "$CLIENT" hack/images/openai-client >/dev/null
+  rm -f "$IMAGES"/openai-client-*.tar
+  save "$CLIENT" "$IMAGES/openai-client-$client_hash.tar"
+fi
+
 # What the sandbox imports into its node's containerd: one archive a line.
 printf '%s\n' "modelserve-$project_hash.tar" \
-  "llama-server-$llama_hash.tar" "vllm-$vllm_hash.tar" "pause-$pause_hash.tar" >"$IMAGES/current"
+  "llama-server-$llama_hash.tar" "vllm-$vllm_hash.tar" "pause-$pause_hash.tar" \
+  "openai-client-$client_hash.tar" >"$IMAGES/current"
 echo "images up to date in $IMAGES"

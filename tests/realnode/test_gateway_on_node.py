@@ -6,7 +6,7 @@ In order: a model at `min: 0` wakes on its first requests (one stream, one not, 
 the operator scales it up from the gateway's held count); `GET /v1/models` shows each key what it
 opens; llama.cpp's own routes are the sidecar's (or the gateway's) 404 and never reach the engine;
 a slow request on one replica sends the next ones to the other; a replica deleted under load loses
-no request.
+no request; an in-cluster client reaches both engines by the names their status advertises.
 """
 
 from __future__ import annotations
@@ -29,7 +29,18 @@ import pytest
 from modelserve.contracts.sidecar import LISTEN_PORT
 from modelserve_sandbox.cluster import Cluster
 from tests.helpers.gateway_routing import gateway_replicas, routed_beside_long_streams
-from tests.helpers.node_view import GREEDY, NO_END, PROMPT, NodeView, Timeline, cpu_server, install_chart
+from tests.helpers.in_cluster import client_calls
+from tests.helpers.node_view import (
+    GREEDY,
+    NO_END,
+    PROMPT,
+    VLLM_READY_SECONDS,
+    NodeView,
+    Timeline,
+    cpu_server,
+    install_chart,
+    vllm_example,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -316,6 +327,39 @@ def test_a_replica_deleted_under_load_loses_no_request(installed: Installed) -> 
         f"\n{len(outcomes)} requests under load, {victim} deleted after {at_deletion}; answered by {sorted(set(after))}"
     )
     assert not failures, failures
+
+
+def test_in_cluster_openai_clients_reach_models_by_their_advertised_names(installed: Installed) -> None:
+    """The official SDK in a pod of the cluster (the openai-client image), calling a private
+    llama.cpp model and a vLLM model by the base URLs their status advertises, verbatim: each
+    one's Service (`status.endpoint`) and the gateway's (`status.gatewayEndpoint`), names that
+    only the cluster's DNS resolves; `Key` and `Bearer`, streaming and not."""
+    view = installed.view
+    view.apply(vllm_example("vllm"))
+    statuses = {name: view.wait_phase(name, "Ready", VLLM_READY_SECONDS)["status"] for name in ("beta", "vllm")}
+    calls, keys = [], {}
+    for name, status in statuses.items():
+        keys[f"{name.upper()}_KEY"] = (f"{name}-api-keys", "api-key")
+        for route in ("endpoint", "gatewayEndpoint"):
+            for scheme, stream in (("Key", False), ("Key", True), ("Bearer", False), ("Bearer", True)):
+                calls.append(
+                    {
+                        "name": f"{name} {route} {scheme} {'stream' if stream else 'plain'}",
+                        "base_url": status[route],
+                        "model": name,
+                        "key_env": f"{name.upper()}_KEY",
+                        "scheme": scheme,
+                        "stream": stream,
+                    }
+                )
+    assert statuses["beta"]["endpoint"] == f"http://beta.{view.namespace}.svc.cluster.local/v1"
+    results = client_calls(view.cluster, view.namespace, "in-cluster-client", calls, keys, timeout=600)
+    failed = {name: result for name, result in results.items() if not result.get("content")}
+    assert not failed, failed
+    assert all(result["chunks"] > 1 for name, result in results.items() if name.endswith("stream")), results
+    # SmolLM2 at temperature 0 knows this one, whichever way it was reached.
+    assert all("Paris" in result["content"] for name, result in results.items() if name.startswith("beta")), results
+    print("\nin-cluster client:\n" + "\n".join(f"{name}: {result['content']!r}" for name, result in results.items()))
 
 
 def _gateway_pods(view: NodeView, system: str) -> list[str]:

@@ -4,6 +4,7 @@ SmolLM2-135M-Instruct from the sandbox's model hub, and callers reach it the way
 from __future__ import annotations
 
 import re
+import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -99,6 +100,25 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
     assert len(arrivals) >= 32, text
     spread = arrivals[-1] - arrivals[0]
     assert spread > 0.3 * arrivals[-1], f"chunks arrived at {arrivals}"
+
+    # Step 5 from inside the cluster, as the README writes it: `kubectl run` of the client image,
+    # `status.endpoint` verbatim as the base URL, which only the cluster's DNS resolves.
+    kubectl = f'kubectl() {{ "{node.cluster.bin_dir / "kubectl"}" -n {node.namespace} "$@"; }}\n'
+    ran = subprocess.run(
+        ["bash", "-c", kubectl + readme_in_cluster_call()],
+        env={**node.cluster.env, "KEY": key},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0 and "Paris" in ran.stdout, ran.stdout + ran.stderr
+
+
+def readme_in_cluster_call() -> str:
+    """Step 5's `kubectl run` of the in-cluster client, verbatim."""
+    match = re.search(r"(kubectl run ask .*?print\(reply.*?\)')\n", README.read_text(), re.S)
+    assert match, "the README quickstart's in-cluster call"
+    return textwrap.dedent("   " + match.group(1))
 
 
 def test_service_through_kube_proxy_reaches_the_sidecar(node: NodeView) -> None:
