@@ -378,7 +378,8 @@ class ReplayEngine:
     `x-replay-drop-reused` (close a connection that served before instead of answering, as llama.cpp
     leaves its kept-alive connections after a stream), `x-replay-repeat: <n>` (a stream's events n
     times over, [DONE] once at its end); and
-    as attributes: `healthy` and `health_delay` (seconds /health takes, as a busy SGLang's does)."""
+    as attributes: `healthy`, `health_delay` (seconds /health takes, as a busy SGLang's does) and
+    `stall` (seconds every answer waits: a slower engine)."""
 
     port: int
     received: list[dict] = field(default_factory=list)  # JSON bodies of the POSTs that arrived
@@ -390,6 +391,7 @@ class ReplayEngine:
     header_names: dict[str, list[set[str]]] = field(default_factory=dict)
     healthy: bool = True
     health_delay: float = 0.0
+    stall: float = 0.0  # seconds before answering a request without x-replay-stall (a slow engine)
 
     def __post_init__(self) -> None:
         self.url = f"http://127.0.0.1:{self.port}"
@@ -483,7 +485,7 @@ class ReplayEngine:
         return await self._replay(request, read_recording("completions.http"))
 
     async def _replay(self, request: web.Request, recording: Recording) -> web.StreamResponse:
-        await asyncio.sleep(float(request.headers.get("x-replay-stall", 0)))
+        await asyncio.sleep(float(request.headers.get("x-replay-stall", self.stall)))
         headers = [(k, v) for k, v in recording.headers if k.lower() not in _OWN_HEADERS]
         if not recording.body.startswith(b"data: "):
             return web.Response(status=recording.status, body=recording.body, headers=headers)

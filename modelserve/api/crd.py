@@ -129,6 +129,15 @@ PRINTER_COLUMNS = [
     {"name": "Sidecar", "type": "string", "jsonPath": ".status.versions.sidecar", "priority": 1},
     {"name": "Engine", "type": "string", "jsonPath": ".status.versions.engine", "priority": 1},
     {"name": "Upgrade", "type": "string", "jsonPath": ".status.upgrade.available", "priority": 1},
+    # -o wide: the gateway's name for it, its share there, and its rollback guard's verdict.
+    {"name": "Served-As", "type": "string", "jsonPath": ".spec.traffic.servedName", "priority": 1},
+    {"name": "Weight", "type": "integer", "jsonPath": ".spec.traffic.weight", "priority": 1},
+    {
+        "name": "Guard",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="TrafficGuard")].reason',
+        "priority": 1,
+    },
 ]
 
 

@@ -156,6 +156,62 @@ class Replicas(WireModel):
     )
 
 
+class TrafficGuard(WireModel):
+    """A version's guard: compared with the stable versions of its served name, over windows of requests."""
+
+    window: int = Field(
+        50,
+        ge=20,
+        le=1000,
+        description="Requests judged: this version's last this many answers, against the stable versions' "
+        "last this many (at least 20: the p95 of fewer is their slowest, and one stray answer would trip it).",
+    )
+    max_error_rate: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Highest share of the window that may fail (5xx, or the replica unreachable or cut off).",
+    )
+    max_time_to_first_token_ratio: float = Field(
+        2.0,
+        ge=1,
+        le=100,
+        description="Highest p95 time to first byte over the window, as a multiple of the stable versions' "
+        "p95 (judged once they have answered a full window too).",
+    )
+    min_slowdown_seconds: float = Field(
+        0.2,
+        ge=0,
+        le=600,
+        description="How much higher than the stable versions' the p95 must also be to trip the guard: on "
+        "answers of tens of milliseconds, a ratio alone trips on scheduling noise.",
+    )
+
+
+class Traffic(WireModel):
+    """How the gateway offers this ModelServer: under which model name, and what share of that name's requests."""
+
+    served_name: Annotated[str, StringConstraints(pattern=NAME_PATTERN, max_length=NAME_MAX_LENGTH)] | None = Field(
+        None,
+        description="The model name clients send to the gateway; ModelServers of one namespace with the same "
+        "servedName are versions of one model and share its requests by weight (the gateway lists the name "
+        "once). Default: metadata.name.",
+    )
+    weight: int = Field(
+        100,
+        ge=0,
+        le=100,
+        description="This version's share of its served name's requests, relative to the other versions' "
+        "weights (90 and 10: a tenth here). 0: no new requests. A conversation stays on one version.",
+    )
+    guard: TrafficGuard | None = Field(
+        None,
+        description="Stop new requests to this version when it fails more, or answers slower, than the stable "
+        "versions (those without a guard); status condition TrafficGuard says why, with the figures. The "
+        "annotation serving.modelserve.dev/guard-reset, set to a new value, clears a tripped guard.",
+    )
+
+
 STOP_MAX_ITEMS = 4
 STOP_MAX_LENGTH = 256
 
@@ -553,6 +609,10 @@ class ModelServerSpec(WireModel):
         description="Manual: an operator upgrade leaves the running pods alone; the sidecar and engine images "
         "they run are kept (status.upgrade says when newer ones are available) until a change of this spec "
         "replaces the pods anyway. Automatic: the operator's images are taken at once, rolling every pod.",
+    )
+    traffic: Traffic | None = Field(
+        None,
+        description="The gateway's name for this model and this version's share of it (weights, rollback guard).",
     )
     rollout_strategy: RolloutStrategy = Field(
         RolloutStrategy.SURGE,

@@ -85,6 +85,17 @@ class AdapterStatus(BaseModel):
     load_seconds: float | None = Field(None, description="The longest time an engine took to load it.")
 
 
+class GuardStatus(BaseModel):
+    """The traffic guard of a version (spec.traffic.guard): whether it stopped its new requests, and why."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    tripped: bool = Field(description="True: the gateways send this version no new requests.")
+    reset: str = Field("", description="The guard-reset annotation's value this verdict stands under.")
+    message: str = Field("", description="What tripped it, with the figures (error rate, p95 time to first byte).")
+    since: str | None = Field(None, description="When it tripped (RFC 3339).")
+
+
 class ModelServerStatus(BaseModel):
     """What the operator observed, written to the status subresource."""
 
@@ -116,13 +127,14 @@ class ModelServerStatus(BaseModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Progressing and Degraded.",
+        description="Ready, Progressing and Degraded; TrafficGuard with spec.traffic.guard.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     key_secret: KeySecretStatus | None = Field(
         None, description="The generated API key's Secret (auth.mode private without auth.secretName)."
     )
     scaling: Scaling | None = Field(None, description="The autoscaler's last change of the replica count.")
+    guard: GuardStatus | None = Field(None, description="The traffic guard's verdict (spec.traffic.guard).")
     versions: Versions | None = Field(None, description="The images the pods are made with.")
     upgrade: Upgrade | None = Field(None, description="Whether newer images are available (operator upgrade).")
     adapters: list[AdapterStatus] | None = Field(

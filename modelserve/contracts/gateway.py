@@ -4,6 +4,7 @@ that publishes the requests it holds for ModelServers with no ready replica (sta
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .names import Key
@@ -18,7 +19,24 @@ METRICS_ROUTE = "/metrics"
 # Requests waiting for a replica, per ModelServer: the autoscaler counts them as demand. No key
 # needed, like the sidecar's /load (counts only, no request content).
 HELD_ROUTE = "/held"
-OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, HELD_ROUTE})
+# The versions whose rollback guard (spec.traffic.guard) tripped at this gateway, with the figures:
+# the operator writes them into their status (condition TrafficGuard), which every gateway obeys.
+GUARDS_ROUTE = "/guards"
+OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, HELD_ROUTE, GUARDS_ROUTE})
+# Set to a new value (`kubectl annotate --overwrite`), it clears a version's tripped guard.
+GUARD_RESET_ANNOTATION = "serving.modelserve.dev/guard-reset"
+TRAFFIC_GUARD_CONDITION = "TrafficGuard"
+
+
+@dataclass(frozen=True)
+class GuardReport:
+    """Why a version's guard tripped: the message and the figures it judged on."""
+
+    message: str
+    requests: int
+    error_rate: float
+    p95_seconds: float | None
+    stable_p95_seconds: float | None
 
 
 def held_to_json(held: Mapping[Key, int]) -> dict[str, Any]:
@@ -28,3 +46,39 @@ def held_to_json(held: Mapping[Key, int]) -> dict[str, Any]:
 def held_from_json(body: Mapping[str, Any]) -> dict[Key, int]:
     entries: Iterable[Mapping[str, Any]] = body["held"]
     return {(str(e["namespace"]), str(e["name"])): int(e["requests"]) for e in entries}
+
+
+def guards_to_json(trips: Mapping[Key, tuple[str, GuardReport]]) -> dict[str, Any]:
+    """The trips of one gateway: (the reset annotation's value they were made under, the report)."""
+    return {
+        "guards": [
+            {
+                "namespace": ns,
+                "name": name,
+                "reset": reset,
+                "message": report.message,
+                "requests": report.requests,
+                "errorRate": report.error_rate,
+                "p95Seconds": report.p95_seconds,
+                "stableP95Seconds": report.stable_p95_seconds,
+            }
+            for (ns, name), (reset, report) in sorted(trips.items())
+        ]
+    }
+
+
+def guards_from_json(body: Mapping[str, Any]) -> dict[Key, tuple[str, GuardReport]]:
+    entries: Iterable[Mapping[str, Any]] = body["guards"]
+    return {
+        (str(e["namespace"]), str(e["name"])): (
+            str(e["reset"]),
+            GuardReport(
+                message=str(e["message"]),
+                requests=int(e["requests"]),
+                error_rate=float(e["errorRate"]),
+                p95_seconds=None if e.get("p95Seconds") is None else float(e["p95Seconds"]),
+                stable_p95_seconds=None if e.get("stableP95Seconds") is None else float(e["stableP95Seconds"]),
+            ),
+        )
+        for e in entries
+    }

@@ -13,7 +13,16 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from modelserve.contracts import routes
-from modelserve.contracts.gateway import HEALTH_ROUTE, HELD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, held_to_json
+from modelserve.contracts.gateway import (
+    GUARDS_ROUTE,
+    HEALTH_ROUTE,
+    HELD_ROUTE,
+    METRICS_ROUTE,
+    OWN_ROUTES,
+    READY_ROUTE,
+    guards_to_json,
+    held_to_json,
+)
 from modelserve.contracts.names import PACKAGE_VERSION, Key
 from modelserve.http import ollama
 from modelserve.http.allowlist import in_error_shape, refuse
@@ -24,6 +33,7 @@ from modelserve.http.upstream import open_pool, open_session
 
 from . import errors as gateway_errors
 from .catalog import Catalog, model_objects, ollama_entries
+from .cold_starts import ColdStarts
 from .directory import Ambiguous, Directory, Model, served_name
 from .holding import Holding
 from .keys import Opened, keyless
@@ -86,6 +96,9 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
         lambda key, count: metrics.held.labels(*key).set(count),
         settings.max_held_unverified,
         settings.max_held_unverified_per_client,
+        # A wake nobody has waited for over a whole hold is given up (cold_starts.py).
+        ColdStarts(settings.wake_history, settings.hold_seconds),
+        lambda key, seconds: metrics.wake.labels(*key).observe(seconds),
     )
     opened = Opened()  # fed by the model lists' asks and the proxied answers alike
     proxy = GatewayProxy(settings, directory, holding, metrics, opened)
@@ -122,9 +135,11 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
         if model is None:
             directory.remove(key)
             metrics.forget(key)
-            holding.wake(key)  # held requests find it gone: 404
+            proxy.guards.forget(key)
+            holding.forget(key)  # held requests find it gone: 404
             return
         directory.put(model)
+        proxy.guards.update(model)
         metrics.replicas.labels(*key).set(len(model.replicas))
         if model.replicas:
             holding.wake(key)
@@ -145,6 +160,10 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
     async def held() -> dict[str, Any]:
         return held_to_json(holding.held())
 
+    @api.get(GUARDS_ROUTE)
+    async def guards() -> dict[str, Any]:
+        return guards_to_json(proxy.guards.reports())
+
     @api.get(METRICS_ROUTE)
     async def scrape() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -152,7 +171,8 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
     @api.get(MODELS_ROUTE)
     async def models(request: Request) -> dict[str, Any]:
         visible = await catalog.visible(_authorization(request))
-        return {"object": "list", "data": [item for model in visible for item in model_objects(directory, model)]}
+        items = [item for model in visible for item in model_objects(directory, model)]
+        return {"object": "list", "data": once(items, "id")}  # versions of one served name: listed once
 
     @api.get(MODELS_ROUTE + "/{name:path}")
     async def one_model(name: str, request: Request) -> Any:
@@ -170,18 +190,21 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
     @api.get(ollama.TAGS_ROUTE)
     async def ollama_tags(request: Request) -> dict[str, Any]:
         visible = await catalog.visible(_authorization(request))
-        return {"models": [entry for model in visible for entry in ollama_entries(directory, model)]}
+        return {"models": once([entry for model in visible for entry in ollama_entries(directory, model)], "name")}
 
     @api.get(ollama.PS_ROUTE)
     async def ollama_ps(request: Request) -> dict[str, Any]:
         visible = await catalog.visible(_authorization(request))
         return {
-            "models": [
-                ollama.loaded(entry)
-                for model in visible
-                if model.replicas
-                for entry in ollama_entries(directory, model)
-            ]
+            "models": once(
+                [
+                    ollama.loaded(entry)
+                    for model in visible
+                    if model.replicas
+                    for entry in ollama_entries(directory, model)
+                ],
+                "name",
+            )
         }
 
     @api.get(ollama.VERSION_ROUTE)
@@ -189,6 +212,12 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
         return {"version": ollama.version_string(PACKAGE_VERSION)}
 
     return Dispatcher(api, proxy)
+
+
+def once(entries: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
+    """The entries with the first of each `field` value: versions of one served name list it once."""
+    seen: set[Any] = set()
+    return [entry for entry in entries if not (entry[field] in seen or seen.add(entry[field]))]
 
 
 def _authorization(request: Request) -> str | None:

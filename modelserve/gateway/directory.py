@@ -1,5 +1,6 @@
 """What the gateway routes by: each watched ModelServer, keyed by its served name, with the
-addresses of its pods that may take a request now (Ready, not terminating)."""
+addresses of its pods that may take a request now (Ready, not terminating). ModelServers of one
+namespace with one served name (spec.traffic.servedName) are versions of one model."""
 
 from __future__ import annotations
 
@@ -13,22 +14,33 @@ from modelserve.contracts.sidecar import LISTEN_PORT
 from modelserve.kube.pods import pod_ready, readable
 
 from .routing import Ring
+from .versions import DEFAULT_WEIGHT, GUARD_RESET_ANNOTATION, Guard, tripped_in_status
 
 
 @dataclass(frozen=True)
 class Model:
     namespace: str
-    name: str  # the served name: the ModelServer's name
+    name: str  # the ModelServer's name: what its replicas serve (the engine's served model name)
     public: bool  # spec.auth.mode public: every caller may see it listed
     created: int = 0  # the ModelServer's creation, in seconds since the epoch (GET /v1/models)
     replicas: tuple[str, ...] = ()  # "podIP:port" of the sidecars that take requests
     pods: dict[str, str] = field(default_factory=dict, compare=False)  # address -> pod name
     adapters: tuple[str, ...] = ()  # spec.adapters' names: served by the same replicas
     ring: Ring | None = field(default=None, compare=False)
+    served_as: str = ""  # spec.traffic.servedName: the name clients send ("": the ModelServer's name)
+    weight: int = DEFAULT_WEIGHT  # spec.traffic.weight: its share among the versions of that name
+    guard: Guard | None = None  # spec.traffic.guard
+    guard_reset: str = ""  # the reset annotation's value: a new one clears a tripped guard
+    tripped_in_status: bool = False  # the status says its guard tripped (since guard_reset was set)
 
     @property
     def key(self) -> Key:
         return self.namespace, self.name
+
+    @property
+    def served(self) -> str:
+        """The name the gateway serves it under."""
+        return self.served_as or self.name
 
 
 def routable(pod: dict[str, Any]) -> bool:
@@ -40,6 +52,8 @@ def routable(pod: dict[str, Any]) -> bool:
 def model_of(modelserver: dict[str, Any], pods: Iterable[dict[str, Any]]) -> Model:
     metadata = modelserver["metadata"]
     auth = (modelserver.get("spec") or {}).get("auth") or {}
+    traffic = (modelserver.get("spec") or {}).get("traffic") or {}
+    reset = ((metadata.get("annotations") or {}).get(GUARD_RESET_ANNOTATION)) or ""
     ready = sorted(
         (f"{pod['status']['podIP']}:{LISTEN_PORT}", pod["metadata"]["name"]) for pod in pods if routable(pod)
     )
@@ -54,6 +68,11 @@ def model_of(modelserver: dict[str, Any], pods: Iterable[dict[str, Any]]) -> Mod
         pods=dict(ready),
         ring=Ring(replicas) if replicas else None,
         adapters=tuple(a["name"] for a in adapters if isinstance(a, dict) and isinstance(a.get("name"), str)),
+        served_as=str(traffic.get("servedName") or ""),
+        weight=int(traffic.get("weight", DEFAULT_WEIGHT)),
+        guard=Guard.of(traffic.get("guard")),
+        guard_reset=reset,
+        tripped_in_status=tripped_in_status(modelserver.get("status") or {}, reset),
     )
 
 
@@ -78,29 +97,38 @@ class Ambiguous(Exception):
 
 
 class Directory:
-    """Served names (a ModelServer's own and its adapters') -> the ModelServer whose replicas serve them."""
+    """Served names (a ModelServer's own, or its spec.traffic.servedName, and its adapters') -> the
+    ModelServers whose replicas serve them: one, or the versions of a served name."""
 
     def __init__(self) -> None:
         self.models: dict[Key, Model] = {}
         self._namespaces: dict[str, set[str]] = {}  # served name -> namespaces serving it
-        self._owners: dict[Key, Key] = {}  # (namespace, served name) -> the ModelServer serving it
+        self._owners: dict[Key, tuple[Key, ...]] = {}  # (namespace, served name) -> the ModelServers serving it
 
     def put(self, model: Model) -> None:
         self.remove(model.key)  # its adapters may have changed
         self.models[model.key] = model
-        for name in (model.name, *model.adapters):
-            # A name both a ModelServer and another's adapter take in one namespace: the ModelServer's.
-            if self._owners.get((model.namespace, name), model.key) != model.key and name != model.name:
-                continue
-            self._owners[(model.namespace, name)] = model.key
+        for name in (model.served, *model.adapters):
+            owners = self._owners.get((model.namespace, name), ())
+            if name == model.served:
+                # A name both a ModelServer and another's adapter take in one namespace: the ModelServer's.
+                owners = tuple(o for o in owners if self.models[o].served == name)
+            elif owners:
+                continue  # an adapter's name already served: by a ModelServer, or the first adapter
+            self._owners[(model.namespace, name)] = tuple(sorted((*owners, model.key)))
             self._namespaces.setdefault(name, set()).add(model.namespace)
 
     def remove(self, key: Key) -> None:
         model = self.models.pop(key, None)
         if model is None:
             return
-        for name in (model.name, *model.adapters):
-            if self._owners.get((model.namespace, name)) != key:
+        for name in (model.served, *model.adapters):
+            owners = self._owners.get((model.namespace, name), ())
+            if key not in owners:
+                continue
+            left = tuple(o for o in owners if o != key)
+            if left:
+                self._owners[(model.namespace, name)] = left
                 continue
             del self._owners[(model.namespace, name)]
             namespaces = self._namespaces.get(name, set())
@@ -109,30 +137,35 @@ class Directory:
                 self._namespaces.pop(name, None)
 
     def resolve(self, requested: str) -> Model | None:
-        """The ModelServer serving a request's `model`: its served name or one of its adapters', or
+        """A ModelServer serving a request's `model` (the first of its versions): see `versions`."""
+        versions = self.versions(requested)
+        return versions[0] if versions else None
+
+    def versions(self, requested: str) -> tuple[Model, ...]:
+        """The ModelServers serving a request's `model`: its served name or one of its adapters', or
         `namespace/name` where two namespaces serve the same name, either with Ollama's default tag
-        `:latest`. Raises Ambiguous for such a bare name."""
+        `:latest`. Several for a served name with versions; none for an unknown name. Raises
+        Ambiguous for a bare name two namespaces serve."""
         namespace, _, name = requested.removesuffix(OLLAMA_DEFAULT_TAG).rpartition("/")
         if not namespace:
             namespaces = self._namespaces.get(name)
             if not namespaces:
-                return None
+                return ()
             if len(namespaces) > 1:
-                public = all(self.models[self._owners[(ns, name)]].public for ns in namespaces)
+                public = all(self.models[o].public for ns in namespaces for o in self._owners[(ns, name)])
                 raise Ambiguous(name, sorted(namespaces), public)
             namespace = next(iter(namespaces))
-        owner = self._owners.get((namespace, name))
-        return self.models.get(owner) if owner else None
+        return tuple(self.models[o] for o in self._owners.get((namespace, name), ()))
 
     def resolve_owner(self, model: Model, name: str) -> bool:
-        """Whether `model` is the one serving `name` in its namespace (an adapter named like another
+        """Whether `model` is one serving `name` in its namespace (an adapter named like another
         ModelServer there is that ModelServer's name)."""
-        return self._owners.get((model.namespace, name)) == model.key
+        return model.key in self._owners.get((model.namespace, name), ())
 
     def listed_name(self, model: Model, name: str | None = None) -> str:
         """How GET /v1/models names a model (or one of its adapters, `name`): bare, unless another
         namespace serves the same name."""
-        name = name or model.name
+        name = name or model.served
         return name if len(self._namespaces.get(name, ())) < 2 else f"{model.namespace}/{name}"
 
 

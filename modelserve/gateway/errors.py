@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from modelserve.http.errors import INVALID_REQUEST_ERROR, SERVER_ERROR, ErrorResponse, bad_request, retry_after
 
-# After a hold timed out the model is still starting: come back soon, not at once.
+# After a hold timed out the model is still starting: come back soon, not at once. These two are
+# what a client turned away while its model wakes is told when the gateway has no estimate of its
+# own (cold_starts.py: none seen yet, or this wake already longer than every recent one).
 HOLD_RETRY_AFTER_SECONDS = 30
 FULL_RETRY_AFTER_SECONDS = 5
 REPLICA_RETRY_AFTER_SECONDS = 1
@@ -31,23 +33,38 @@ def ambiguous_model(name: str, namespaces: list[str]) -> ErrorResponse:
     )
 
 
-def hold_timeout(name: str, seconds: float) -> ErrorResponse:
+def no_version(name: str) -> ErrorResponse:
+    """Every version of a served name has weight 0 or a tripped guard."""
     return ErrorResponse(
         503,
-        f"No replica of '{name}' became ready within {seconds:g} s; it is still starting. Retry later.",
+        f"No version of '{name}' takes requests: each has weight 0 or a tripped traffic guard.",
         SERVER_ERROR,
-        "model_starting",
+        "no_version_available",
+        "model",
         extra_headers=retry_after(HOLD_RETRY_AFTER_SECONDS),
     )
 
 
-def hold_queue_full(name: str, limit: int) -> ErrorResponse:
+def hold_timeout(name: str, seconds: float, retry_after_seconds: float = HOLD_RETRY_AFTER_SECONDS) -> ErrorResponse:
+    # Retry-After in the words too: a held stream gets this as an event, its head long sent.
+    headers = retry_after(retry_after_seconds)
+    return ErrorResponse(
+        503,
+        f"No replica of '{name}' became ready within {seconds:g} s; it is still starting. "
+        f"Retry in {headers[0][1].decode()} s.",
+        SERVER_ERROR,
+        "model_starting",
+        extra_headers=headers,
+    )
+
+
+def hold_queue_full(name: str, limit: int, retry_after_seconds: float = FULL_RETRY_AFTER_SECONDS) -> ErrorResponse:
     return ErrorResponse(
         429,
         f"'{name}' has no ready replica and {limit} requests are already waiting for one. Retry later.",
         "rate_limit_error",
         "hold_queue_full",
-        extra_headers=retry_after(FULL_RETRY_AFTER_SECONDS),
+        extra_headers=retry_after(retry_after_seconds),
     )
 
 
@@ -61,7 +78,9 @@ def replica_unavailable() -> ErrorResponse:
     )
 
 
-def unverified_hold_full(name: str, per_model: int, per_client: int) -> ErrorResponse:
+def unverified_hold_full(
+    name: str, per_model: int, per_client: int, retry_after_seconds: float = FULL_RETRY_AFTER_SECONDS
+) -> ErrorResponse:
     """hold_queue_full for a key the gateway has not seen open the model: its share is small."""
     return ErrorResponse(
         429,
@@ -69,5 +88,5 @@ def unverified_hold_full(name: str, per_model: int, per_client: int) -> ErrorRes
         f"{per_model} at a time ({per_client} per client); as many are already waiting. Retry later.",
         "rate_limit_error",
         "hold_queue_full",
-        extra_headers=retry_after(FULL_RETRY_AFTER_SECONDS),
+        extra_headers=retry_after(retry_after_seconds),
     )

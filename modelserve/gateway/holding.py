@@ -10,16 +10,22 @@ Requests for a private model whose key the gateway has not seen open it (keys.py
 share of their own, per model and per client address: anyone can send a made-up key, and those
 must neither take the verified users' places nor hold many models awake. They are still demand
 (a new key can only be checked by a replica), so `held()` counts both.
+
+Each wake is timed here (cold_starts.py), from the first request held to the first ready replica:
+what the gateway tells the clients it turns away about when to come back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
 from modelserve.contracts.names import Key
+
+from .cold_starts import ColdStarts
 
 
 class Outcome(Enum):
@@ -36,6 +42,9 @@ class Holding:
         on_count: Callable[[Key, int], None] = lambda key, count: None,
         max_unverified: int = 8,
         max_unverified_per_client: int = 2,
+        cold_starts: ColdStarts | None = None,
+        on_woken: Callable[[Key, float], None] = lambda key, seconds: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_held = max_held
         self.on_count = on_count  # the held-requests gauge
@@ -45,6 +54,9 @@ class Holding:
         self._unverified: dict[Key, int] = {}
         self._clients: dict[str, int] = {}  # unverified requests held per client, whatever their model
         self._wake: dict[Key, asyncio.Future[None]] = {}
+        self.cold_starts = cold_starts or ColdStarts()
+        self.on_woken = on_woken  # the wake-time histogram
+        self.clock = clock
 
     def held(self) -> dict[Key, int]:
         return {key: count for key, count in self._held.items() if count}
@@ -54,6 +66,21 @@ class Holding:
 
     def wake(self, key: Key) -> None:
         """A replica of `key` turned ready: every request held for it goes on."""
+        woke_in = self.cold_starts.ready(key, self.clock())
+        if woke_in is not None:
+            self.on_woken(key, woke_in)
+        self._release(key)
+
+    def forget(self, key: Key) -> None:
+        """`key` was deleted: every request held for it goes on (to find it gone)."""
+        self.cold_starts.forget(key)
+        self._release(key)
+
+    def retry_after(self, key: Key, fallback: float) -> int:
+        """When a client turned away should come back (cold_starts.retry_after_seconds)."""
+        return self.cold_starts.retry_after(key, self.clock(), fallback)
+
+    def _release(self, key: Key) -> None:
         future = self._wake.pop(key, None)
         if future is not None and not future.done():
             future.set_result(None)
@@ -79,6 +106,7 @@ class Holding:
         if future is None or future.done():
             future = self._wake[key] = asyncio.get_running_loop().create_future()
         self._held[key] = self._held.get(key, 0) + 1
+        self.cold_starts.held(key, self.clock())
         if unverified_from is not None:
             _add(self._unverified, key, 1)
             _add(self._clients, unverified_from, 1)
@@ -94,6 +122,7 @@ class Holding:
             self.on_count(key, self._held[key])
             if not self._held[key]:
                 del self._held[key]
+                self.cold_starts.unheld(key, self.clock())
         if disconnected in done:
             return Outcome.GONE
         return Outcome.READY if done else Outcome.TIMEOUT

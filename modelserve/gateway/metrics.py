@@ -50,6 +50,22 @@ class GatewayMetrics:
             buckets=HOLD_BUCKETS,
             registry=r,
         )
+        self.wake = Histogram(
+            f"{PREFIX}_wake_seconds",
+            "How long the ModelServer took to wake, as this gateway saw it: from the first request held "
+            "while it had no ready replica to its first ready replica (Retry-After is told from the last "
+            "MODELSERVE_GATEWAY_WAKE_HISTORY of them).",
+            MODEL,
+            buckets=HOLD_BUCKETS,
+            registry=r,
+        )
+        self.keepalives = Counter(
+            f"{PREFIX}_hold_keepalives",
+            "SSE comments sent to held OpenAI streams while their model woke (one per stream every "
+            "MODELSERVE_GATEWAY_HOLD_KEEPALIVE_SECONDS).",
+            MODEL,
+            registry=r,
+        )
         self.routing = Counter(
             f"{PREFIX}_routing_decisions",
             "Replica choices by policy outcome: least_in_flight; affinity (the conversation's own replica); "
@@ -77,6 +93,12 @@ class GatewayMetrics:
         for answer in ANSWERS:
             self.model_list_asks.labels(answer)
         self.replicas = Gauge(f"{PREFIX}_ready_replicas", "Replicas the gateway routes to.", MODEL, registry=r)
+        self.guard_trips = Counter(
+            f"{PREFIX}_traffic_guard_trips",
+            "Times a version's rollback guard (spec.traffic.guard) tripped at this gateway, stopping its new requests.",
+            MODEL,
+            registry=r,
+        )
         # The hot path only counts in plain numbers: requests in flight per ModelServer, read when
         # scraped, and routing decisions, added to their counter then (prometheus_client's inc() and
         # dec() take a lock and several calls each).
@@ -124,9 +146,12 @@ class GatewayMetrics:
             self.in_flight,
             self.held,
             self.hold,
+            self.wake,
+            self.keepalives,
             self.routing,
             self.upstream_errors,
             self.replicas,
+            self.guard_trips,
         ):
             for labels in list(metric._metrics):
                 if labels[:2] == key:

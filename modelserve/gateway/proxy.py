@@ -32,7 +32,9 @@ from modelserve.http.relay import HOP_BY_HOP, authorization_header, filter_heade
 from modelserve.http.upstream_pool import Response
 
 from . import errors as gateway_errors
+from . import versions
 from .directory import Ambiguous, Directory, Model, served_name
+from .held_streams import KeepAlive, StartedStream, comment
 from .holding import Holding, Outcome
 from .keys import Opened, client_bucket, digest, keyless, proof
 from .metrics import GatewayMetrics
@@ -47,6 +49,8 @@ REPLICA_HEADER = b"x-modelserve-replica"  # which pod answered: for debugging an
 # A sidecar's 503 (its engine unreachable, or draining) before any byte: another replica may answer.
 RETRIABLE_STATUS = 503
 NO_MODEL: Key = ("", "")
+# The routes whose `"stream": true` answers are OpenAI's SSE streams: kept alive while held.
+SSE_ROUTES = frozenset({routes.CHAT, routes.COMPLETIONS})
 KEYLESS = errors.unauthorized("missing")  # the sidecar's own answer to a request with no key
 
 
@@ -55,7 +59,7 @@ class ReplicaPlan(Plan):
     its affinity is keyed by, the client's Authorization, and the replicas tried, the one held now
     and its pod."""
 
-    __slots__ = ("authorization", "model", "pod", "prefix", "replica", "tried")
+    __slots__ = ("authorization", "held", "model", "pod", "prefix", "replica", "sse", "tried", "versions")
 
     def __init__(
         self,
@@ -73,6 +77,9 @@ class ReplicaPlan(Plan):
         self.tried: list[str] = []
         self.replica: str | None = None
         self.pod = ""
+        self.versions: tuple[Model, ...] = ()  # every version of its served name, when it has versions
+        self.sse = False  # an OpenAI stream (SSE_ROUTES, `"stream": true`): kept alive while held
+        self.held = 0.0  # seconds held waiting for a replica: not the version's own time to answer
 
     def answer_headers(self) -> list[tuple[bytes, bytes]]:  # type: ignore[override]
         return [(REPLICA_HEADER, self.pod.encode())] if self.pod else []
@@ -100,6 +107,7 @@ class GatewayProxy(Pipeline):
         self.opened = opened or Opened()  # the keys seen opening each model, shared with the model lists
         self.session: aiohttp.ClientSession | None = None  # the model lists' (catalog.py), opened by the lifespan
         self.in_flight: dict[str, int] = {}  # replica address -> requests this gateway has on it
+        self.guards = versions.Guards()  # the versions' answers, and the guards they tripped
         self.rng = random.Random()
 
     # --- the pipeline's steps ---------------------------------------------------------------------
@@ -113,48 +121,69 @@ class GatewayProxy(Pipeline):
         requested = request["model"]
         authorization = authorization_header(headers)
         try:
-            model = self.directory.resolve(requested)
+            named = self.directory.versions(requested)
         except Ambiguous as ambiguous:
             if not ambiguous.public and keyless(authorization):
                 return KEYLESS  # naming the namespaces would name a private model
             return gateway_errors.ambiguous_model(ambiguous.name, ambiguous.namespaces)
-        if (model is None or not model.public) and keyless(authorization):
+        if (not named or not all(m.public for m in named)) and keyless(authorization):
             return KEYLESS  # the same for an unknown model: which private ones exist stays unsaid
-        if model is None:
+        if not named:
             return gateway_errors.unknown_model(requested)
+        affinity = self.settings.routing == PREFIX_AFFINITY
+        conversation = conversation_prefix(request) if affinity or len(named) > 1 else None
+        model = named[0]
+        if len(named) > 1:  # versions of one served name: by weight, one conversation on one version
+            chosen = versions.choose([m for m in named if not self.guards.tripped(m)], conversation, self.rng)
+            if chosen is None:
+                return gateway_errors.no_version(served_name(requested))
+            model = chosen
         served = served_name(requested)
-        if requested != served:  # `namespace/name`: the replica serves it as `name`
-            renamed = encode({**request, "model": served})
+        # The replica serves its ModelServer's own name; an adapter's name stays as it is.
+        as_replica = model.name if served == model.served else served
+        if requested != as_replica:  # `namespace/name`, or a served name of versions
+            renamed = encode({**request, "model": as_replica})
             if isinstance(renamed, BadJson):
                 return errors.invalid_json(renamed.reason)
             body = renamed
-        prefix = conversation_prefix(request) if self.settings.routing == PREFIX_AFFINITY else None
-        if prefix is not None:
-            prefix = affinity_key(prefix, served, model.name)
-        return ReplicaPlan(route, body, filter_headers(headers, DROP_TO_REPLICA), model, prefix, authorization)
+        prefix = None if conversation is None or not affinity else affinity_key(conversation, served, model.served)
+        plan = ReplicaPlan(route, body, filter_headers(headers, DROP_TO_REPLICA), model, prefix, authorization)
+        plan.versions = named if len(named) > 1 or model.guard is not None else ()
+        plan.sse = route in SSE_ROUTES and request.get("stream") is True
+        return plan
 
     def ready(self, plan: ReplicaPlan) -> bool:  # type: ignore[override]
         return bool(plan.model.replicas)
 
     async def wait(self, plan: ReplicaPlan, client: Downstream, exchange: Exchange, peer: str | None) -> bool:  # type: ignore[override]
         """Hold the request until `plan.model` has a ready replica (the model as it is then); False
-        when it was answered here (or its client is gone)."""
+        when it was answered here (or its client is gone). A held OpenAI stream gets keep-alives
+        meanwhile (held_streams.py); once they started its answer, the rest goes through it."""
         model = plan.model
         key = model.key
         unverified_from = self._unverified_from(plan, peer)
         deadline = exchange.start + self.settings.hold_seconds
         outcome = Outcome.TIMEOUT
         current: Model | None = model
-        while current is not None and not current.replicas:
-            remaining = deadline - perf_counter()
-            if remaining <= 0:
-                outcome = Outcome.TIMEOUT
-                break
-            outcome = await self.holding.wait(key, remaining, client.gone(), unverified_from)
-            current = self.directory.models.get(key)
-            if outcome is not Outcome.READY:
-                break
+        keep_alive = self._keep_alive(plan, client, exchange)
+        try:
+            while current is not None and not current.replicas:
+                remaining = deadline - perf_counter()
+                if remaining <= 0:
+                    outcome = Outcome.TIMEOUT
+                    break
+                outcome = await self.holding.wait(key, remaining, client.gone(), unverified_from)
+                current = self.directory.models.get(key)
+                if outcome is not Outcome.READY:
+                    break
+        except BaseException:
+            if keep_alive is not None:
+                keep_alive.cancel()
+            raise
+        if keep_alive is not None and await keep_alive.stop():
+            client = plan.answer_to = StartedStream(client)
         waited = perf_counter() - exchange.start
+        plan.held = waited
         if current is not None and current.replicas:
             self.metrics.hold.labels(*key, Outcome.READY.value).observe(waited)
             plan.model = current
@@ -167,13 +196,20 @@ class GatewayProxy(Pipeline):
         elif outcome is Outcome.FULL and unverified_from is not None:
             settings = self.settings
             full = gateway_errors.unverified_hold_full(
-                model.name, settings.max_held_unverified, settings.max_held_unverified_per_client
+                model.name,
+                settings.max_held_unverified,
+                settings.max_held_unverified_per_client,
+                self.holding.retry_after(key, gateway_errors.FULL_RETRY_AFTER_SECONDS),
             )
             exchange.status = await answer(client, full)
         elif outcome is Outcome.FULL:
-            exchange.status = await answer(client, gateway_errors.hold_queue_full(model.name, self.settings.max_held))
+            retry = self.holding.retry_after(key, gateway_errors.FULL_RETRY_AFTER_SECONDS)
+            full = gateway_errors.hold_queue_full(model.name, self.settings.max_held, retry)
+            exchange.status = await answer(client, full)
         else:
-            exchange.status = await answer(client, gateway_errors.hold_timeout(model.name, self.settings.hold_seconds))
+            retry = self.holding.retry_after(key, gateway_errors.HOLD_RETRY_AFTER_SECONDS)
+            timeout = gateway_errors.hold_timeout(model.name, self.settings.hold_seconds, retry)
+            exchange.status = await answer(client, timeout)
         return False
 
     def pick(self, plan: ReplicaPlan, attempt: int) -> Upstream | None:  # type: ignore[override]
@@ -229,9 +265,12 @@ class GatewayProxy(Pipeline):
             self.metrics.upstream_errors.labels(*plan.model.key, upstream_error_kind(error)).inc()
 
     def end(self, exchange: Exchange) -> None:
-        key = exchange.plan.model.key if exchange.plan is not None else NO_MODEL
+        plan = exchange.plan
+        key = plan.model.key if plan is not None else NO_MODEL
         label = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
         self.metrics.observe(key, label, perf_counter() - exchange.start, exchange.ttfb)
+        if plan is not None and plan.versions and plan.tried and not exchange.client_gone:
+            self._judge(plan, exchange)
 
     def failure(self, error: BaseException) -> errors.ErrorResponse:
         if isinstance(error, asyncio.TimeoutError):
@@ -239,6 +278,24 @@ class GatewayProxy(Pipeline):
         return gateway_errors.replica_unavailable()
 
     # --- their parts --------------------------------------------------------------------------------
+
+    def _keep_alive(self, plan: ReplicaPlan, client: Downstream, exchange: Exchange) -> KeepAlive | None:
+        """A held OpenAI stream's keep-alives (held_streams.py); None for any other request."""
+        interval = self.settings.hold_keepalive_seconds
+        if not plan.sse or not interval:
+            return None
+        key, name = plan.model.key, plan.model.name
+        counter = self.metrics.keepalives.labels(*key)
+        return KeepAlive(client, interval, lambda: comment(name, perf_counter() - exchange.start), counter.inc)
+
+    def _judge(self, plan: ReplicaPlan, exchange: Exchange) -> None:
+        """A version's answer, for its guard (versions.py): failed at 5xx or with no answer."""
+        failed = exchange.status >= 500 or exchange.ttfb is None
+        ttfb = None if exchange.ttfb is None else max(0.0, exchange.ttfb - plan.held)
+        report = self.guards.record(plan.model, plan.versions, ttfb, failed)
+        if report is not None:
+            log.warning("%s/%s: traffic guard tripped, no new requests: %s", *plan.model.key, report.message)
+            self.metrics.guard_trips.labels(*plan.model.key).inc()
 
     def _unverified_from(self, plan: ReplicaPlan, peer: str | None) -> str | None:
         """The client a request is held for in the unverified share (holding.py): a private model's,

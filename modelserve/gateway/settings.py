@@ -52,6 +52,15 @@ class GatewaySettings:
     hold_seconds: float = env_setting("MODELSERVE_GATEWAY_HOLD_SECONDS", positive_float, default=600.0)
     # Requests held per ModelServer at most; beyond it, 429.
     max_held: int = env_setting("MODELSERVE_GATEWAY_MAX_HELD", positive_int, default=256)
+    # A held OpenAI stream gets its answer's head and an SSE comment every this many seconds while
+    # its model wakes (held_streams.py), so that proxies and clients do not cut it as idle: well
+    # under the shortest idle timeouts met (a client's 5 s read timeout, a proxy's 30-60 s). 0: none.
+    hold_keepalive_seconds: float = env_setting(
+        "MODELSERVE_GATEWAY_HOLD_KEEPALIVE_SECONDS", non_negative_float, default=3.0
+    )
+    # Wakes remembered per ModelServer (cold_starts.py): the Retry-After of a client turned away
+    # while it wakes comes from them.
+    wake_history: int = env_setting("MODELSERVE_GATEWAY_WAKE_HISTORY", positive_int, default=5)
     max_body_bytes: int = env_setting("MODELSERVE_GATEWAY_MAX_BODY_BYTES", positive_int, default=10 * 1024 * 1024)
     upstream_timeout_seconds: float = env_setting(
         "MODELSERVE_GATEWAY_UPSTREAM_TIMEOUT_SECONDS", positive_float, default=600.0

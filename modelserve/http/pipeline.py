@@ -7,6 +7,8 @@ the ASGI way and the direct protocol's task (`serve`), and the express lane (`ex
     admit    from the head alone, before the body is read: the key (a refusal, or None to go on)
     plan     from the body: its route's checks and rewrites -> a `Plan` (what to send), or a refusal
     wait     until the plan can be sent (`ready`): the gateway holds a model with no ready replica
+             (and may start the answer meanwhile, a held stream's keep-alives: then the rest
+             answers through `plan.answer_to`)
     pick     the upstream of one try (the sidecar's engine, the gateway's replica), counted on it;
              `release` gives it back
     forward  send, and relay the answer; a first try that failed before any byte reached the client
@@ -79,7 +81,7 @@ class Plan:
     """What a checked request becomes: its route's method and path, sent to the upstream `pick` gives
     with `body` and `headers`. A proxy's plan adds what its own steps need."""
 
-    __slots__ = ("body", "headers", "metered", "route", "settled", "upstream")
+    __slots__ = ("answer_to", "body", "headers", "metered", "route", "settled", "upstream")
     # Headers added to the answer, known once the upstream is chosen (the gateway's replica); None: none.
     answer_headers: ClassVar[Callable[[], Iterable[tuple[bytes, bytes]]] | None] = None
 
@@ -90,6 +92,8 @@ class Plan:
         self.metered = metered  # its answer's usage is counted (settle gets its tail)
         self.upstream: Upstream | None = None  # the pick held now
         self.settled = False
+        # Set by `wait` when it started the answer: the client the rest is answered through.
+        self.answer_to: Downstream | None = None
 
 
 class Ledger:
@@ -250,7 +254,7 @@ class Pipeline:
                 exchange.status = await answer(client, plan)
                 return
             if self.ready(plan) or await self.wait(plan, client, exchange, peer):
-                await self._forward(client, exchange, plan, None)
+                await self._forward(plan.answer_to or client, exchange, plan, None)
         finally:
             self._end(exchange)
 
@@ -265,7 +269,7 @@ class Pipeline:
     async def _wait_and_forward(self, client: Downstream, exchange: Exchange, plan: Plan, peer: str | None) -> None:
         try:
             if await self.wait(plan, client, exchange, peer):
-                await self._forward(client, exchange, plan, None)
+                await self._forward(plan.answer_to or client, exchange, plan, None)
         finally:
             self._end(exchange)
 

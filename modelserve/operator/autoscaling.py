@@ -34,6 +34,7 @@ from modelserve.kube.workqueue import WorkQueue
 from . import metrics
 from .autoscaler import Decision, History, Load, Policy, decide
 from .status import ready_replicas, replicas_present, serving_pods
+from .traffic_guard import merge_reports
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,15 @@ def read_held(address: str) -> dict[Key, int]:
         return {}
 
 
+def read_guards(address: str) -> dict[Key, tuple[str, gateway.GuardReport]]:
+    """The traffic guards one gateway (host:port) tripped (nothing when it cannot be read)."""
+    body = read_json(f"http://{address}{gateway.GUARDS_ROUTE}")
+    try:
+        return {} if body is None else gateway.guards_from_json(body)
+    except (KeyError, TypeError, ValueError):
+        return {}
+
+
 def gateway_addresses(gateway_pods: list[dict[str, Any]], others: tuple[str, ...] = ()) -> list[str]:
     """host:port of every gateway to read: the ready gateway pods, and those given by address."""
     pods = [pod for pod in gateway_pods if pod_ready(pod) and readable(pod, gateway.GATEWAY_CONTAINER)]
@@ -119,6 +129,7 @@ class Autoscaling:
         self._scaling: dict[Key, Scaling] = {}
         self._histories: dict[Key, History] = {}
         self._last_arrival: dict[Key, float] = {}
+        self._guards: dict[Key, tuple[str, gateway.GuardReport]] = {}  # the gateways' traffic guard trips
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="pod-load")
@@ -155,12 +166,27 @@ class Autoscaling:
     def _run(self) -> None:
         while not self._stop.wait(PERIOD_SECONDS):
             pods = self.gateways.items() if self.gateways is not None else []
-            held = total_held(gateway_addresses(pods, self.other_gateways), read_held)
+            addresses = gateway_addresses(pods, self.other_gateways)
+            held = total_held(addresses, read_held)
+            self._take_guards(merge_reports([read_guards(address) for address in addresses]))
             for body in self.modelservers.items():
                 try:
                     self._step(body, held)
                 except Exception:  # one ModelServer's trouble must not stop the others'
                     log.exception("%s/%s: autoscaling failed", body["metadata"]["namespace"], body["metadata"]["name"])
+
+    def guard_report(self, ms: ModelServer) -> tuple[str, gateway.GuardReport] | None:
+        """A gateway's trip of this ModelServer's traffic guard: (the reset value it stands under, why)."""
+        with self._lock:
+            return self._guards.get((ms.namespace, ms.name))
+
+    def _take_guards(self, reports: dict[Key, tuple[str, gateway.GuardReport]]) -> None:
+        """The gateways' trips now; a ModelServer whose trip is new is reconciled (its status says so)."""
+        with self._lock:
+            changed = [key for key in reports if self._guards.get(key) != reports[key]]
+            self._guards = reports
+        for key in changed:
+            self.queue.add(key)
 
     def _step(self, body: dict[str, Any], held: dict[Key, int]) -> None:
         bounds = (body.get("spec") or {}).get("replicas") or {}

@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from modelserve.api import manifests
 from modelserve.api.spec import AuthMode, ModelServer
-from modelserve.api.status import utc_now
+from modelserve.api.status import GuardStatus, utc_now
 from modelserve.api.validation import explain
 from modelserve.api.versions import upgrade
 from modelserve.contracts.api_keys import new_api_key
@@ -43,6 +43,7 @@ from .status import (
     serving_pods,
     transitions,
 )
+from .traffic_guard import guard_status, reset_value
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ class Reconciler:
                 key_secret=key_secret_status(manifests.generated_secret_name(ms), key_generated, previous, now),
                 versions=used,
                 upgrade=upgrade(current, used),
+                guard=self._guard(ms, body, previous, now),
             ),
         )
         if ms.spec.adapters is not None:
@@ -195,6 +197,12 @@ class Reconciler:
                 adapter.model_dump(mode="json", by_alias=True, exclude_none=True) for adapter in adapters
             ]
         self._report(body, previous, status, now)
+
+    def _guard(self, ms: ModelServer, body: dict[str, Any], previous: dict[str, Any], now: str) -> GuardStatus | None:
+        """spec.traffic.guard's verdict: the gateways' trips, kept until the reset annotation changes."""
+        if ms.spec.traffic is None or ms.spec.traffic.guard is None:
+            return None
+        return guard_status(reset_value(body), previous, self.autoscaling.guard_report(ms), now)
 
     def _annotate(self, ms: ModelServer, names: list[str], annotation: str, value: str) -> None:
         """Annotate pods: the adapters list they should mount (pods_to_nudge says why), the replicas

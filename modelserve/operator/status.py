@@ -12,9 +12,21 @@ from typing import Any
 
 from modelserve.api.replicas import desired_replicas
 from modelserve.api.spec import ModelServer, RolloutStrategy
-from modelserve.api.status import Condition, KeySecretStatus, ModelServerStatus, Scaling, Transition, Upgrade, Versions
+from modelserve.api.status import (
+    Condition,
+    GuardStatus,
+    KeySecretStatus,
+    ModelServerStatus,
+    Scaling,
+    Transition,
+    Upgrade,
+    Versions,
+)
+from modelserve.contracts.gateway import TRAFFIC_GUARD_CONDITION
 from modelserve.contracts.names import LWS_GROUP_INDEX_LABEL, LWS_WORKER_INDEX_LABEL, SELECTOR_LABEL
 from modelserve.kube.pods import pod_ready
+
+from .traffic_guard import guard_condition_parts
 
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError"}
@@ -165,13 +177,67 @@ def first_problem(ms: ModelServer, workload: dict[str, Any] | None, pods: list[d
     return None
 
 
-def _waiting(workload: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Problem:
+def _waiting(workload: dict[str, Any] | None, pods: list[dict[str, Any]], group_size: int = 1) -> Problem:
     """What a replica that is not ready yet is waiting for."""
     if workload is None or not pods:
         return Problem("Creating", f"creating the {(workload or {}).get('kind', 'Deployment')}'s pods")
     if any((pod.get("spec") or {}).get("nodeName") for pod in pods):
-        return Problem("ModelLoading", "waiting for the engine to load the model")
+        return group_waiting(pods, group_size) or Problem("ModelLoading", "waiting for the engine to load the model")
     return Problem("Scheduling", "waiting for the scheduler to place the pods")
+
+
+WAITING_FOR_GROUP = "WaitingForGroup"
+
+
+def _index(pod: dict[str, Any], label: str) -> tuple[int, str]:
+    """A pod's LeaderWorkerSet index label, for sorting numerically ("10" after "9")."""
+    value = (pod["metadata"].get("labels") or {}).get(label, "")
+    return (int(value) if value.isdigit() else -1, value)
+
+
+def _running(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running" or pod_ready(pod)
+
+
+def _pod_state(pod: dict[str, Any]) -> str:
+    """Where a pod that does not run yet is, in the kubelet's words: not scheduled yet, or on its node
+    a container's waiting reason (ContainerCreating while the image is pulled), else its phase."""
+    status = pod.get("status") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        return "not scheduled yet"
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        reason = ((container.get("state") or {}).get("waiting") or {}).get("reason")
+        if reason:
+            return f"{reason} on {node}"
+    return f"{status.get('phase') or 'Pending'} on {node}"
+
+
+def group_waiting(pods: list[dict[str, Any]], group_size: int) -> Problem | None:
+    """A LeaderWorkerSet group whose pods do not all run yet (the first by index): its engine starts
+    only once every pod runs and has found the leader (vLLM's Ray cluster, SGLang's rendezvous), each
+    pod waiting for the others meanwhile, so say how many run and which pods are missing, and where
+    they are. None for a Deployment's pods (group_size 1) or when every group's pods run."""
+    if group_size == 1:
+        return None
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        if not pod["metadata"].get("deletionTimestamp"):
+            groups.setdefault(group_of(pod), []).append(pod)
+    for group in sorted(groups, key=lambda group: _index(groups[group][0], LWS_GROUP_INDEX_LABEL)):
+        members = sorted(groups[group], key=lambda pod: _index(pod, LWS_WORKER_INDEX_LABEL))
+        running = sum(1 for pod in members if _running(pod))
+        if running >= group_size:
+            continue
+        missing = [f"{pod['metadata']['name']} ({_pod_state(pod)})" for pod in members if not _running(pod)]
+        if len(members) < group_size:
+            missing.append(f"{group_size - len(members)} not created yet")
+        return Problem(
+            WAITING_FOR_GROUP,
+            f"group {group}: {running} of {group_size} pods running, waiting for {', '.join(missing)}; the engine "
+            "starts once every pod of the group runs and has joined the leader",
+        )
+    return None
 
 
 WAITING_FOR_GPUS = "WaitingForGPUs"
@@ -226,6 +292,7 @@ class Reported:
     key_secret: KeySecretStatus | None = None
     versions: Versions | None = None
     upgrade: Upgrade | None = None
+    guard: GuardStatus | None = None  # spec.traffic.guard's verdict (traffic_guard.py)
 
 
 @dataclass(frozen=True)
@@ -249,6 +316,8 @@ def compute_status(ms: ModelServer, seen: Observed, reported: Reported) -> dict[
         _progressing_condition(progress, generation),
         _degraded_condition(progress, generation),
     ]
+    if reported.guard is not None:
+        conditions.append(_condition(TRAFFIC_GUARD_CONDITION, *guard_condition_parts(reported.guard), generation))
     status = ModelServerStatus(
         observed_generation=generation,
         phase=_phase(progress, seen.workload),
@@ -263,6 +332,7 @@ def compute_status(ms: ModelServer, seen: Observed, reported: Reported) -> dict[
         selector=scale_selector(ms),
         versions=reported.versions,
         upgrade=reported.upgrade,
+        guard=reported.guard,
     )
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -293,7 +363,7 @@ def _progress(ms: ModelServer, seen: Observed, desired: int) -> _Progress:
         problem: Problem | None = Problem("ApplyFailed", seen.apply_error)
     else:
         problem = first_problem(ms, seen.workload, seen.pods)
-    waiting = _waiting(seen.workload, seen.pods)
+    waiting = _waiting(seen.workload, seen.pods, ms.spec.node_count)
     if problem and problem.reason == "InsufficientGPU" and ready >= desired > 0 and not rolled_out:
         # Every replica still serves: only the rollout's new pod waits (Surge needs spare GPUs).
         waiting, problem = _waiting_for_gpus(ms, problem), None
@@ -431,7 +501,7 @@ def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> lis
         old = before.get(condition["type"], {})
         if (old.get("status"), old.get("reason")) == (condition["status"], condition["reason"]):
             continue
-        warning = condition["type"] == "Degraded" and condition["status"] == "True"
+        warning = (condition["type"], condition["status"]) in (("Degraded", "True"), (TRAFFIC_GUARD_CONDITION, "False"))
         message = f"{condition['type']} is {condition['status']}"
         if condition["message"]:
             message += f": {condition['message']}"

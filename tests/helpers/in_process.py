@@ -14,7 +14,7 @@ import httpx
 import uvicorn
 
 from harness.lifecycle import assert_rules_kept, ledger_counts
-from modelserve.gateway.app import build_app
+from modelserve.gateway.app import Dispatcher, build_app
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.http import serve
@@ -53,12 +53,19 @@ def serving(
 @contextmanager
 def serving_gateway(settings: GatewaySettings, discovery: FixedDiscovery) -> Iterator[str]:
     """The gateway listening on 127.0.0.1 at `settings.listen_port`, ready; its base URL. Stopped on exit."""
+    with serving_gateway_app(settings, discovery) as (url, _):
+        yield url
+
+
+@contextmanager
+def serving_gateway_app(settings: GatewaySettings, discovery: FixedDiscovery) -> Iterator[tuple[str, Dispatcher]]:
+    """`serving_gateway`, and the app, whose state the test reads (from its own thread: plain values)."""
     app = build_app(settings, discovery)
     limits = ConnectionLimits.of(settings)
     with serving(
         app, settings.listen_port, app.direct_routes(), app.proxy.ledger, _ready, "the gateway", limits
     ) as url:
-        yield url
+        yield url, app
 
 
 def _ready(url: str) -> bool:

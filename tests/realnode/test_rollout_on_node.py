@@ -1,0 +1,126 @@
+"""A model rolled out under one name on the real node: two llama.cpp ModelServers serving SmolLM2 as
+versions of `bot` (spec.traffic), the operator and the gateway as `make dev` runs them on the host.
+The split is read from the gateway's own counters; weights change without restarting anything; a
+version made slow (its default answer 48 times longer) trips its guard, its traffic stops, and its
+status says why, with the figures, until its reset annotation changes."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from harness.sidecar import metric_value
+from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.host_programs import HostPrograms, host_programs
+from tests.helpers.node_view import GREEDY, NO_END, NodeView, cpu_server, restart_counts
+
+SPLIT_REQUESTS = 200
+WINDOW = 20  # p95 of 20 is the 19th: one outlier of a busy machine does not trip it
+
+
+@pytest.fixture(scope="module")
+def sandbox(node_cluster: Cluster) -> Iterator[HostPrograms]:
+    with host_programs(node_cluster) as programs:
+        yield programs
+
+
+@pytest.fixture
+def view(node_cluster: Cluster, sandbox: HostPrograms) -> Iterator[NodeView]:
+    name = f"roll-{uuid.uuid4().hex[:8]}"
+    node_cluster.create_namespace(name)
+    yield NodeView(node_cluster, name, node_cluster.log_dir / "modelserve-operator.log")
+    node_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    node_cluster.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=1", "--wait=false", check=False)
+
+
+def version(name: str, weight: int, max_tokens: int, guard: dict | None = None) -> dict:
+    traffic: dict = {"servedName": "bot", "weight": weight}
+    if guard is not None:
+        traffic["guard"] = guard
+    return cpu_server(name, public=True, traffic=traffic, samplingDefaults={"maxTokens": max_tokens})
+
+
+def answered(gateway: str, namespace: str, name: str) -> float:
+    text = httpx.get(f"http://{gateway}/metrics", timeout=10).text
+    return metric_value(
+        text, f'modelserve_gateway_requests_total{{model="{name}",namespace="{namespace}",status_class="2xx"}}'
+    )
+
+
+def ask_all(gateway: str, conversations: range, **extra: object) -> list[int]:
+    """Each conversation's first turn through the gateway (four at a time); their statuses."""
+
+    def ask(i: int) -> int:
+        body = {"model": "bot", "messages": [{"role": "user", "content": f"Say hello to guest {i}"}], **extra}
+        return httpx.post(f"http://{gateway}/v1/chat/completions", json=body, timeout=120).status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(ask, conversations))
+
+
+def test_versions_share_a_name_by_weight_and_a_slow_one_is_rolled_back(sandbox: HostPrograms, view: NodeView) -> None:
+    gateway, ns = sandbox.gateway_address, view.namespace
+    view.apply(version("bot-v1", 90, 2))
+    guard = {"window": WINDOW, "maxErrorRate": 0.2, "maxTimeToFirstTokenRatio": 3.0}
+    view.apply(version("bot-v2", 10, 96, guard))
+    for name in ("bot-v1", "bot-v2"):
+        view.wait_phase(name, "Ready")
+    pods = {p["metadata"]["name"]: restart_counts(p) for name in ("bot-v1", "bot-v2") for p in view.pods(name)}
+    listed = httpx.get(f"http://{gateway}/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in listed if m["owned_by"] == ns] == ["bot"]
+
+    # 90/10, every answer the same length: the gateway's counters count the split.
+    same = {"max_tokens": 2, **GREEDY}
+    assert set(ask_all(gateway, range(SPLIT_REQUESTS), **same)) == {200}
+    v2 = answered(gateway, ns, "bot-v2")
+    assert answered(gateway, ns, "bot-v1") + v2 == SPLIT_REQUESTS
+    assert 5 <= v2 <= 40, v2  # 20 expected; outside with probability below 1e-4
+
+    # 0/100 within seconds, nothing restarted: every request on bot-v2.
+    view.kubectl("patch", "ms", "bot-v1", "--type=merge", "-p", json.dumps({"spec": {"traffic": {"weight": 0}}}))
+    view.kubectl("patch", "ms", "bot-v2", "--type=merge", "-p", json.dumps({"spec": {"traffic": {"weight": 100}}}))
+    view.wait(lambda: _all_on(gateway, ns, "bot-v2", same), "the gateway taking 0/100", 60)
+    before = answered(gateway, ns, "bot-v2")
+    assert set(ask_all(gateway, range(1000, 1040), **same)) == {200}
+    assert answered(gateway, ns, "bot-v2") - before == 40
+
+    # 50/50, answers of each version's own default length: bot-v2's 96 tokens against bot-v1's 2.
+    view.kubectl("patch", "ms", "bot-v1", "--type=merge", "-p", json.dumps({"spec": {"traffic": {"weight": 50}}}))
+    view.kubectl("patch", "ms", "bot-v2", "--type=merge", "-p", json.dumps({"spec": {"traffic": {"weight": 50}}}))
+    slow = {"logit_bias": NO_END, **GREEDY}
+    for batch in range(10):  # bounded: the guard judges once bot-v2 answered WINDOW of these
+        ask_all(gateway, range(2000 + 40 * batch, 2040 + 40 * batch), **slow)
+        if httpx.get(f"http://{gateway}/guards", timeout=10).json()["guards"]:
+            break
+    (report,) = httpx.get(f"http://{gateway}/guards", timeout=10).json()["guards"]
+    assert report["name"] == "bot-v2" and report["p95Seconds"] > 3.0 * report["stableP95Seconds"], report
+    # Tripped: no new request reaches bot-v2; the status says why, with the figures.
+    before = answered(gateway, ns, "bot-v2")
+    assert set(ask_all(gateway, range(3000, 3040), **slow)) == {200}
+    assert answered(gateway, ns, "bot-v2") == before
+    condition = view.wait_reason("bot-v2", "TrafficGuard", "False", "GuardTripped")
+    assert "p95 time to first byte" in condition["message"] and "stable versions'" in condition["message"], condition
+    view.wait(lambda: "GuardTripped" in [e["reason"] for e in view.events("bot-v2")], "the GuardTripped Event", 30)
+    wide = view.kubectl("get", "ms", "bot-v2", "-o", "wide").stdout
+    assert "GuardTripped" in wide and "bot" in wide, wide
+
+    # A person resets it: bot-v2 takes requests again.
+    view.kubectl("annotate", "ms", "bot-v2", "serving.modelserve.dev/guard-reset=first-reset", "--overwrite")
+    view.wait_reason("bot-v2", "TrafficGuard", "True", "GuardHolding")
+    before = answered(gateway, ns, "bot-v2")
+    ask_all(gateway, range(4000, 4020), **same)
+    assert answered(gateway, ns, "bot-v2") > before
+    after = {p["metadata"]["name"]: restart_counts(p) for name in ("bot-v1", "bot-v2") for p in view.pods(name)}
+    assert after == pods, "a weight change or a guard restarted a pod"
+
+
+def _all_on(gateway: str, namespace: str, name: str, extra: dict) -> bool:
+    """Whether the next 10 requests all go to `name` (the gateway has the new weights)."""
+    before = answered(gateway, namespace, name)
+    ask_all(gateway, range(500, 510), **extra)
+    return answered(gateway, namespace, name) - before == 10
