@@ -26,12 +26,21 @@ CHAT_TEMPLATE_DIR = "/etc/modelserve/chat-template"
 # SGLang reads a --chat-template file as Jinja only by this suffix (else as its JSON format).
 CHAT_TEMPLATE_KEY = "chat_template.jinja"
 CHAT_TEMPLATE_PATH = f"{CHAT_TEMPLATE_DIR}/{CHAT_TEMPLATE_KEY}"
-# A non-root engine's writable paths, on emptyDirs under a read-only root filesystem. HOME stays
+# A non-root engine's writable paths, on emptyDirs (its root filesystem is read-only or root's). HOME stays
 # /root, where the hub cache is mounted: the volume over it makes that directory (0700 root in
 # the images) reachable and writable for the engine's user.
 HOME_VOLUME, HOME_PATH = "engine-home", "/root"
 TMP_VOLUME, TMP_PATH = "engine-tmp", "/tmp"
 HUB_CACHE_PATH = f"{HOME_PATH}/.cache/huggingface"
+# ~/.cache on an emptyDir of its own, for an engine that keeps caches there (`user_caches`): the hub
+# cache's mount point inside HOME is made by the container runtime, root's and 0755, so on the HOME
+# volume alone ~/.cache would take no directory of the engine's user.
+CACHE_HOME_VOLUME, CACHE_HOME_PATH = "engine-cache", f"{HOME_PATH}/.cache"
+# A non-root engine's UID and GID: an account in no image (distroless's "nonroot", as the sidecar's).
+NONROOT_UID = 65532
+# USER for that UID, which has no passwd entry: getpass.getuser(), which torch calls to name its caches,
+# reads USER before the passwd file, where it would fail (KeyError).
+NONROOT_USER = "modelserve"
 # What LeaderWorkerSet's pod webhook puts in every container of a group's pods; Kubernetes expands
 # $(NAME) in a container's args from its environment.
 LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"  # <lws>-<group>.<lws>.<namespace>: the leader pod's DNS name
@@ -124,8 +133,18 @@ class Engine:
     # (dtype, toolCallParser, adapters): the reason ends the refusal's message.
     refusals: tuple[tuple[str, str], ...] = ()
     # The engine's user: None keeps the image's own (root) and its writable root filesystem;
-    # a UID runs it non-root on a read-only root filesystem with HOME and /tmp on emptyDirs.
+    # a UID runs it non-root with HOME and /tmp on emptyDirs, on a read-only root filesystem unless
+    # read_only_root says otherwise.
     run_as_user: int | None = None
+    # With run_as_user: whether the container's root filesystem is read-only. False leaves it writable
+    # for the container runtime's hooks, not for the engine: its user owns nothing there. GPU engines
+    # need that: on GPU nodes the NVIDIA container toolkit's createContainer hooks write into the
+    # container's root filesystem as it is made (update-ldcache), and fail on a read-only one.
+    read_only_root: bool = True
+    # With run_as_user: the engine keeps caches of its own under ~/.cache and names some after its
+    # user (vLLM and SGLang, through torch, Triton and FlashInfer): ~/.cache gets an emptyDir of its
+    # own, and USER, XDG_CACHE_HOME and TMPDIR are set.
+    user_caches: bool = False
 
     def args(self, ms: ServedModel) -> list[str]:
         """The engine's arguments for a ModelServer (before the spec's own engineArgs)."""
@@ -199,7 +218,8 @@ class Engine:
 
     def security_context(self) -> dict[str, Any]:
         """Every engine, root or not: no way to gain privileges, no capabilities (not even NET_RAW),
-        the runtime's default seccomp filter; a non-root one also a read-only root filesystem."""
+        the runtime's default seccomp filter; a non-root one its user, and a read-only root filesystem
+        where read_only_root."""
         hardened = {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -208,7 +228,10 @@ class Engine:
         if self.run_as_user is None:
             return hardened
         uid = self.run_as_user
-        return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "readOnlyRootFilesystem": True, **hardened}
+        user: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid}
+        if self.read_only_root:
+            user["readOnlyRootFilesystem"] = True
+        return {**user, **hardened}
 
     def upstream_url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
@@ -253,7 +276,18 @@ class Engine:
 
     def _home_env(self) -> list[dict[str, Any]]:
         # A UID of no account gets HOME=/ from the runtime: point it at the writable volume.
-        return [] if self.run_as_user is None else [{"name": "HOME", "value": HOME_PATH}]
+        if self.run_as_user is None:
+            return []
+        env = [{"name": "HOME", "value": HOME_PATH}]
+        if self.user_caches:
+            # The cache and temporary directories said outright, on their volumes: an image that sets
+            # its own would send them to its root filesystem, where the engine's user writes nothing.
+            env += [
+                {"name": "USER", "value": NONROOT_USER},
+                {"name": "XDG_CACHE_HOME", "value": CACHE_HOME_PATH},
+                {"name": "TMPDIR", "value": TMP_PATH},
+            ]
+        return env
 
     def pod_security_context(self) -> dict[str, Any]:
         """The pod's part: the hub cache volume (a claim too) writable by a non-root engine's group;
@@ -263,11 +297,14 @@ class Engine:
         return {"fsGroup": self.run_as_user, "fsGroupChangePolicy": "OnRootMismatch"}
 
     def writable_mounts(self) -> list[dict[str, str]]:
-        """HOME and /tmp on emptyDirs, for an engine on a read-only root filesystem; the hub cache
-        mounts inside HOME after them."""
+        """HOME (with user_caches ~/.cache too) and /tmp on emptyDirs, for a non-root engine; the hub
+        cache mounts inside them after them."""
         if self.run_as_user is None:
             return []
-        return [{"name": HOME_VOLUME, "mountPath": HOME_PATH}, {"name": TMP_VOLUME, "mountPath": TMP_PATH}]
+        mounts = [{"name": HOME_VOLUME, "mountPath": HOME_PATH}]
+        if self.user_caches:
+            mounts.append({"name": CACHE_HOME_VOLUME, "mountPath": CACHE_HOME_PATH})
+        return [*mounts, {"name": TMP_VOLUME, "mountPath": TMP_PATH}]
 
 
 def cel_list(names: Iterable[str]) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 from modelserve.contracts import engine_routes
 from modelserve.contracts.choices import Dtype
 
-from .base import CHAT_TEMPLATE_PATH, HUB_CACHE_PATH, LOOPBACK, Engine, Switch
+from .base import CHAT_TEMPLATE_PATH, HUB_CACHE_PATH, LOOPBACK, NONROOT_UID, Engine, Switch
 from .view import ServedModel
 
 BUILD = 9093  # llama.cpp's build number: the image tag, and what hack/ builds from source
@@ -55,8 +55,6 @@ ADMIN_ENV = (
     Switch("LLAMA_ARG_ENDPOINT_PROPS", "POST /props, as --props"),
     Switch("AIP_MODE", "POST /predict (AIP_PREDICT_ROUTE), which dispatches to any route, admin ones included"),
 )
-# A UID of no account in the image: llama-server needs no user, only its writable paths.
-NONROOT_UID = 65532
 
 ENGINE = LlamaCpp(
     name="llamacpp",
@@ -80,7 +78,7 @@ ENGINE = LlamaCpp(
     sampling_aliases=(("repetition_penalty", "repeat_penalty"),),
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
-    run_as_user=NONROOT_UID,
+    run_as_user=NONROOT_UID,  # llama-server needs no account, only its writable paths
     dtypes=(Dtype.AUTO,),
     tagged_models="a GGUF repo for llama.cpp",  # -hf <org>/<repo>:<quant>
     refusals=(

@@ -9,11 +9,22 @@ from modelserve.contracts.adapters import AdapterApi
 from modelserve.contracts.choices import Dtype
 
 from . import view
-from .base import CHAT_TEMPLATE_PATH, GROUP_SIZE, LEADER_ADDRESS, LOOPBACK, WORKER_INDEX, Engine, Role, Switch
+from .base import (
+    CHAT_TEMPLATE_PATH,
+    GROUP_SIZE,
+    LEADER_ADDRESS,
+    LOOPBACK,
+    NONROOT_UID,
+    WORKER_INDEX,
+    Engine,
+    Role,
+    Switch,
+)
 from .view import ServedModel
 
 VERSION = "0.5.10"  # LFM2 support starts here
-# Where the group's torch.distributed rendezvous listens on the leader (--dist-init-addr).
+# Where the group's torch.distributed rendezvous listens on the leader (--dist-init-addr): its
+# TCPStore, which the other ranks wait for (see launch).
 DIST_INIT_PORT = 20000
 
 
@@ -54,7 +65,14 @@ class SGLang(Engine):
 
     def launch(self, ms: ServedModel, role: Role) -> tuple[list[str], list[str]]:
         """Every pod of a group runs the same server, told the group's size, its own rank and the
-        leader's rendezvous address by LeaderWorkerSet's variables; only rank 0 serves HTTP."""
+        leader's rendezvous address by LeaderWorkerSet's variables; only rank 0 serves HTTP.
+
+        No wait before it, unlike vLLM's Ray group: the pods may start in any order because every rank
+        meets the others in torch.distributed's TCPStore on --dist-init-addr (ModelRunner's
+        init_torch_distributed), whose client retries both a name that does not resolve yet and a
+        refused connection until the process group's timeout (--dist-timeout, unset: torch's NCCL
+        default, 10 min; torch/csrc/distributed/c10d/socket.cpp). Nothing before it resolves the
+        address (SGLang 0.5.10's srt/, without dp-attention)."""
         if role == Role.SINGLE:
             return super().launch(ms, role)
         group = ["--nnodes", GROUP_SIZE, "--node-rank", WORKER_INDEX]
@@ -142,4 +160,9 @@ ENGINE = SGLang(
     admin_env=ADMIN_ENV,
     adapter_api=AdapterApi.SGLANG,
     own_fields=("torchCompile", "chunkedPrefillSize"),  # --enable-torch-compile, --chunked-prefill-size
+    # Non-root, HOME, ~/.cache (FlashInfer's and Triton's kernels, torch's compile cache) and /tmp on
+    # volumes; the root filesystem writable for the NVIDIA toolkit's hooks only (base.py).
+    run_as_user=NONROOT_UID,
+    read_only_root=False,
+    user_caches=True,
 )

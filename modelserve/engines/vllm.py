@@ -9,19 +9,13 @@ from modelserve.contracts import engine_routes
 from modelserve.contracts.adapters import AdapterApi
 
 from . import view
-from .base import CHAT_TEMPLATE_PATH, LEADER_ADDRESS, LOOPBACK, Engine, Role, Switch
+from .base import CHAT_TEMPLATE_PATH, LOOPBACK, NONROOT_UID, Engine, Role, Switch
+from .ray_group import LEADER_SCRIPT, WORKER_SCRIPT
 from .view import ServedModel
 
 VERSION = "0.32.0"
 # One image per prompt keeps vLLM's start-up profiling inside short contexts such as 1024 tokens.
 IMAGES_PER_PROMPT = 1
-# Across nodes vLLM runs on a Ray cluster of the group's pods: the head on the leader (Ray's default
-# port), the workers joining it. vLLM's Ray executor waits for every GPU of the group (a placement
-# group) before it loads, so the leader needs no wait of its own.
-RAY_PORT = 6379
-# `sh -c SCRIPT NAME ARGS...`: the Ray head starts in the background, then vLLM replaces the shell
-# with the pod's ordinary `vllm serve` arguments ("$@"), which stay a list the parser tests read.
-LEADER_SCRIPT = f'ray start --head --port={RAY_PORT} --disable-usage-stats && exec vllm serve "$@"'
 
 
 class VLLM(Engine):
@@ -63,10 +57,16 @@ class VLLM(Engine):
         return [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]
 
     def launch(self, ms: ServedModel, role: Role) -> tuple[list[str], list[str]]:
+        # Across nodes vLLM runs on a Ray cluster of the group's pods: the head on the leader, the workers
+        # joining it, each side waiting for the other, bounded (ray_group.py), so the pods may start in
+        # any order. vLLM's Ray executor would wait for the group's GPUs too (its placement group, up to
+        # 30 min), but only once vLLM runs, and without saying which pod is missing. `sh -c SCRIPT NAME
+        # ARGS...`: vLLM replaces the leader's shell with the ordinary `vllm serve` arguments ("$@"),
+        # which stay a list the parser tests read.
         if role == Role.LEADER:
             return ["/bin/sh", "-c", LEADER_SCRIPT, "vllm-leader"], [*self.args(ms), *ms.spec.engine_args]
-        if role == Role.WORKER:  # no shell: an unexpanded $(LWS_LEADER_ADDRESS) fails loudly in Ray
-            return ["ray", "start", f"--address={LEADER_ADDRESS}:{RAY_PORT}", "--block", "--disable-usage-stats"], []
+        if role == Role.WORKER:
+            return ["/bin/sh", "-c", WORKER_SCRIPT, "vllm-worker"], []
         return super().launch(ms, role)
 
 
@@ -141,4 +141,10 @@ ENGINE = VLLM(
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
     adapter_api=AdapterApi.VLLM,
+    # Non-root, HOME, ~/.cache (vLLM's compile cache, FlashInfer's and Triton's kernels) and /tmp (Ray's
+    # session, torch's compile cache) on volumes; the root filesystem writable for the NVIDIA toolkit's
+    # hooks only (base.py).
+    run_as_user=NONROOT_UID,
+    read_only_root=False,
+    user_caches=True,
 )

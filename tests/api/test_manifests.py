@@ -165,6 +165,11 @@ def test_hf_token_comes_from_the_named_secret_and_user_env_wins() -> None:
     assert engine["env"] == [
         {"name": "HF_HOME", "value": "/models"},
         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+        # The non-root engine's home, cache and temporary directories, on its volumes.
+        {"name": "HOME", "value": "/root"},
+        {"name": "USER", "value": "modelserve"},
+        {"name": "XDG_CACHE_HOME", "value": "/root/.cache"},
+        {"name": "TMPDIR", "value": "/tmp"},
         {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
     ]
 
@@ -301,9 +306,12 @@ def test_a_replica_spanning_nodes_is_a_leader_worker_set_group_and_the_service_s
     assert [c["name"] for c in leader["containers"]] == ["engine", "sidecar"]
     assert [c["name"] for c in worker["containers"]] == ["engine"]
     assert "api-keys" in {v["name"] for v in leader["volumes"]}
-    assert {v["name"] for v in worker["volumes"]} == {"dshm", "hub-cache"}
+    assert {v["name"] for v in worker["volumes"]} == {"dshm", "hub-cache", "engine-home", "engine-cache", "engine-tmp"}
     for pod in (leader, worker):
         assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "8"}}
+        # The same user, volumes and group on every pod of the group.
+        assert pod["containers"][0]["securityContext"]["runAsUser"] == 65532
+        assert pod["securityContext"]["fsGroup"] == 65532
         assert pod["tolerations"] == [manifests.GPU_TOLERATION]
         (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert term["matchLabelKeys"] == ["leaderworkerset.sigs.k8s.io/group-key"]

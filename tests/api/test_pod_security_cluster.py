@@ -1,10 +1,11 @@
-"""Pod Security admission of a ModelServer's pods, by the real API server: every profile's pods are
-admitted where `baseline` is enforced, and cpu's (llama.cpp, non-root) and external's (the sidecar
-alone) where `restricted` is; vLLM and SGLang run as their images' root user, which `restricted`
-refuses by name. KWOK pods are admitted by the API server like any, so the GPU profiles count too."""
+"""Pod Security admission of a ModelServer's pods, by the real API server: every profile's pods, a
+replica's own and a LeaderWorkerSet group's leader and worker alike (vLLM's and SGLang's), are
+admitted where `restricted` is enforced, and so where `baseline` is. KWOK pods are admitted by the API
+server like any, so the GPU profiles count too."""
 
 from __future__ import annotations
 
+import copy
 import json
 import uuid
 from collections.abc import Iterator
@@ -20,8 +21,19 @@ from modelserve_sandbox.cluster import Cluster
 from tests.helpers.operator_cluster import OperatorView
 
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
-RESTRICTED_EXAMPLES = ("smollm2-135m-cpu", "qwen3-mlx")  # llama.cpp and external
-ROOT_EXAMPLES = ("lfm2-1.2b", "lfm2-24b-a2b-16gpu", "lfm2-8b-a1b", "lfm2-vl-1.6b", "tiny-chatml-vllm")  # vLLM, SGLang
+# Every example, and SGLang across two nodes (no example has it): vLLM's group is lfm2-24b-a2b-16gpu.
+SGLANG_GROUP = "lfm2-8b-a1b-2-nodes"
+# Pods the scheduler leaves Pending: admitted and created, holding no GPU of the shared cluster.
+NOWHERE = {"serving.modelserve.dev/test": "no-such-node"}
+
+
+def _manifests() -> dict[str, dict[str, Any]]:
+    manifests = dict(examples())
+    sglang = copy.deepcopy(manifests["lfm2-8b-a1b"])
+    sglang["metadata"]["name"] = SGLANG_GROUP
+    sglang["spec"].update(gpus=16, nodes=2)
+    manifests[SGLANG_GROUP] = sglang
+    return manifests
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +51,9 @@ def enforcing(cluster: Cluster) -> Iterator[dict[str, str]]:
 
 
 def _pods(name: str) -> list[dict[str, Any]]:
-    """The pods the Deployment's ReplicaSet would create for an example, or a LeaderWorkerSet's
+    """The pods the Deployment's ReplicaSet would create for a manifest, or a LeaderWorkerSet's
     leader and worker (a replica spanning nodes)."""
-    made = workload(ModelServer.from_manifest(examples()[name]), SETTINGS)
+    made = workload(ModelServer.from_manifest(_manifests()[name]), SETTINGS)
     if made["kind"] == "Deployment":
         templates = [made["spec"]["template"]]
     else:
@@ -53,57 +65,70 @@ def _pods(name: str) -> list[dict[str, Any]]:
     ]
 
 
-def _admit(cluster: Cluster, namespace: str, name: str) -> list[Any]:
-    """The API server's answers to a dry-run create of each of the example's pods."""
+def _admit(cluster: Cluster, namespace: str, pods: list[dict[str, Any]]) -> list[Any]:
+    """The API server's answers to a dry-run create of each pod."""
     return [
         cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(pod), check=False)
-        for pod in _pods(name)
+        for pod in pods
     ]
 
 
-def test_examples_cover_every_profile() -> None:
-    assert set(RESTRICTED_EXAMPLES) | set(ROOT_EXAMPLES) == set(examples())
+def test_the_cases_cover_every_profile_and_both_engines_across_nodes() -> None:
+    specs = [ModelServer.from_manifest(manifest).spec for manifest in _manifests().values()]
+    assert {spec.profile for spec in specs} == {"high-throughput", "low-latency", "cpu", "external"}
+    assert {spec.profile for spec in specs if spec.multi_node} == {"high-throughput", "low-latency"}
 
 
-@pytest.mark.parametrize("name", sorted(examples()))
-def test_every_profile_is_admitted_under_baseline(cluster: Cluster, enforcing: dict[str, str], name: str) -> None:
-    for result in _admit(cluster, enforcing["baseline"], name):
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+@pytest.mark.parametrize("name", sorted(_manifests()))
+def test_every_pod_is_admitted(cluster: Cluster, enforcing: dict[str, str], level: str, name: str) -> None:
+    pods = _pods(name)
+    assert len(pods) == (2 if ModelServer.from_manifest(_manifests()[name]).spec.multi_node else 1)
+    for result in _admit(cluster, enforcing[level], pods):
         assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("name", RESTRICTED_EXAMPLES)
-def test_cpu_and_external_are_admitted_under_restricted(cluster: Cluster, enforcing: dict[str, str], name: str) -> None:
-    for result in _admit(cluster, enforcing["restricted"], name):
-        assert result.returncode == 0, result.stderr
+def test_the_restricted_namespace_refuses_a_root_engine(cluster: Cluster, enforcing: dict[str, str]) -> None:
+    # The control: the vLLM pod with its user taken away (its image's root, as before) is refused, for
+    # that alone, so the admissions above are the level's verdict, not a namespace that enforces nothing.
+    pod = _pods("lfm2-1.2b")[0]
+    engine = pod["spec"]["containers"][0]
+    for key in ("runAsNonRoot", "runAsUser", "runAsGroup"):
+        del engine["securityContext"][key]
+    (result,) = _admit(cluster, enforcing["restricted"], [pod])
+    assert result.returncode != 0
+    assert 'violates PodSecurity "restricted:latest": runAsNonRoot != true' in result.stderr, result.stderr
+    for other in ("allowPrivilegeEscalation", "unrestricted capabilities", "seccompProfile", "restricted volume"):
+        assert other not in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("name", ROOT_EXAMPLES)
-def test_root_engines_are_refused_under_restricted_for_root_alone(
-    cluster: Cluster, enforcing: dict[str, str], name: str
-) -> None:
-    # Everything else restricted asks is there: the refusal names runAsNonRoot and nothing else.
-    for result in _admit(cluster, enforcing["restricted"], name):
-        assert result.returncode != 0
-        assert 'violates PodSecurity "restricted:latest": runAsNonRoot != true' in result.stderr, result.stderr
-        assert 'container "engine" must not set securityContext.runAsNonRoot=false' not in result.stderr
-        for other in ("allowPrivilegeEscalation", "unrestricted capabilities", "seccompProfile", "restricted volume"):
-            assert other not in result.stderr, result.stderr
+# Each engine, and both kinds of group, through the operator in the restricted namespace.
+OPERATOR_CASES = ("smollm2-135m-cpu", "lfm2-1.2b", "lfm2-8b-a1b", "lfm2-24b-a2b-16gpu", SGLANG_GROUP)
 
 
-def test_the_operator_s_pods_are_created_in_enforcing_namespaces(
+def test_the_operator_s_pods_are_created_in_a_restricted_namespace(
     cluster: Cluster, crd_installed: None, operator_process: Any, enforcing: dict[str, str]
 ) -> None:
-    """Through the operator and the ReplicaSet controller: pods exist, no FailedCreate."""
-    cases = {"lfm2-1.2b": enforcing["baseline"], "smollm2-135m-cpu": enforcing["restricted"]}
-    for name, namespace in cases.items():
-        ops = OperatorView(cluster, namespace, operator_process[1])
-        ops.apply(examples()[name])
-        ms_name = examples()[name]["metadata"]["name"]
-        selector = f"serving.modelserve.dev/modelserver={ms_name}"
+    """Through the operator and the ReplicaSet, StatefulSet and LeaderWorkerSet controllers: every pod
+    exists (a group's leader and worker), no FailedCreate."""
+    namespace = enforcing["restricted"]
+    ops = OperatorView(cluster, namespace, operator_process[1])
+    expected = {}
+    for name in OPERATOR_CASES:
+        manifest = copy.deepcopy(_manifests()[name])
+        manifest["spec"]["nodeSelector"] = NOWHERE
+        ops.apply(manifest)
+        made = workload(ModelServer.from_manifest(manifest), SETTINGS)
+        group = made["spec"].get("leaderWorkerTemplate", {}).get("size", 1)  # a Deployment's pods: 1 a replica
+        expected[manifest["metadata"]["name"]] = made["spec"]["replicas"] * group
 
-        def pods(ops: OperatorView = ops, selector: str = selector) -> list[Any]:
-            return json.loads(ops.kubectl("get", "pods", "-l", selector, "-o", "json").stdout)["items"]
+    def created() -> dict[str, int]:
+        items = json.loads(ops.kubectl("get", "pods", "-o", "json").stdout)["items"]
+        counts = dict.fromkeys(expected, 0)
+        for pod in items:
+            counts[pod["metadata"]["labels"]["serving.modelserve.dev/modelserver"]] += 1
+        return counts
 
-        ops.wait(pods, f"a pod of {ms_name} in {namespace}")
-        events = json.loads(ops.kubectl("get", "events", "-o", "json").stdout)["items"]
-        assert not [e["message"] for e in events if e["reason"] == "FailedCreate"]
+    ops.wait(lambda: created() == expected, f"pods {expected} in {namespace}")
+    events = json.loads(ops.kubectl("get", "events", "-o", "json").stdout)["items"]
+    assert not [e["message"] for e in events if e["reason"] == "FailedCreate"]

@@ -220,4 +220,5 @@ def test_a_spanning_engine_launches_leader_and_workers() -> None:
     ms = ModelServer.from_manifest(examples()["lfm2-24b-a2b-16gpu"])
     engine = ENGINES[ms.spec.profile]
     assert engine.spans_nodes
-    assert engine.launch(ms, Role.WORKER)[0][0] == "ray"
+    command, args = engine.launch(ms, Role.WORKER)
+    assert command[:2] == ["/bin/sh", "-c"] and "exec ray start" in command[2] and args == []

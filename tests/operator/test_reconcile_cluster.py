@@ -96,10 +96,12 @@ def test_what_the_spec_no_longer_asks_for_leaves_the_deployment(ops: OperatorVie
 
     ops.wait(switched, "the Deployment to switch to SGLang")
     pod = (ops.get("deployment", "small") or {})["spec"]["template"]["spec"]
-    assert "nodeSelector" not in pod and [volume["name"] for volume in pod["volumes"]] == ["dshm", "hub-cache"]
+    volumes = [volume["name"] for volume in pod["volumes"]]
+    assert "nodeSelector" not in pod and volumes == ["dshm", "hub-cache", "engine-home", "engine-cache", "engine-tmp"]
     # The user's VLLM_LOGGING_LEVEL is gone; what remains is the operator's own for SGLang.
     engine_env = [var["name"] for var in pod["containers"][0]["env"]]
-    assert engine_env == ["HF_HOME", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "DISABLE_OPENAPI_DOC"]
+    non_root = ["HOME", "USER", "XDG_CACHE_HOME", "TMPDIR"]
+    assert engine_env == ["HF_HOME", *non_root, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "DISABLE_OPENAPI_DOC"]
     assert "MODELSERVE_KEYS_DIR" not in {var["name"] for var in pod["containers"][1]["env"]}
     ops.wait_ready("small", generation=2)
 

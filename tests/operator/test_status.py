@@ -14,6 +14,7 @@ from modelserve.operator.status import (
     Observed,
     Reported,
     compute_status,
+    group_waiting,
     invalid_spec_status,
     key_secret_status,
     missing_kind_status,
@@ -392,6 +393,80 @@ def test_a_group_that_cannot_be_placed_says_how_many_gpus_each_pod_needs() -> No
     status = _status(ms, {**_deployment(1), "kind": "LeaderWorkerSet"}, pods)
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "InsufficientGPU" and "no node has 16 free nvidia.com/gpu" in degraded["message"]
+
+
+PULLING = _waiting("ContainerCreating")
+
+
+def test_a_group_whose_worker_is_still_pulling_its_image_is_waiting_for_the_group() -> None:
+    ms = model_server(gpus=16, nodes=2)
+    lws = {**_deployment(1), "kind": "LeaderWorkerSet"}
+    leader = _group_pod(0, 0, ready=False, phase="Running")
+    worker = _group_pod(0, 1, ready=False, phase="Pending", containerStatuses=PULLING)
+    status = _status(ms, lws, [leader, worker])
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert status["phase"] == "Loading"
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", "WaitingForGroup")
+    assert (conditions["Progressing"]["status"], conditions["Progressing"]["reason"]) == ("True", "WaitingForGroup")
+    assert conditions["Degraded"]["status"] == "False"
+    assert conditions["Ready"]["message"] == (
+        "group 0: 1 of 2 pods running, waiting for m-0-1 (ContainerCreating on n); the engine starts once every "
+        "pod of the group runs and has joined the leader"
+    )
+    # Once every pod runs, the engine loads the model across them.
+    running = [leader, _group_pod(0, 1, phase="Running")]
+    assert _conditions(_status(ms, lws, running))["Ready"] == ("False", "ModelLoading")
+
+
+def test_the_waiting_group_says_which_pods_are_missing_and_where_they_are() -> None:
+    leader = _group_pod(0, 0, ready=False, phase="Running")
+    unscheduled = _group_pod(0, 2, ready=False, phase="Pending")
+    del unscheduled["spec"]["nodeName"]
+    pods = [_group_pod(0, 3, ready=False, phase="Pending", containerStatuses=PULLING), unscheduled, leader]
+    problem = group_waiting(pods, 4)
+    assert problem is not None and problem.reason == "WaitingForGroup"
+    # By worker index; a pod the LeaderWorkerSet has not made yet counts as missing too.
+    assert problem.message.startswith(
+        "group 0: 1 of 4 pods running, waiting for m-0-2 (not scheduled yet), m-0-3 (ContainerCreating on n), "
+        "1 not created yet;"
+    )
+
+
+def test_the_first_group_by_index_that_waits_is_named_and_deployments_never_wait_for_a_group() -> None:
+    pods = [_group_pod(0, 0), _group_pod(0, 1)]  # ready
+    pods += [_group_pod(10, 0, ready=False, phase="Pending", containerStatuses=PULLING)]
+    pods += [_group_pod(9, 0, ready=False, phase="Running"), _group_pod(9, 1, ready=False, phase="Running")]
+    pods += [_group_pod(2, 0, ready=False, phase="Running")]
+    problem = group_waiting(pods, 2)
+    assert problem is not None and problem.message.startswith("group 2: 1 of 2 pods running, waiting for 1 not")
+    leaving = _group_pod(2, 1, phase="Running")
+    leaving["metadata"]["deletionTimestamp"] = T0  # a terminating pod runs for nobody
+    assert group_waiting([*pods, leaving], 2) == problem
+    assert group_waiting([_pod("m-1", "n", phase="Pending")], 1) is None
+    # Every group's pods run: none waits (the engines load).
+    assert group_waiting([_group_pod(0, 0, ready=False, phase="Running"), _group_pod(0, 1, phase="Running")], 2) is None
+
+
+def test_waiting_for_the_group_is_one_event_however_its_counts_move() -> None:
+    ms = model_server(gpus=24, nodes=3)
+    lws = {**_deployment(1), "kind": "LeaderWorkerSet"}
+    leader = _group_pod(0, 0, ready=False, phase="Running")
+    pulling = [_group_pod(0, worker, ready=False, phase="Pending", containerStatuses=PULLING) for worker in (1, 2)]
+    first = _status(ms, lws, [leader, *pulling])
+    second = _status(ms, lws, [leader, _group_pod(0, 1, phase="Running"), pulling[1]], previous=first, now=T1)
+    assert [t.reason for t in transitions(None, first)] == ["WaitingForGroup", "WaitingForGroup", "AsExpected"]
+    assert "1 of 3 pods running" in transitions(None, first)[0].message
+    assert transitions(first, second) == []  # 2 of 3 now: the message moves, no new Event
+    assert "2 of 3 pods running" in _conditions_messages(second)["Ready"]
+    loading = _status(ms, lws, [leader, *(_group_pod(0, w, phase="Running") for w in (1, 2))], previous=second)
+    assert [(t.type, t.reason) for t in transitions(second, loading)] == [
+        ("Normal", "ModelLoading"),
+        ("Normal", "ModelLoading"),
+    ]
+
+
+def _conditions_messages(status: dict[str, Any]) -> dict[str, str]:
+    return {c["type"]: c["message"] for c in status["conditions"]}
 
 
 def test_without_the_leader_worker_set_crd_the_model_is_degraded_and_says_what_to_install() -> None:

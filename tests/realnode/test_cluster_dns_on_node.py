@@ -1,7 +1,9 @@
 """Cluster DNS on the real node, as a user's cluster has it: CoreDNS (the sandbox's, built from its
 Go module) behind `kube-dns`, the kubelet's `--cluster-dns`. A pod resolves Services by name, and a
 LeaderWorkerSet's worker resolves its leader's hostname (`LWS_LEADER_ADDRESS`, a pod of the group's
-headless Service) to the leader pod's address; names outside the cluster get NXDOMAIN at once."""
+headless Service) to the leader pod's address; names outside the cluster get NXDOMAIN at once. And a
+vLLM group's worker, started before its leader's Ray head answers, waits for it with the script the
+operator generates and joins it, with no restart of the group."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from modelserve import __version__
+from modelserve.engines.ray_group import WORKER_SCRIPT
 from modelserve_sandbox import cluster_dns
 from modelserve_sandbox.cluster import API_SERVICE_IP, Cluster
 from modelserve_sandbox.processes import wait_until
@@ -78,3 +81,70 @@ def test_a_group_worker_resolves_its_leader_and_services_by_name(node_cluster: C
     assert worker["outside"] == -2, worker  # EAI_NONAME: NXDOMAIN, nothing asked outside the machine
     assert f"nameserver {cluster_dns.SERVICE_IP}" in worker["resolv_conf"]
     assert f"search {namespace}.svc.{cluster_dns.CLUSTER_DOMAIN}" in worker["resolv_conf"]
+
+
+# The leader: its "Ray head" (a listener on Ray's port) answers only some seconds after its start,
+# as a head does once its image is pulled; the worker starts at once.
+LATE_HEAD = """
+import socket, time
+time.sleep(20)
+server = socket.create_server(("", 6379))
+print("head up", flush=True)
+while True:
+    server.accept()[0].close()
+"""
+# In place of `ray` in the worker's image (ours has none): what `ray start` was asked, then stay up.
+RAY_SHIM = "printf '#!/bin/sh\\necho \"ray $*\"\\nexec sleep 600\\n' > /shim/ray && chmod +x /shim/ray"
+
+
+def late_head_group(name: str) -> dict:
+    shim = {"name": "shim", "mountPath": "/shim"}
+    leader = {"name": "main", "image": IMAGE, "command": ["python", "-c", LATE_HEAD]}
+    worker = {
+        "name": "main",
+        "image": IMAGE,
+        "command": ["/bin/sh", "-c", WORKER_SCRIPT, "vllm-worker"],  # as the operator generates it
+        "env": [{"name": "PATH", "value": "/shim:/usr/local/bin:/usr/bin:/bin"}],
+        "volumeMounts": [shim],
+    }
+    init = {"name": "ray-shim", "image": IMAGE, "command": ["/bin/sh", "-c", RAY_SHIM], "volumeMounts": [shim]}
+    pod = {"terminationGracePeriodSeconds": 1, "volumes": [{"name": "shim", "emptyDir": {}}]}
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "restartPolicy": "RecreateGroupOnPodRestart",  # what the operator sets
+                "leaderTemplate": {"spec": {**pod, "containers": [leader]}},
+                "workerTemplate": {"spec": {**pod, "initContainers": [init], "containers": [worker]}},
+            },
+        },
+    }
+
+
+def test_a_vllm_worker_started_before_its_head_waits_and_joins_without_a_group_restart(
+    node_cluster: Cluster, namespace: str
+) -> None:
+    node_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(late_head_group("late")))
+
+    def pod(name: str) -> dict:
+        out = node_cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else {}
+
+    def log(name: str) -> str:
+        return node_cluster.kubectl("logs", name, "-n", namespace, check=False).stdout
+
+    # The container's log is both its streams: the wait's lines are on stderr.
+    wait_until(lambda: "does not answer yet" in log("late-0-1"), 120, "the worker waiting for its head")
+    worker_uid = pod("late-0-1")["metadata"]["uid"]
+    wait_until(lambda: "ray start" in log("late-0-1"), 180, "the worker joining its head")
+    assert "head up" in log("late-0")
+    joined = next(line for line in log("late-0-1").splitlines() if line.startswith("ray start"))
+    assert joined == f"ray start --address=late-0.late.{namespace}:6379 --block --disable-usage-stats"
+    for name in ("late-0", "late-0-1"):
+        statuses = pod(name)["status"]["containerStatuses"]
+        assert [s["restartCount"] for s in statuses] == [0], statuses
+    assert pod("late-0-1")["metadata"]["uid"] == worker_uid  # the group was never recreated

@@ -4,15 +4,13 @@ crashing engine, and the generated securityContext as it runs."""
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import httpx
 
 from modelserve_sandbox import realnode
-from tests.helpers.node_view import GREEDY, NO_END, PROMPT, NodeView, Timeline, cpu_server
+from tests.helpers.node_view import GREEDY, NO_END, PROMPT, NodeView, Timeline, cpu_server, image_writes
 
 
 def _chat(base: str, key: str | None, name: str) -> httpx.Response:
@@ -150,47 +148,8 @@ def test_generated_security_context_runs_as_generated(node: NodeView) -> None:
         timeout=60,
         json={"model": "confined", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
     )
-    ids = [c["containerID"].split("//")[1] for c in pod["status"]["containerStatuses"]]
-    uppers = _overlay_upper_dirs(ids)
-    assert len(uppers) == 2, uppers
-    socket = node.cluster.workdir / "node" / "containerd.sock"
-    written = {}
-    for cid, upper in uppers.items():
-        # runc makes an empty file where the image lacks a bind mount's target (the kubelet's
-        # /etc/hosts: image builds leave it out); that is the runtime's, not a write.
-        stubs = _mount_points(socket, cid)
-        written[cid[:12]] = [
-            str(p.relative_to(upper))
-            for p in upper.rglob("*")
-            if p.is_file() and not ("/" + str(p.relative_to(upper)) in stubs and p.stat().st_size == 0)
-        ]
-    assert written == {cid[:12]: [] for cid in uppers}, written
-
-
-def _mount_points(socket: Path, container_id: str) -> set[str]:
-    """Where mounts sit inside a running container, from its init process's mount table."""
-    tasks = subprocess.run(
-        ["ctr", "--address", str(socket), "-n", "k8s.io", "task", "ls"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    pid = next(line.split()[1] for line in tasks.splitlines() if line.startswith(container_id))
-    return {line.split()[4] for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()}
-
-
-def _overlay_upper_dirs(container_ids: list[str]) -> dict[str, Path]:
-    """Each running container's rootfs overlay upperdir, read from the host's mount table."""
-    uppers = {}
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        point = fields[4]
-        for cid in container_ids:
-            if point.endswith(f"/{cid}/rootfs") and "upperdir=" in line:
-                option = next(o for o in line.split(" - ")[1].split()[2].split(",") if o.startswith("upperdir="))
-                uppers[cid] = Path(option.removeprefix("upperdir="))
-    return uppers
+    written = image_writes(node.cluster, pod)
+    assert written == {"engine": [], "sidecar": []}, written
 
 
 def test_node_and_host_facts(node_cluster) -> None:
