@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.host_programs import HostPrograms, host_programs
 from modelserve_sandbox.hoststate import IPTABLES, iptables_additions, iptables_save, read_sysctls
 from modelserve_sandbox.operator_process import running_operator
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, wait_until
@@ -149,6 +150,23 @@ def host_gateway(node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
         yield base
     finally:
         stop_process(process)
+
+
+@pytest.fixture(scope="module")
+def sandbox(node_cluster: Cluster) -> Iterator[HostPrograms]:
+    """The gateway and the operator on the host, wired as `make dev` runs them (host_programs)."""
+    with host_programs(node_cluster) as programs:
+        yield programs
+
+
+@pytest.fixture
+def view(node_cluster: Cluster, sandbox: HostPrograms) -> Iterator[NodeView]:
+    """A fresh namespace beside `sandbox`'s operator and gateway; deleted after."""
+    name = f"dev-{uuid.uuid4().hex[:8]}"
+    node_cluster.create_namespace(name)
+    yield NodeView(node_cluster, name, node_cluster.log_dir / "modelserve-operator.log")
+    node_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    node_cluster.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=1", "--wait=false", check=False)
 
 
 def _answers(url: str) -> bool:

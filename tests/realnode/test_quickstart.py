@@ -103,7 +103,7 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
 
     # Step 5 from inside the cluster, as the README writes it: `kubectl run` of the client image,
     # `status.endpoint` verbatim as the base URL, which only the cluster's DNS resolves.
-    kubectl = f'kubectl() {{ "{node.cluster.bin_dir / "kubectl"}" -n {node.namespace} "$@"; }}\n'
+    kubectl = f'set -e\nkubectl() {{ "{node.cluster.bin_dir / "kubectl"}" -n {node.namespace} "$@"; }}\n'
     ran = subprocess.run(
         ["bash", "-c", kubectl + readme_in_cluster_call()],
         env={**node.cluster.env, "KEY": key},
@@ -116,7 +116,7 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
 
 def readme_in_cluster_call() -> str:
     """Step 5's `kubectl run` of the in-cluster client, verbatim."""
-    match = re.search(r"(kubectl run ask .*?print\(reply.*?\)')\n", README.read_text(), re.S)
+    match = re.search(r"(kubectl run ask .*?kubectl delete pod ask)\n", README.read_text(), re.S)
     assert match, "the README quickstart's in-cluster call"
     return textwrap.dedent("   " + match.group(1))
 

@@ -7,35 +7,16 @@ status says why, with the figures, until its reset annotation changes."""
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
 
 from harness.sidecar import metric_value
-from modelserve_sandbox.cluster import Cluster
-from modelserve_sandbox.host_programs import HostPrograms, host_programs
+from modelserve_sandbox.host_programs import HostPrograms
 from tests.helpers.node_view import GREEDY, NO_END, NodeView, cpu_server, restart_counts
 
 SPLIT_REQUESTS = 200
 WINDOW = 20  # p95 of 20 is the 19th: one outlier of a busy machine does not trip it
-
-
-@pytest.fixture(scope="module")
-def sandbox(node_cluster: Cluster) -> Iterator[HostPrograms]:
-    with host_programs(node_cluster) as programs:
-        yield programs
-
-
-@pytest.fixture
-def view(node_cluster: Cluster, sandbox: HostPrograms) -> Iterator[NodeView]:
-    name = f"roll-{uuid.uuid4().hex[:8]}"
-    node_cluster.create_namespace(name)
-    yield NodeView(node_cluster, name, node_cluster.log_dir / "modelserve-operator.log")
-    node_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-    node_cluster.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=1", "--wait=false", check=False)
 
 
 def version(name: str, weight: int, max_tokens: int, guard: dict | None = None) -> dict:

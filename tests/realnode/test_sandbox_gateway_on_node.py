@@ -8,35 +8,16 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 
 import httpx
 import openai
-import pytest
 
-from modelserve_sandbox.cluster import Cluster
-from modelserve_sandbox.host_programs import HostPrograms, host_programs
+from modelserve_sandbox.host_programs import HostPrograms
 from tests.helpers.node_view import NodeView, Timeline, cpu_server
 
 HELLO = [{"role": "user", "content": "Say hello"}]
 WAKE_SECONDS_AT_MOST = 240
 AT_ZERO = {"min": 0, "max": 1, "buffer": 0, "scaleDownDelaySeconds": 600, "idleWindowSeconds": 600}
-
-
-@pytest.fixture(scope="module")
-def sandbox(node_cluster: Cluster) -> Iterator[HostPrograms]:
-    with host_programs(node_cluster) as programs:
-        yield programs
-
-
-@pytest.fixture
-def view(node_cluster: Cluster, sandbox: HostPrograms) -> Iterator[NodeView]:
-    name = f"dev-{uuid.uuid4().hex[:8]}"
-    node_cluster.create_namespace(name)
-    yield NodeView(node_cluster, name, node_cluster.log_dir / "modelserve-operator.log")
-    node_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-    node_cluster.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=1", "--wait=false", check=False)
 
 
 def test_the_host_gateway_wakes_a_model_at_zero(sandbox: HostPrograms, view: NodeView) -> None:
