@@ -357,8 +357,9 @@ def test_in_cluster_openai_clients_reach_models_by_their_advertised_names(instal
     failed = {name: result for name, result in results.items() if not result.get("content")}
     assert not failed, failed
     assert all(result["chunks"] > 1 for name, result in results.items() if name.endswith("stream")), results
-    # SmolLM2 at temperature 0 knows this one, whichever way it was reached.
-    assert all("Paris" in result["content"] for name, result in results.items() if name.startswith("beta")), results
+    # SmolLM2 at temperature 0 knows this one, through llama.cpp (its GGUF) and through vLLM (the same
+    # weights dequantized), whichever way it was reached.
+    assert all("Paris" in result["content"] for result in results.values()), results
     print("\nin-cluster client:\n" + "\n".join(f"{name}: {result['content']!r}" for name, result in results.items()))
 
 
