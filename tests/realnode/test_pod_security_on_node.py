@@ -112,7 +112,7 @@ def test_vllm_example_serves_in_a_restricted_namespace(node: NodeView) -> None:
         json={"model": name, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8},
     )
     assert reply.status_code == 200, reply.text
-    assert reply.json()["usage"]["completion_tokens"] > 0  # random weights: the text is noise
+    assert reply.json()["usage"]["completion_tokens"] > 0  # non-root changes nothing it says
 
     pod = node.ready_pods(name)[0]
     seen = _run_in(node, pod["metadata"]["name"], "engine", "sh", "-c", VLLM_PROBE).splitlines()

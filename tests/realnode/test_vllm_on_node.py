@@ -1,13 +1,11 @@
 """vLLM for real: the high-throughput example's pod, exactly as the operator generates it, lands on
 the real node (it advertises `nvidia.com/gpu`) and runs the vllm/vllm-openai:v0.32.0 stand-in
-(vLLM's CPU build), which downloads the sandbox's tiny ChatML model from the hub mirror through
-HF_ENDPOINT into the hub-cache volume. Callers reach it through the Service and the gateway with the
-real openai SDK; the sidecar serves vLLM's own metrics; the spec's chat template, sampling defaults
-and tool-call parser reach vLLM; a deleted pod finishes its stream; a flag vLLM refuses shows as
-a CrashLoop carrying vLLM's own words.
-
-The model's weights are random: answers are noise, so tests check shapes, counts and vLLM's own
-metrics, never the text.
+(vLLM's CPU build), which downloads SmolLM2-135M-Instruct from the hub mirror through HF_ENDPOINT
+into the hub-cache volume: the 4-bit GGUF the cpu example serves, dequantized by the sandbox
+(modelserve_sandbox.gguf_to_hf), so vLLM answers like an instruct model. Callers reach it through
+the Service and the gateway with the real openai SDK; it answers "Paris" at temperature 0 and stops
+where asked; the sidecar serves vLLM's own metrics; the spec's chat template, sampling defaults and
+tool-call parser reach vLLM and change its answers as configured; a deleted pod finishes its stream.
 """
 
 from __future__ import annotations
@@ -25,10 +23,12 @@ import openai
 import pytest
 
 from modelserve_sandbox import realnode
-from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.cluster import SMOLLM2_HF_REPO, Cluster
 from modelserve_sandbox.processes import wait_until
 from tests.helpers.node_view import (
+    CAPITAL,
     EXAMPLES,
+    PROMPT,
     QUESTION,
     VLLM_READY_SECONDS,
     NodeView,
@@ -37,8 +37,8 @@ from tests.helpers.node_view import (
     vllm_example,
 )
 
-EXAMPLE = EXAMPLES / "tiny-chatml-vllm.yaml"
-NAME = "tiny-chatml-vllm"
+EXAMPLE = EXAMPLES / "smollm2-135m-vllm.yaml"
+NAME = "smollm2-135m-vllm"
 # Asked from inside the pod (the engine listens on the pod's loopback only): /health and /v1/models.
 ENGINE_PROBE = """
 import urllib.error, urllib.request
@@ -127,7 +127,7 @@ def test_the_generated_pod_runs_on_the_real_node_and_turns_ready_honestly(served
     assert timeline.entries[-1][1] == "engine health 200 models 200", str(timeline)
     # The model came from the hub mirror into the hub-cache volume, as from the hub.
     listing = in_pod(view, pod["metadata"]["name"], "engine", "ls", "/root/.cache/huggingface/hub").stdout.split()
-    assert "models--modelserve--tiny-random-chatml" in listing, listing
+    assert "models--modelserve--SmolLM2-135M-Instruct-Q4_1-dequantized" in listing, listing
 
 
 def test_openai_sdk_through_the_service_with_key_and_bearer(served) -> None:
@@ -149,6 +149,46 @@ def test_openai_sdk_through_the_service_with_key_and_bearer(served) -> None:
     assert with_key.status_code == 200 and with_key.json()["usage"]["completion_tokens"] <= 4, with_key.text
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{base}/v1", api_key="sk-wrong", max_retries=0).models.list()
+
+
+def test_the_instruct_model_answers_and_stops_where_asked(served) -> None:
+    view, _ = served
+    key = view.secret_value(f"{NAME}-api-keys", "api-key")
+    client = openai.OpenAI(base_url=f"http://{view.cluster_ip(NAME)}/v1", api_key=key, max_retries=0, timeout=120)
+    answer = client.chat.completions.create(model=NAME, messages=CAPITAL, max_tokens=32, temperature=0)
+    text = answer.choices[0].message.content or ""
+    assert "Paris" in text and answer.choices[0].finish_reason == "stop", answer
+    # A stop string ends the generation where it first appears, and is left out of the answer.
+    cut = client.chat.completions.create(model=NAME, messages=CAPITAL, max_tokens=32, temperature=0, stop=["Paris"])
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].message.content == text[: text.index("Paris")]
+    streamed = "".join(
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(
+            model=NAME, messages=CAPITAL, max_tokens=32, temperature=0, stop=[" of"], stream=True
+        )
+        if chunk.choices
+    )
+    assert streamed == text[: text.index(" of")], (streamed, text)
+    # What one replica generates on two shared cores (measured, not asserted): 128 tokens streamed.
+    started = time.monotonic()
+    arrivals: list[float] = []
+    tokens = 0
+    for chunk in client.chat.completions.create(
+        model=NAME,
+        messages=PROMPT,
+        max_tokens=128,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},  # vLLM's own field: the stream runs to max_tokens
+    ):
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic() - started)
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
+    assert tokens == 128 and len(arrivals) > 1
+    rate = (tokens - 1) / (arrivals[-1] - arrivals[0])
+    print(f"\n{NAME} at temperature 0: {text!r}; first token {arrivals[0]:.2f} s, then {rate:.1f} tokens/s")
 
 
 def test_openai_sdk_through_the_gateway_with_key_and_bearer(served, host_gateway: str) -> None:
@@ -265,35 +305,61 @@ WEATHER_TOOL = {
 }
 
 
-def _prompt_tokens(text: str, tmp_path: Path) -> int:
+# The second ModelServer: the model with that template, hermes tool calls, and sampling defaults of
+# its own (greedy, and a stop string) in place of the example's.
+CUSTOM = "smollm2-custom"
+CUSTOM_DEFAULTS = {"temperature": 0, "maxTokens": 48, "stop": ["Paris"]}
+
+
+def _prompt_tokens(cluster: Cluster, text: str) -> int:
+    """How many tokens the served model's own tokenizer (the hub mirror's file) makes of `text`."""
     from tokenizers import Tokenizer
 
-    from modelserve_sandbox import tiny_model
-
-    tiny_model.build(tmp_path)
-    return len(Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode(text).ids)
+    (path,) = (f.path for f in cluster.hub_files if f.repo == SMOLLM2_HF_REPO and f.name == "tokenizer.json")
+    return len(Tokenizer.from_file(str(path)).encode(text).ids)
 
 
-def test_chat_template_and_tool_call_parser_reach_vllm(served, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def custom(served) -> Iterator[openai.OpenAI]:
+    """The example as CUSTOM (public), Ready; a client of its Service. Deleted after the module's tests."""
     view, _ = served
-    name = "tiny-tools"
-    view.apply(vllm_example(name, chatTemplate=CUSTOM_TEMPLATE, toolCallParser="hermes", auth={"mode": "public"}))
+    spec = {"chatTemplate": CUSTOM_TEMPLATE, "toolCallParser": "hermes", "samplingDefaults": CUSTOM_DEFAULTS}
+    view.apply(vllm_example(CUSTOM, auth={"mode": "public"}, **spec))
     try:
-        view.wait_phase(name, "Ready", VLLM_READY_SECONDS)
-        base = f"http://{view.cluster_ip(name)}"
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
-        reply = client.chat.completions.create(model=name, messages=QUESTION, max_tokens=4)
-        question = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-        custom = _prompt_tokens(PREAMBLE + question, tmp_path / "a")
-        default = _prompt_tokens("<|startoftext|>" + question, tmp_path / "b")
-        assert custom != default
-        assert reply.usage.prompt_tokens == custom, (reply.usage.prompt_tokens, custom, default)
-        # vLLM refuses tool_choice "auto" unless started with --enable-auto-tool-choice and a parser.
-        tooled = client.chat.completions.create(
-            model=name, messages=QUESTION, max_tokens=8, tools=[WEATHER_TOOL], tool_choice="auto"
-        )
-        assert tooled.choices[0].finish_reason in ("length", "stop", "tool_calls")
+        view.wait_phase(CUSTOM, "Ready", VLLM_READY_SECONDS)
+        base = f"http://{view.cluster_ip(CUSTOM)}/v1"
+        yield openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=120)
     finally:
-        view.kubectl("delete", "modelserver", name, "--wait=false")
+        view.kubectl("delete", "modelserver", CUSTOM, "--wait=false")
         # Past the engine's preStop (65 s) and its stop on busy cores.
-        view.wait(lambda: not view.pods(name), f"{name}'s pods gone", 240)
+        view.wait(lambda: not view.pods(CUSTOM), f"{CUSTOM}'s pods gone", 240)
+
+
+def test_chat_template_and_tool_call_parser_reach_vllm(custom: openai.OpenAI, node_cluster: Cluster) -> None:
+    reply = custom.chat.completions.create(model=CUSTOM, messages=QUESTION, max_tokens=4)
+    question = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    # SmolLM2's own template opens with its default system turn when the messages have none.
+    own_system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    custom_count = _prompt_tokens(node_cluster, PREAMBLE + question)
+    default_count = _prompt_tokens(node_cluster, own_system + question)
+    assert custom_count != default_count
+    assert reply.usage.prompt_tokens == custom_count, (reply.usage.prompt_tokens, custom_count, default_count)
+    # vLLM refuses tool_choice "auto" unless started with --enable-auto-tool-choice and a parser.
+    tooled = custom.chat.completions.create(
+        model=CUSTOM, messages=QUESTION, max_tokens=8, tools=[WEATHER_TOOL], tool_choice="auto"
+    )
+    assert tooled.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+def test_sampling_defaults_change_the_answer_as_configured(custom: openai.OpenAI) -> None:
+    # No sampling fields in the request: the spec's defaults decide, greedy and cut before "Paris".
+    cut = custom.chat.completions.create(model=CUSTOM, messages=CAPITAL)
+    text = cut.choices[0].message.content or ""
+    assert cut.choices[0].finish_reason == "stop" and text and "Paris" not in text, cut
+    assert custom.chat.completions.create(model=CUSTOM, messages=CAPITAL).choices[0].message.content == text
+    # A request's own values win: no stop string (an empty list replaces the default), a token budget.
+    whole = custom.chat.completions.create(model=CUSTOM, messages=CAPITAL, stop=[]).choices[0].message.content or ""
+    assert whole.startswith(text + "Paris"), (text, whole)
+    short = custom.chat.completions.create(model=CUSTOM, messages=CAPITAL, max_tokens=2)
+    assert short.usage.completion_tokens == 2 and short.choices[0].finish_reason == "length", short
+    print(f"\nwith the spec's sampling defaults: {text!r}; with the request's own: {whole!r}")

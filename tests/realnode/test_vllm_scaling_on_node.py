@@ -1,7 +1,8 @@
 """vLLM's real load drives the autoscaler: concurrent streams on the example's one replica make the
 operator add a second (the real node advertises two `nvidia.com/gpu`), and the gateway sends new
 requests to the replica with the fewest in flight; a flag vLLM refuses shows as a CrashLoop carrying
-vLLM's own words. Runs after test_vllm_on_node.py has freed the GPUs."""
+vLLM's own words. Runs after test_vllm_on_node.py has freed the GPUs. On the sandbox's tiny
+random-weight model: here vLLM's start and speed on two shared cores matter, its answers do not."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ import httpx
 from modelserve_sandbox import realnode
 from modelserve_sandbox.processes import wait_until
 from tests.helpers.gateway_routing import gateway_replicas, routed_beside_long_streams
-from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, restart_counts, vllm_example
+from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, restart_counts, tiny_vllm
 
 # One request in flight per replica: three concurrent streams want three, capped at max 2.
 REPLICAS = {"min": 1, "buffer": 0, "max": 2, "targetPerReplica": 1, "scaleDownDelaySeconds": 600}
 STREAMS = 3
 # The long stream that holds one replica while quick requests go to the other. On two shared cores
 # a quick request took 0.04-4.3 s (4 s while the other replica streamed: the CPU is the streams') and
-# 480 tokens 1.0-2.6 s, so in the full suite the 480-token stream (the example's maxModelLen is 512)
+# 480 tokens 1.0-2.6 s, so in the full suite a 480-token stream (the example's maxModelLen was 512)
 # ended during the first quick request in nine rounds of twelve. The tiny model has 2048 positions:
 # this test's ModelServer allows them, and the rounds may be more.
 LONG_TOKENS = 1900
@@ -29,7 +30,7 @@ ROUNDS = 24
 
 def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView, host_gateway: str) -> None:
     name = "tiny-elastic"
-    node.apply(vllm_example(name, replicas=REPLICAS, auth={"mode": "public"}, maxModelLen=LONG_TOKENS + 100))
+    node.apply(tiny_vllm(name, replicas=REPLICAS, auth={"mode": "public"}, maxModelLen=LONG_TOKENS + 100))
     node.wait_phase(name, "Ready", VLLM_READY_SECONDS)
     base = f"http://{node.cluster_ip(name)}"
     timeline = Timeline()
@@ -88,7 +89,7 @@ def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView, h
 
 def test_a_flag_vllm_refuses_shows_as_crash_loop_in_vllms_words(node: NodeView) -> None:
     name = "tiny-refused"
-    node.apply(vllm_example(name, engineArgs=["--no-such-flag"]))
+    node.apply(tiny_vllm(name, engineArgs=["--no-such-flag"]))
     # vLLM runs ~20 s before it reads its arguments, so the pod is in CrashLoopBackOff only between
     # restarts: keep the condition as first seen.
     seen: dict = {}

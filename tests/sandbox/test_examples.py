@@ -16,7 +16,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def test_beside_a_real_node_the_examples_that_run_here(tmp_path: Path) -> None:
     repos = {f.repo for f in hub_files(tmp_path)}
     examples = examples_to_apply(EXAMPLES, repos)
-    assert [p.name for p in examples.chosen] == ["smollm2-135m-cpu.yaml", "tiny-chatml-vllm.yaml"]
+    assert [p.name for p in examples.chosen] == ["smollm2-135m-cpu.yaml", "smollm2-135m-vllm.yaml"]
     assert examples.left_out[EXAMPLES / "lfm2-1.2b.yaml"] == "LiquidAI/LFM2-1.2B is not on the sandbox's hub"
     # A replica spanning two nodes cannot run on the one real node: KWOK's GPU nodes play the cluster.
     assert [p.name for p in examples.on_kwok] == ["lfm2-24b-a2b-16gpu.yaml"]
