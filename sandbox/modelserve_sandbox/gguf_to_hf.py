@@ -12,13 +12,14 @@ numbers llama.cpp computes with, not the original bfloat16 release.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from .hub_mirror import sha256_of
 
 # Part of the cache key: a change to what is written makes a new directory, never a stale one.
 FORMAT_VERSION = 1
@@ -197,19 +198,11 @@ def convert(gguf_path: Path, directory: Path) -> list[Path]:
     return [directory / name for name in FILES]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def cached(gguf_path: Path, cache: Path) -> list[Path]:
     """The converted files under `cache/hf-from-gguf/<the GGUF's sha256>-v<FORMAT_VERSION>`,
     converted once: a directory is renamed into place only when complete, so a concurrent or
     interrupted conversion never leaves a half-written one behind."""
-    directory = cache / "hf-from-gguf" / f"{_sha256(gguf_path)[:32]}-v{FORMAT_VERSION}"
+    directory = cache / "hf-from-gguf" / f"{sha256_of(gguf_path)[:32]}-v{FORMAT_VERSION}"
     if not directory.is_dir():
         directory.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=".converting-", dir=directory.parent))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import lora_adapter
+
 REPO = "modelserve/tiny-random-chatml"
 BOS, EOS, IM_START, IM_END = "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (BOS, EOS, IM_START, IM_END)
@@ -159,56 +161,11 @@ def build(directory: Path) -> list[Path]:
 ADAPTER_REPO = "modelserve/tiny-random-chatml-lora"
 ADAPTER_RANK, ADAPTER_ALPHA = 8, 16
 ADAPTER_SEED = 24
-ADAPTER_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def adapter_config() -> dict:
-    return {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": REPO,
-        "r": ADAPTER_RANK,
-        "lora_alpha": ADAPTER_ALPHA,
-        "lora_dropout": 0.0,
-        "target_modules": list(ADAPTER_TARGETS),
-        "bias": "none",
-        "fan_in_fan_out": False,
-        "modules_to_save": None,
-        "use_rslora": False,
-        "use_dora": False,
-        "inference_mode": True,
-    }
-
-
-def adapter_weights() -> dict:
-    """lora_A (rank x in) and lora_B (out x rank) per target, under PEFT's names (float32)."""
-    import numpy as np
-
-    rng = np.random.default_rng(ADAPTER_SEED)
-    head_dim = HIDDEN // HEADS
-    shapes = {  # (out, in) of each projection
-        "self_attn.q_proj": (HEADS * head_dim, HIDDEN),
-        "self_attn.k_proj": (KV_HEADS * head_dim, HIDDEN),
-        "self_attn.v_proj": (KV_HEADS * head_dim, HIDDEN),
-        "self_attn.o_proj": (HIDDEN, HEADS * head_dim),
-        "mlp.gate_proj": (INTERMEDIATE, HIDDEN),
-        "mlp.up_proj": (INTERMEDIATE, HIDDEN),
-        "mlp.down_proj": (HIDDEN, INTERMEDIATE),
-    }
-    tensors = {}
-    for layer in range(LAYERS):
-        for module, (out, inner) in shapes.items():
-            prefix = f"base_model.model.model.layers.{layer}.{module}"
-            tensors[f"{prefix}.lora_A.weight"] = (rng.standard_normal((ADAPTER_RANK, inner)) * 0.2).astype(np.float32)
-            tensors[f"{prefix}.lora_B.weight"] = (rng.standard_normal((out, ADAPTER_RANK)) * 0.2).astype(np.float32)
-    return tensors
+ADAPTER_STD = 0.2
 
 
 def build_adapter(directory: Path) -> list[Path]:
-    """Writes the adapter's two files into `directory`; the same bytes every time."""
-    from safetensors.numpy import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "adapter_config.json").write_text(json.dumps(adapter_config(), indent=2, sort_keys=True))
-    save_file(adapter_weights(), str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
-    return [directory / "adapter_config.json", directory / "adapter_model.safetensors"]
+    """Writes the adapter's two files into `directory` (lora_adapter.py); the same bytes every time."""
+    return lora_adapter.build(
+        directory, REPO, config(), rank=ADAPTER_RANK, alpha=ADAPTER_ALPHA, seed=ADAPTER_SEED, std=ADAPTER_STD
+    )
