@@ -83,11 +83,14 @@ def test_a_group_worker_resolves_its_leader_and_services_by_name(node_cluster: C
     assert f"search {namespace}.svc.{cluster_dns.CLUSTER_DOMAIN}" in worker["resolv_conf"]
 
 
-# The leader: its "Ray head" (a listener on Ray's port) answers only some seconds after its start,
-# as a head does once its image is pulled; the worker starts at once.
-LATE_HEAD = """
-import socket, time
-time.sleep(20)
+# The leader: its "Ray head" (a listener on Ray's port) answers only once the test says so, after the
+# worker was seen waiting for it, as a head does once its image is pulled (bounded: 5 minutes).
+OPEN_HEAD = "/tmp/open-head"
+LATE_HEAD = f"""
+import os, socket, time
+deadline = time.monotonic() + 300
+while not os.path.exists("{OPEN_HEAD}") and time.monotonic() < deadline:
+    time.sleep(0.2)
 server = socket.create_server(("", 6379))
 print("head up", flush=True)
 while True:
@@ -140,6 +143,8 @@ def test_a_vllm_worker_started_before_its_head_waits_and_joins_without_a_group_r
     # The container's log is both its streams: the wait's lines are on stderr.
     wait_until(lambda: "does not answer yet" in log("late-0-1"), 120, "the worker waiting for its head")
     worker_uid = pod("late-0-1")["metadata"]["uid"]
+    wait_until(lambda: pod("late-0").get("status", {}).get("phase") == "Running", 120, "the leader running")
+    node_cluster.kubectl("exec", "late-0", "-n", namespace, "--", "touch", OPEN_HEAD)
     wait_until(lambda: "ray start" in log("late-0-1"), 180, "the worker joining its head")
     assert "head up" in log("late-0")
     joined = next(line for line in log("late-0-1").splitlines() if line.startswith("ray start"))
