@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -77,6 +77,14 @@ class PodLoad:
     def from_json(cls, body: Mapping[str, Any]) -> PodLoad:
         since = body["secondsSinceArrival"]
         return cls(int(body["inFlight"]), int(body["arrivals"]), None if since is None else float(since))
+
+    @classmethod
+    def total(cls, loads: Sequence[PodLoad]) -> PodLoad:
+        """Several processes' loads as one pod's (a sidecar's workers): summed, the latest arrival."""
+        since = [load.seconds_since_arrival for load in loads if load.seconds_since_arrival is not None]
+        return cls(
+            sum(load.in_flight for load in loads), sum(load.arrivals for load in loads), min(since, default=None)
+        )
 
 
 # The sampling fields the sidecar may fill in, by their request (snake_case) names: the
@@ -169,6 +177,7 @@ OMITTED_AT_DEFAULT = frozenset(
         "adapters_dir",
         "engine_concurrency",
         "replicas_file",
+        "workers",
         *CLIENT_LIMITS,
     }
 )
@@ -228,6 +237,10 @@ class Settings:
     replicas_file: Path = env_setting(  # noqa: RUF009 - immutable
         "MODELSERVE_REPLICAS_FILE", path, default=Path(REPLICAS_FILE)
     )
+    # Processes relaying on the one port (http/workers.py): one core carries about 40k token events/s,
+    # so a pod fed by fast GPUs needs several. Each takes 1/workers of a key's limits and of the
+    # engine's slots, as replicas do; worker 0 answers the pod's own routes for all of them.
+    workers: int = env_setting("MODELSERVE_WORKERS", positive_int, default=1)
 
     # LoRA adapters: which engine API loads them (none: the ModelServer has no adapters), and the
     # directory of the mounted ConfigMap listing them (contracts/adapters.py).

@@ -6,6 +6,7 @@ header of uvicorn's own (the upstream's pass through), and a drain on SIGTERM.""
 from __future__ import annotations
 
 import gc
+import socket
 import sys
 from typing import Any
 
@@ -56,12 +57,14 @@ def serve(
     direct: DirectRoutes,
     log_level: str = "info",
     limits: ConnectionLimits | None = None,
+    sockets: list[socket.socket] | None = None,
 ) -> None:
+    """Serve until SIGTERM; on `sockets` already listening (a worker's, workers.py) if given."""
     # Everything loaded so far (the frameworks, the app) lives as long as the process: out of the
     # collector's sight, a full collection no longer walks it while requests allocate.
     gc.collect()
     gc.freeze()
     server = uvicorn.Server(config(app, host, port, drain_seconds, direct, log_level, limits))
-    server.run()
+    server.run(sockets=sockets)
     if not server.started:  # as uvicorn.run: the port was taken, or the lifespan's start failed
         sys.exit(STARTUP_FAILURE)

@@ -72,8 +72,11 @@ def read_desired(path: Path) -> tuple[Desired, ...] | None:
 class Adapters:
     """The reconcile loop and what it knows; `states()` is what the sidecar's /adapters answers."""
 
-    def __init__(self, settings: Settings, engine_ready: Callable[[], Awaitable[bool]]) -> None:
+    def __init__(self, settings: Settings, engine_ready: Callable[[], Awaitable[bool]], manages: bool = True) -> None:
         self.settings = settings
+        # Whether this process loads and unloads (a sidecar's worker 0); the others only see what the
+        # engine lists, so one adapter is never loaded twice at once.
+        self.manages = manages
         self.enabled = settings.adapter_api != AdapterApi.NONE
         self.routes = ENGINE_ROUTES.get(settings.adapter_api)
         self.file = settings.adapters_dir / ADAPTERS_KEY
@@ -131,6 +134,11 @@ class Adapters:
         """One round: unload what is no longer wanted, load what is missing (in the list's order)."""
         listed = await self._listed_adapters()
         if listed is None:
+            return
+        if not self.manages:
+            for d in self.desired:
+                if d.name in listed and self._states[d.name].phase != Phase.LOADED:
+                    self._states[d.name] = AdapterState(d.name, d.source, Phase.LOADED, "loaded")
             return
         wanted = {d.name: d for d in self.desired}
         for name in sorted(listed - set(wanted)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,12 +14,21 @@ from fastapi.responses import JSONResponse
 
 from modelserve.contracts import routes
 from modelserve.contracts.adapters import ADAPTERS_ROUTE
-from modelserve.contracts.sidecar import HEALTH_ROUTE, LOAD_ROUTE, METRICS_ROUTE, OWN_ROUTES, READY_ROUTE, Settings
+from modelserve.contracts.sidecar import (
+    HEALTH_ROUTE,
+    LOAD_ROUTE,
+    METRICS_ROUTE,
+    OWN_ROUTES,
+    READY_ROUTE,
+    PodLoad,
+    Settings,
+)
 from modelserve.http.allowlist import refuse
 from modelserve.http.direct import DirectRoutes
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.ollama import ROUTES as OLLAMA_ROUTES
 from modelserve.http.upstream import METRICS_TIMEOUT, open_pool, open_session
+from modelserve.http.worker_views import Siblings, ask, merge_metrics
 
 from .adapters import Adapters
 from .keys import KeyStore
@@ -59,7 +69,11 @@ class Dispatcher:
             await self.proxy(scope, receive, send)
 
 
-def build_app(settings: Settings) -> Dispatcher:
+def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatcher:
+    """The sidecar; with `siblings`, one of its workers (http/workers.py). Any worker answers /load
+    and /metrics for the pod, asking the others for theirs; worker 0 alone warms the engine up and
+    loads its adapters, so /readyz and /adapters are its answers, asked of it by the others."""
+    primary = siblings is None or siblings.index == 0
     metrics = SidecarMetrics()
     keys = None if settings.auth_public else KeyStore(settings.keys_dir)
     readiness = Readiness(settings, metrics)
@@ -67,7 +81,7 @@ def build_app(settings: Settings) -> Dispatcher:
     async def engine_ready() -> bool:
         return (await readiness.engine_ready())[0]
 
-    adapters = Adapters(settings, engine_ready)
+    adapters = Adapters(settings, engine_ready, manages=primary)
     readiness.adapters = adapters
     proxy = Proxy(settings, keys, metrics, adapters)
 
@@ -78,7 +92,7 @@ def build_app(settings: Settings) -> Dispatcher:
         readiness.session = session
         adapters.session = session
         proxy.pool = open_pool(settings.upstream_max_connections, settings.upstream_timeout_seconds)
-        tasks = [asyncio.create_task(readiness.watch())]
+        tasks = [asyncio.create_task(readiness.watch())] if primary else []
         if keys is not None:
             tasks.append(asyncio.create_task(keys.watch()))
             tasks.append(asyncio.create_task(proxy.replicas.watch()))
@@ -100,18 +114,44 @@ def build_app(settings: Settings) -> Dispatcher:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    # On the port a route answers for the pod; on a worker's unix socket, for that worker alone.
+    def for_the_pod(request: Request) -> bool:
+        return siblings is not None and request.scope.get("server") is not None
+
+    def authorization(request: Request) -> list[tuple[str, str]]:
+        value = request.headers.get("authorization")
+        return [("Authorization", value)] if value else []
+
+    async def from_primary(request: Request) -> Response | None:
+        """Worker 0's own answer, for a route only it can give (it warms the engine up and loads
+        its adapters), when this worker is not it."""
+        if primary or not for_the_pod(request):
+            return None
+        assert siblings is not None
+        answer = await ask(siblings.primary, request.url.path, authorization(request))
+        return Response(answer.body, answer.status, media_type=answer.content_type or None)
+
     @api.get(READY_ROUTE)
-    async def readyz() -> JSONResponse:
+    async def readyz(request: Request) -> Response:
+        if (forwarded := await from_primary(request)) is not None:
+            return forwarded
         ready, reason = await readiness.status()
         return JSONResponse({"ready": ready, "reason": reason}, status_code=200 if ready else 503)
 
     @api.get(LOAD_ROUTE)
-    async def load() -> dict[str, Any]:
-        return proxy.demand.now().to_json()
+    async def load(request: Request) -> Response:
+        own = proxy.demand.now()
+        if for_the_pod(request):
+            assert siblings is not None
+            theirs = await siblings.ask_all(LOAD_ROUTE)
+            own = PodLoad.total([own, *(PodLoad.from_json(json.loads(body)) for body in theirs)])
+        return JSONResponse(own.to_json())
 
     @api.get(ADAPTERS_ROUTE)
-    async def adapter_states() -> dict[str, Any]:
-        return {"adapters": [state.to_json() for state in adapters.states()]}
+    async def adapter_states(request: Request) -> Response:
+        if (forwarded := await from_primary(request)) is not None:
+            return forwarded
+        return JSONResponse({"adapters": [state.to_json() for state in adapters.states()]})
 
     @api.get(METRICS_ROUTE)
     async def scrape(request: Request) -> Response:
@@ -120,7 +160,13 @@ def build_app(settings: Settings) -> Dispatcher:
             body = refused.body()
             headers = {name.decode(): value.decode() for name, value in refused.headers(body)}
             return Response(body, refused.status, headers=headers)
-        return Response(metrics.render(await engine_metrics()), media_type=CONTENT_TYPE)
+        if siblings is None:
+            return Response(metrics.render(await engine_metrics()), media_type=CONTENT_TYPE)
+        if not for_the_pod(request):
+            return Response(metrics.render(None), media_type=CONTENT_TYPE)
+        theirs = await siblings.ask_all(METRICS_ROUTE, authorization(request))
+        ours = merge_metrics([metrics.render(None).decode(), *(body.decode() for body in theirs)])
+        return Response(ours + (await engine_metrics() or b""), media_type=CONTENT_TYPE)
 
     async def engine_metrics() -> bytes | None:
         assert readiness.session is not None

@@ -23,7 +23,7 @@ from .adapters import Adapters
 from .auth import identify
 from .demand import Demand
 from .fair_share import FairShare
-from .key_limits import IN_FLIGHT, KeyLimiter
+from .key_limits import IN_FLIGHT, KeyLimiter, share
 from .key_usage import KeyUsage
 from .keys import KeyStore
 from .metrics import SidecarMetrics, route_label
@@ -75,7 +75,8 @@ class Proxy(Pipeline):
         self.replicas = ReplicaShare(settings.replicas_file)  # how many sidecars share a key's limits
         if keys is not None:  # a removed name's state goes with it: bounded by the Secret's entries
             keys.on_change = lambda: self.limits.keep_only(entry.name for entry in keys.entries)
-        self.fair = FairShare(settings.engine_concurrency)
+        # A worker's part of the engine's slots, as of a key's limits (share(): rounded up).
+        self.fair = FairShare(share(settings.engine_concurrency, settings.workers))
         self.usage = KeyUsage(
             settings.served_model,
             self.limits.in_flight,
@@ -139,7 +140,7 @@ class Proxy(Pipeline):
             key, reason = identify(headers, self.keys, now)
             if key is None or reason is not None:  # the Secret changed in between
                 return errors.unauthorized(reason or "invalid")
-            over = self.limits.refusal(key, now, self.replicas.count)
+            over = self.limits.refusal(key, now, self.replicas.count * self.settings.workers)
             if over is not None:
                 self.usage.refused(key.name, over[0])
                 return _over_limit(key.name, *over)

@@ -111,6 +111,7 @@ def test_rendering_round_trips_every_setting() -> None:
         adapters_dir=Path("/adapters"),
         engine_concurrency=6,
         replicas_file=Path("/replicas/count"),
+        workers=3,
         max_head_bytes=8192,
         max_header_fields=20,
         head_timeout_seconds=2.5,
