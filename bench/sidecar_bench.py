@@ -158,10 +158,16 @@ def ensure_nginx() -> str:
 
 
 def start_sidecar(
-    workdir: Path, port: int, engine_url: str, name: str = "sidecar", profile: Path | None = None
+    workdir: Path,
+    port: int,
+    engine_url: str,
+    name: str = "sidecar",
+    profile: Path | None = None,
+    workers: int = 1,
+    cpus: str = PROXY_CPU,
 ) -> subprocess.Popen:
-    """modelserve-sidecar pinned to PROXY_CPU, private: the key KEY in `workdir`/keys; under cProfile,
-    writing to `profile` when it stops, if given."""
+    """modelserve-sidecar with `workers` pinned to `cpus`, private: the key KEY in `workdir`/keys;
+    under cProfile, writing to `profile` when it stops, if given."""
     keys = workdir / "keys"
     keys.mkdir(exist_ok=True)
     (keys / "api-key").write_text(KEY + "\n")
@@ -173,11 +179,12 @@ def start_sidecar(
         "MODELSERVE_UPSTREAM_URL": engine_url,
         "MODELSERVE_SERVED_MODEL": MODEL,
         "MODELSERVE_KEYS_DIR": str(keys),
+        "MODELSERVE_WORKERS": str(workers),
     }
     command = [sidecar_bin]
     if profile is not None:
         command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "modelserve.sidecar.main"]
-    return start_process(name, ["taskset", "-c", PROXY_CPU, *command], workdir, env)
+    return start_process(name, ["taskset", "-c", cpus, *command], workdir, env)
 
 
 def start_nginx(nginx: str, workdir: Path, conf: str, name: str = "nginx") -> subprocess.Popen:

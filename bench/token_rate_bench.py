@@ -18,6 +18,7 @@ Paths, each proxy process pinned to core 1 (nginx with one worker and the sideca
   sidecar           load -> modelserve-sidecar -> engine
   nginx->nginx      load -> nginx -> nginx -> engine
   gateway->sidecar  load -> modelserve-gateway -> modelserve-sidecar -> engine
+  sidecar xN        load -> modelserve-sidecar with N workers (--workers N) pinned to --workers-cpus
 
 "cpu us/event" is the CPU time of the path's proxies per token event delivered. The ratios printed
 at the end are issue 34's targets (sidecar and gateway->sidecar against nginx and nginx->nginx).
@@ -144,12 +145,12 @@ def print_targets(results: dict[tuple[int, str], dict[str, float]], levels: tupl
                 label = f"{streams} streams {key} {ours}/{theirs} ({bound})"
                 print(f"  {label:<70}{ratio(streams, ours, theirs, key):8.2f}")
     for streams in levels:
-        sidecar = results.get((streams, "sidecar"))
-        if sidecar:
-            print(
-                f"  {streams} streams sidecar events/s (>= 100k at 1024)".ljust(72)
-                + f"{sidecar['events_per_second']:8.0f}"
-            )
+        for name, sidecar in results.items():
+            if name[0] == streams and name[1].startswith("sidecar"):
+                print(
+                    f"  {streams} streams {name[1]} events/s (>= 100k at 1024)".ljust(72)
+                    + f"{sidecar['events_per_second']:8.0f}"
+                )
     lost = sum(f["lost"] for f in results.values())
     print(f"  {'streams lost or cut, every level and path (== 0)':<70}{lost:8.0f}", flush=True)
 
@@ -161,6 +162,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3.0, help="time before measuring")
     parser.add_argument("--paths", nargs="+", help="only these paths (direct always runs first)")
     parser.add_argument("--profile", action="store_true", help="run the sidecar and the gateway under cProfile")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="also a path through a sidecar with this many workers (above 1)"
+    )
+    parser.add_argument("--workers-cpus", default="0,1", help="the cores that sidecar's workers are pinned to")
     args = parser.parse_args()
     if args.profile:
         args.paths = ["sidecar", "gateway->sidecar"]
@@ -188,6 +193,14 @@ def main() -> None:
         sidecar = sidecar_bench.start_sidecar(workdir, sidecar_port, engine_url, profile=profile("sidecar"))
         processes.append(sidecar)
         wait_http(f"http://127.0.0.1:{sidecar_port}/readyz", "the sidecar", workdir / "sidecar.log")
+        several = f"sidecar x{args.workers}"
+        if args.workers > 1:
+            (workers_port,) = free_ports(1)
+            pool = sidecar_bench.start_sidecar(
+                workdir, workers_port, engine_url, "sidecar-workers", workers=args.workers, cpus=args.workers_cpus
+            )
+            processes.append(pool)
+            wait_http(f"http://127.0.0.1:{workers_port}/readyz", "the sidecar's workers", workdir / "sidecar.log")
         # The gateway's own sidecar, so the two paths never share a process.
         behind = sidecar_bench.start_sidecar(
             workdir, gw_sidecar_port, engine_url, "sidecar-behind-gateway", profile("sidecar-behind-gateway")
@@ -223,6 +236,7 @@ def main() -> None:
             Target("direct", engine_url),
             Target("nginx", f"http://127.0.0.1:{nginx_port}", one),
             Target("sidecar", f"http://127.0.0.1:{sidecar_port}", sidecar),
+            *([Target(several, f"http://127.0.0.1:{workers_port}", pool)] if args.workers > 1 else []),
             Hops("nginx->nginx", f"http://127.0.0.1:{front_port}", front, back),
             Hops("gateway->sidecar", f"http://127.0.0.1:{gateway_port}", gateway, behind),
         ]

@@ -54,7 +54,8 @@ def _skip_whitespace(text: str, at: int) -> int:
 
 
 class ResponseTail:
-    """Keeps the last TAIL_BYTES (at least) of a response body without copying every chunk."""
+    """Keeps the last TAIL_BYTES (at least) of a response body: each chunk appended as it is (a stream
+    adds one per token), cut back to TAIL_BYTES in one join once twice that is held."""
 
     __slots__ = ("_chunks", "_limit", "_size")
 
@@ -66,8 +67,10 @@ class ResponseTail:
     def add(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
         self._size += len(chunk)
-        while len(self._chunks) > 1 and self._size - len(self._chunks[0]) >= self._limit:
-            self._size -= len(self._chunks.pop(0))
+        if self._size >= 2 * self._limit:
+            kept = b"".join(self._chunks)[-self._limit :]
+            self._chunks = [kept]
+            self._size = len(kept)
 
     def bytes(self) -> bytes:
         return b"".join(self._chunks)
