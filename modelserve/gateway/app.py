@@ -4,7 +4,9 @@ model list) in FastAPI, every other path straight to the raw proxy."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import json
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -20,7 +22,9 @@ from modelserve.contracts.gateway import (
     METRICS_ROUTE,
     OWN_ROUTES,
     READY_ROUTE,
+    guards_from_json,
     guards_to_json,
+    held_from_json,
     held_to_json,
 )
 from modelserve.contracts.names import PACKAGE_VERSION, Key
@@ -30,6 +34,8 @@ from modelserve.http.direct import DirectRoutes
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.relay import authorization_header
 from modelserve.http.upstream import open_pool, open_session
+from modelserve.http.worker_views import Siblings, merge_metrics
+from modelserve.http.workers import share
 
 from . import errors as gateway_errors
 from .catalog import Catalog, model_objects, ollama_entries
@@ -88,14 +94,22 @@ def _model_list(method: str, path: str) -> bool:
     return method == "GET" and (path == MODELS_ROUTE or path.startswith(MODELS_ROUTE + "/") or path in OLLAMA_GETS)
 
 
-def build_app(settings: GatewaySettings, discovery: Discovery, directory: Directory | None = None) -> Dispatcher:
+def build_app(
+    settings: GatewaySettings,
+    discovery: Discovery,
+    directory: Directory | None = None,
+    siblings: Siblings | None = None,
+) -> Dispatcher:
+    """The gateway; with `siblings`, one of its workers (http/workers.py): each holds its share of the
+    requests held per model, and answers /held, /guards and /metrics for the pod on the port."""
     directory = directory or Directory()
     metrics = GatewayMetrics()
+    workers = settings.workers
     holding = Holding(
-        settings.max_held,
+        share(settings.max_held, workers),
         lambda key, count: metrics.held.labels(*key).set(count),
-        settings.max_held_unverified,
-        settings.max_held_unverified_per_client,
+        share(settings.max_held_unverified, workers),
+        share(settings.max_held_unverified_per_client, workers),
         # A wake nobody has waited for over a whole hold is given up (cold_starts.py).
         ColdStarts(settings.wake_history, settings.hold_seconds),
         lambda key, seconds: metrics.wake.labels(*key).observe(seconds),
@@ -156,17 +170,35 @@ def build_app(settings: GatewaySettings, discovery: Discovery, directory: Direct
         synced = discovery.synced()
         return JSONResponse({"ready": synced}, status_code=200 if synced else 503)
 
+    # On the port a route answers for the pod (its workers together); on a worker's unix socket, for
+    # that worker alone.
+    def theirs(request: Request, path: str) -> Awaitable[list[bytes]] | None:
+        if siblings is None or request.scope.get("server") is None:
+            return None
+        return siblings.ask_all(path)
+
     @api.get(HELD_ROUTE)
-    async def held() -> dict[str, Any]:
-        return held_to_json(holding.held())
+    async def held(request: Request) -> dict[str, Any]:
+        counts = Counter(holding.held())
+        if (asking := theirs(request, HELD_ROUTE)) is not None:
+            for body in await asking:
+                counts.update(held_from_json(json.loads(body)))
+        return held_to_json(counts)
 
     @api.get(GUARDS_ROUTE)
-    async def guards() -> dict[str, Any]:
-        return guards_to_json(proxy.guards.reports())
+    async def guards(request: Request) -> dict[str, Any]:
+        reports = proxy.guards.reports()
+        if (asking := theirs(request, GUARDS_ROUTE)) is not None:
+            for body in await asking:  # a version any worker tripped is tripped (the first's figures)
+                reports = {**guards_from_json(json.loads(body)), **reports}
+        return guards_to_json(reports)
 
     @api.get(METRICS_ROUTE)
-    async def scrape() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+    async def scrape(request: Request) -> Response:
+        own = metrics.render()
+        if (asking := theirs(request, METRICS_ROUTE)) is not None:
+            own = merge_metrics([own.decode(), *(body.decode() for body in await asking)])
+        return Response(own, media_type=CONTENT_TYPE)
 
     @api.get(MODELS_ROUTE)
     async def models(request: Request) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import logging
 
 from modelserve.contracts.env import settings_or_exit, variables_help
 from modelserve.http.limits import ConnectionLimits
-from modelserve.http.serve import serve
+from modelserve.http.serve import serve_workers
 
 from .app import build_app
 from .discovery import KubeDiscovery
@@ -40,9 +40,14 @@ def main(argv: list[str] | None = None) -> None:
         settings.max_held,
         settings.hold_seconds,
     )
-    app = build_app(settings, KubeDiscovery(settings.namespaces))
-    limits = ConnectionLimits.of(settings)
-    serve(app, settings.listen_host, settings.listen_port, settings.drain_seconds, app.direct_routes(), limits=limits)
+    serve_workers(
+        lambda siblings: build_app(settings, KubeDiscovery(settings.namespaces), siblings=siblings),
+        settings.workers,
+        settings.listen_host,
+        settings.listen_port,
+        settings.drain_seconds,
+        ConnectionLimits.of(settings),
+    )
 
 
 if __name__ == "__main__":

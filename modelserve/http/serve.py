@@ -6,8 +6,10 @@ header of uvicorn's own (the upstream's pass through), and a drain on SIGTERM.""
 from __future__ import annotations
 
 import gc
+import os
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -15,6 +17,8 @@ from uvicorn.main import STARTUP_FAILURE
 
 from .direct import DirectRoutes, protocol_for
 from .limits import ConnectionLimits, connection_cap, raise_file_limit
+from .worker_views import Siblings
+from .workers import Supervisor
 
 
 def config(
@@ -68,3 +72,25 @@ def serve(
     server.run(sockets=sockets)
     if not server.started:  # as uvicorn.run: the port was taken, or the lifespan's start failed
         sys.exit(STARTUP_FAILURE)
+
+
+def serve_workers(
+    make_app: Callable[[Siblings | None], Any],
+    workers: int,
+    host: str,
+    port: int,
+    drain_seconds: float,
+    limits: ConnectionLimits,
+) -> None:
+    """`serve` the app `make_app` makes, in this process, or in each of `workers` (workers.py), each
+    making its own after the fork (its loop, watches and connections are its alone)."""
+    if workers == 1:
+        app = make_app(None)
+        serve(app, host, port, drain_seconds, app.direct_routes(), limits=limits)
+        return
+
+    def worker(index: int, sockets: list[socket.socket]) -> None:
+        app = make_app(Siblings(os.getppid(), workers, index))
+        serve(app, host, port, drain_seconds, app.direct_routes(), limits=limits, sockets=sockets)
+
+    sys.exit(Supervisor(workers, host, port, worker).run())

@@ -28,6 +28,12 @@ RESTART_WINDOW_SECONDS = 60.0
 STARTUP_FAILURE = 3  # uvicorn's exit code when the port is taken or the app cannot start
 
 
+def share(limit: int, among: int) -> int:
+    """One process's (or replica's) part of a limit: rounded up, so nothing is refused everywhere
+    below the limit (together they allow at most `among` - 1 more than it)."""
+    return -(-limit // max(1, among))
+
+
 def sibling_address(parent: int, index: int) -> str:
     """Worker `index`'s unix socket (abstract: the leading NUL), unique to its parent process."""
     return f"\0modelserve-{parent}-worker-{index}"

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from modelserve.contracts.key_entries import KeyEntry
+from modelserve.http.workers import share
 
 WINDOW_SECONDS = 60
 
@@ -18,12 +19,6 @@ WINDOW_SECONDS = 60
 IN_FLIGHT = "in_flight"
 REQUESTS_PER_MINUTE = "requests_per_minute"
 TOKENS_PER_MINUTE = "tokens_per_minute"
-
-
-def share(limit: int, replicas: int) -> int:
-    """One replica's part of a ModelServer's limit: rounded up, so a key is never refused everywhere
-    below its limit (the replicas together allow at most `replicas` - 1 more than it)."""
-    return -(-limit // max(1, replicas))
 
 
 class Window:

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import socket
-import sys
 
 from modelserve.contracts.env import settings_or_exit, variables_help
 from modelserve.contracts.sidecar import Settings
 from modelserve.http.limits import ConnectionLimits
-from modelserve.http.serve import serve
-from modelserve.http.worker_views import Siblings
-from modelserve.http.workers import Supervisor
+from modelserve.http.serve import serve_workers
 
 from .app import build_app
 
@@ -45,22 +40,14 @@ def main(argv: list[str] | None = None) -> None:
         dict(settings.sampling_defaults),
         settings.max_body_bytes,
     )
-    if settings.workers > 1:
-        log.info("%d workers on the port", settings.workers)
-    limits = ConnectionLimits.of(settings)
-    if settings.workers == 1:
-        app = build_app(settings)
-        serve(
-            app, settings.listen_host, settings.listen_port, settings.drain_seconds, app.direct_routes(), limits=limits
-        )
-        return
-
-    def worker(index: int, sockets: list[socket.socket]) -> None:
-        app = build_app(settings, Siblings(os.getppid(), settings.workers, index))
-        host, port = settings.listen_host, settings.listen_port
-        serve(app, host, port, settings.drain_seconds, app.direct_routes(), limits=limits, sockets=sockets)
-
-    sys.exit(Supervisor(settings.workers, settings.listen_host, settings.listen_port, worker).run())
+    serve_workers(
+        lambda siblings: build_app(settings, siblings),
+        settings.workers,
+        settings.listen_host,
+        settings.listen_port,
+        settings.drain_seconds,
+        ConnectionLimits.of(settings),
+    )
 
 
 if __name__ == "__main__":

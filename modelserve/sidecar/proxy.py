@@ -18,12 +18,13 @@ from modelserve.http.metrics import CLIENT_CLOSED, status_class
 from modelserve.http.pipeline import Pipeline, Plan, Upstream
 from modelserve.http.relay import HOP_BY_HOP, filter_headers, upstream_error_kind
 from modelserve.http.usage import usage_from_tail
+from modelserve.http.workers import share
 
 from .adapters import Adapters
 from .auth import identify
 from .demand import Demand
 from .fair_share import FairShare
-from .key_limits import IN_FLIGHT, KeyLimiter, share
+from .key_limits import IN_FLIGHT, KeyLimiter
 from .key_usage import KeyUsage
 from .keys import KeyStore
 from .metrics import SidecarMetrics, route_label

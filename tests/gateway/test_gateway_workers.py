@@ -1,0 +1,101 @@
+"""The gateway with two workers (MODELSERVE_GATEWAY_WORKERS, http/workers.py), a real process tree in
+front of a real sidecar: connections spread over the workers, and /metrics and /held answer for the
+pod (what the operator reads) whichever worker a request reaches. Asserted on each worker's own
+series, read on its unix socket, and on the pod's."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.sidecar import Sidecar, free_ports, launch_sidecar, metric_value, start_replay, stop_sidecar, wait_ready
+from modelserve.http.workers import sibling_address
+from modelserve_sandbox.processes import start_process, stop_process, tail, wait_until
+
+SERVE = Path(__file__).resolve().parents[1] / "fixtures" / "gateway_workers" / "serve.py"
+CHATS = 'modelserve_gateway_requests_total{model="tiny",namespace="a",status_class="2xx"}'
+REQUESTS = 24
+HELD = 4
+
+
+@dataclass
+class Gateway:
+    url: str
+    pid: int
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    base = tmp_path_factory.mktemp("gateway-workers")
+    replay = start_replay()
+    sidecar: Sidecar | None = None
+    try:
+        sidecar = launch_sidecar(base / "logs", replay.url, "tiny", {"MODELSERVE_AUTH": "public"})
+        wait_ready(sidecar)
+        (port,) = free_ports(1)
+        env = {
+            "MODELSERVE_GATEWAY_LISTEN_HOST": "127.0.0.1",
+            "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
+            "MODELSERVE_GATEWAY_WORKERS": "2",
+            "MODELSERVE_GATEWAY_HOLD_SECONDS": "10",
+        }
+        argv = [sys.executable, str(SERVE), sidecar.url.removeprefix("http://")]
+        process = start_process("gateway", argv, base / "logs", env)
+        url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            assert process.poll() is None, tail(base / "logs" / "gateway.log")
+            try:
+                return httpx.get(url + "/readyz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        try:
+            wait_until(ready, 30, "the gateway's workers")
+            yield Gateway(url, process.pid)
+        finally:
+            stop_process(process)
+            assert process.returncode == 0, tail(base / "logs" / "gateway.log")
+    finally:
+        if sidecar is not None:
+            stop_sidecar(sidecar)
+        replay.stop()
+
+
+def own_metrics(gateway: Gateway, index: int) -> str:
+    transport = httpx.HTTPTransport(uds=sibling_address(gateway.pid, index))
+    with httpx.Client(transport=transport, base_url="http://worker", timeout=30) as client:
+        return client.get("/metrics").text
+
+
+def chat(gateway: Gateway, model: str) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    return httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=60)
+
+
+def test_requests_spread_over_the_workers_and_the_pod_counts_them_all(gateway: Gateway) -> None:
+    for _ in range(REQUESTS):  # a connection each: the kernel picks a worker per connection
+        assert chat(gateway, "tiny").status_code == 200
+    own = [metric_value(own_metrics(gateway, index), CHATS) for index in range(2)]
+    assert sum(own) == REQUESTS
+    assert min(own) > 0, f"every request reached one worker: {own}"  # chance 2 ** -23 if spread evenly
+    for _ in range(4):  # whichever worker a scrape reaches
+        assert metric_value(httpx.get(gateway.url + "/metrics", timeout=10).text, CHATS) == REQUESTS
+
+
+def test_held_requests_are_the_pods_whichever_worker_holds_them(gateway: Gateway) -> None:
+    def held() -> int:
+        entries = httpx.get(gateway.url + "/held", timeout=10).json()["held"]
+        return sum(e["requests"] for e in entries if e["name"] == "sleepy")
+
+    with ThreadPoolExecutor(HELD) as pool:
+        waiting = [pool.submit(chat, gateway, "sleepy") for _ in range(HELD)]
+        wait_until(lambda: held() == HELD, 8, f"{HELD} requests held in the pod")
+        assert all(w.result().status_code == 503 for w in waiting)  # the hold ran out: no replica came
+    assert held() == 0
