@@ -160,6 +160,7 @@ def sidecar_settings(ms: ModelServer, settings: Settings) -> contract.Settings:
         "drain_seconds": settings.drain_seconds,
         # What one replica serves at full speed: past it, requests wait their turn by key (fair share).
         "engine_concurrency": spec.replicas.target_per_replica,
+        "workers": spec.sidecar_workers,
         **settings.sidecar_limits,
     }
     if spec.external:
@@ -184,6 +185,19 @@ def sidecar_settings(ms: ModelServer, settings: Settings) -> contract.Settings:
     )
 
 
+def sidecar_resources(workers: int) -> dict[str, Any]:
+    """The sidecar's requests and limits for its workers. One worker: what every sidecar had before
+    workers existed, so a single-worker pod's template (and its pods) stay as they were. Each further
+    worker is a process of its own: half a core requested (a worker's tail stays good up to about half
+    a core's token events) and no CPU limit (throttling would stall streams); 64Mi more memory
+    requested for its interpreter and buffers, 256Mi more allowed for its request bodies in flight."""
+    extra = workers - 1
+    return {
+        "requests": {"cpu": f"{100 + 500 * extra}m", "memory": f"{128 + 64 * extra}Mi"},
+        "limits": {"memory": f"{512 + 256 * extra}Mi"},
+    }
+
+
 def sidecar_container(ms: ModelServer, settings: Settings) -> dict[str, Any]:
     sidecar = sidecar_settings(ms, settings)
     container: dict[str, Any] = {
@@ -198,7 +212,7 @@ def sidecar_container(ms: ModelServer, settings: Settings) -> dict[str, Any]:
         ),
         "readinessProbe": _http_probe(contract.READY_ROUTE, 5, 3),
         "livenessProbe": _http_probe(contract.HEALTH_ROUTE, PROBE_PERIOD_SECONDS, 3),
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "resources": sidecar_resources(sidecar.workers),
         "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_PROPAGATION_SECONDS}}},
         "securityContext": {
             "runAsNonRoot": True,

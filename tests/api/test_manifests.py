@@ -84,6 +84,42 @@ def test_sidecar_probes_give_a_cold_start_its_budget() -> None:
     assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
+def test_one_sidecar_worker_keeps_the_sidecar_as_it_was() -> None:
+    # A single-worker pod's template must not change (it would roll every such pod on an upgrade).
+    sidecar = _containers(_example("lfm2-1.2b"))["sidecar"]
+    assert "MODELSERVE_WORKERS" not in _env(sidecar)
+    assert sidecar["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+    assert manifests.sidecar_resources(1) == sidecar["resources"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "workers", "resources"),
+    [
+        (
+            {"profile": "low-latency", "sidecar": {"workers": 2}},
+            2,
+            {"requests": {"cpu": "600m", "memory": "192Mi"}, "limits": {"memory": "768Mi"}},
+        ),
+        (
+            {"sidecar": {"workers": 3}},
+            3,
+            {"requests": {"cpu": "1100m", "memory": "256Mi"}, "limits": {"memory": "1024Mi"}},
+        ),
+        (
+            {"gpus": 16, "nodes": 2, "sidecar": {"workers": 8}},
+            8,
+            {"requests": {"cpu": "3600m", "memory": "576Mi"}, "limits": {"memory": "2304Mi"}},
+        ),
+    ],
+)
+def test_each_further_sidecar_worker_adds_half_a_core_and_memory(
+    spec: dict[str, Any], workers: int, resources: dict[str, Any]
+) -> None:
+    sidecar = _containers(_example("lfm2-1.2b", **spec))["sidecar"]
+    assert _env(sidecar)["MODELSERVE_WORKERS"] == str(workers)
+    assert sidecar["resources"] == resources
+
+
 def test_private_auth_mounts_the_generated_key_secret_into_the_sidecar_only() -> None:
     ms = _example("lfm2-1.2b")
     objects = {(obj["kind"], obj["metadata"]["name"]): obj for obj in manifests.owned_objects(ms, SETTINGS, "k")}

@@ -271,6 +271,7 @@ def test_gateway_is_hardened_and_reads_what_the_chart_sets(helm: Helm) -> None:
             "gateway.clientLimits.maxConnections=1000",
             "gateway.clientLimits.bodyBudgetBytes=1048576",
             "gateway.drainSeconds=30",
+            "gateway.workers=3",
         )
     ).stdout
     deployment = _deployment(rendered, "gateway")
@@ -301,6 +302,7 @@ def test_gateway_is_hardened_and_reads_what_the_chart_sets(helm: Helm) -> None:
         body_timeout_seconds=30.0,
         max_connections=1000,
         body_budget_bytes=1048576,
+        workers=3,
     )
     (service,) = [s for s in by_kind(rendered, "Service") if s["metadata"]["name"] == "ms-modelserve-gateway"]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]

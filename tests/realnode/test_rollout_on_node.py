@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from harness.sidecar import metric_value
+from modelserve.contracts.names import SIDECAR_NAME
 from modelserve_sandbox.host_programs import HostPrograms
 from tests.helpers.node_view import GREEDY, NO_END, NodeView, cpu_server, restart_counts
 
@@ -19,11 +20,11 @@ SPLIT_REQUESTS = 200
 WINDOW = 20  # p95 of 20 is the 19th: one outlier of a busy machine does not trip it
 
 
-def version(name: str, weight: int, max_tokens: int, guard: dict | None = None) -> dict:
+def version(name: str, weight: int, max_tokens: int, guard: dict | None = None, **spec: object) -> dict:
     traffic: dict = {"servedName": "bot", "weight": weight}
     if guard is not None:
         traffic["guard"] = guard
-    return cpu_server(name, public=True, traffic=traffic, samplingDefaults={"maxTokens": max_tokens})
+    return cpu_server(name, public=True, traffic=traffic, samplingDefaults={"maxTokens": max_tokens}, **spec)
 
 
 def answered(gateway: str, namespace: str, name: str) -> float:
@@ -48,9 +49,17 @@ def test_versions_share_a_name_by_weight_and_a_slow_one_is_rolled_back(sandbox: 
     gateway, ns = sandbox.gateway_address, view.namespace
     view.apply(version("bot-v1", 90, 2))
     guard = {"window": WINDOW, "maxErrorRate": 0.2, "maxTimeToFirstTokenRatio": 3.0}
-    view.apply(version("bot-v2", 10, 96, guard))
+    # bot-v2's sidecar runs two workers (spec.sidecar.workers): its kubelet probes, the operator's
+    # /load and the gateway's requests reach either, read-only root and all.
+    view.apply(version("bot-v2", 10, 96, guard, sidecar={"workers": 2}))
     for name in ("bot-v1", "bot-v2"):
         view.wait_phase(name, "Ready")
+    (v2_pod,) = view.pods("bot-v2")
+    # (`kubectl exec` takes the namespace before its command: view.kubectl would put it after.)
+    pod = v2_pod["metadata"]["name"]
+    children = ["exec", "-n", ns, pod, "-c", SIDECAR_NAME, "--", "cat", "/proc/1/task/1/children"]
+    workers = view.cluster.kubectl(*children)
+    assert len(workers.stdout.split()) == 2, workers.stdout
     pods = {p["metadata"]["name"]: restart_counts(p) for name in ("bot-v1", "bot-v2") for p in view.pods(name)}
     listed = httpx.get(f"http://{gateway}/v1/models", timeout=10).json()["data"]
     assert [m["id"] for m in listed if m["owned_by"] == ns] == ["bot"]
