@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 
 from modelserve.contracts.env import settings_or_exit, variables_help
 from modelserve.http.limits import ConnectionLimits
 from modelserve.http.serve import serve_workers
 
-from .app import build_app
+from .app import Discovery, build_app
 from .discovery import KubeDiscovery
 from .settings import GatewaySettings
 
@@ -40,8 +41,13 @@ def main(argv: list[str] | None = None) -> None:
         settings.max_held,
         settings.hold_seconds,
     )
+    run(settings, lambda: KubeDiscovery(settings.namespaces))
+
+
+def run(settings: GatewaySettings, discovery: Callable[[], Discovery]) -> None:
+    """Serve until SIGTERM, in `settings.workers` processes, each with its own `discovery()`."""
     serve_workers(
-        lambda siblings: build_app(settings, KubeDiscovery(settings.namespaces), siblings=siblings),
+        lambda siblings: build_app(settings, discovery(), siblings=siblings),
         settings.workers,
         settings.listen_host,
         settings.listen_port,
