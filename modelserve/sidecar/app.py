@@ -128,7 +128,11 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
         if primary or not for_the_pod(request):
             return None
         assert siblings is not None
-        answer = await ask(siblings.primary, request.url.path, authorization(request))
+        try:
+            answer = await ask(siblings.primary, request.url.path, authorization(request))
+        except (OSError, TimeoutError, ValueError) as exc:  # starting again after it died, or stopping
+            reason = f"worker 0 does not answer ({type(exc).__name__})"
+            return JSONResponse({"ready": False, "reason": reason}, status_code=503)
         return Response(answer.body, answer.status, media_type=answer.content_type or None)
 
     @api.get(READY_ROUTE)
