@@ -77,7 +77,7 @@ def test_the_workers_share_the_port_and_worker_0_answers_for_the_pod(workers: Si
 
 def test_each_worker_takes_its_share_of_a_key_limit(workers: Sidecar) -> None:
     """`shared` may have 2 requests in flight in the pod: 1 at each worker, as 2 replicas would."""
-    slow = {"x-replay-stall": "2.0"}
+    slow = {"x-replay-stall": "6.0"}  # long enough to see it held, and to be refused, on a busy machine
     with worker_client(workers, 0) as first, worker_client(workers, 1) as second, ThreadPoolExecutor(1) as pool:
         held = pool.submit(
             first.post, "/v1/chat/completions", json=CHAT, headers={"authorization": "Key key-shared", **slow}
@@ -105,7 +105,7 @@ def test_a_dead_worker_is_started_again_and_sigterm_drains_every_worker(workers:
 
     with ThreadPoolExecutor(2) as pool:
         streams = [
-            pool.submit(chat, workers.url + "/v1/chat/completions", **{"x-replay-stall": "1.5"}) for _ in range(2)
+            pool.submit(chat, workers.url + "/v1/chat/completions", **{"x-replay-stall": "5.0"}) for _ in range(2)
         ]
         wait_until(lambda: httpx.get(workers.url + "/load", timeout=10).json()["inFlight"] == 2, 20, "2 in flight")
         workers.process.send_signal(signal.SIGTERM)
