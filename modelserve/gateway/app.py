@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -34,7 +34,7 @@ from modelserve.http.direct import DirectRoutes
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.relay import authorization_header
 from modelserve.http.upstream import open_pool, open_session
-from modelserve.http.worker_views import Siblings, merge_metrics
+from modelserve.http.worker_views import Siblings, for_the_pod, merge_metrics
 from modelserve.http.workers import share
 
 from . import errors as gateway_errors
@@ -170,34 +170,29 @@ def build_app(
         synced = discovery.synced()
         return JSONResponse({"ready": synced}, status_code=200 if synced else 503)
 
-    # On the port a route answers for the pod (its workers together); on a worker's unix socket, for
-    # that worker alone.
-    def theirs(request: Request, path: str) -> Awaitable[list[bytes]] | None:
-        if siblings is None or request.scope.get("server") is None:
-            return None
-        return siblings.ask_all(path)
-
     @api.get(HELD_ROUTE)
     async def held(request: Request) -> dict[str, Any]:
         counts = Counter(holding.held())
-        if (asking := theirs(request, HELD_ROUTE)) is not None:
-            for body in await asking:
+        if (pod := for_the_pod(siblings, request.scope)) is not None:
+            for body in await pod.ask_all(HELD_ROUTE):
                 counts.update(held_from_json(json.loads(body)))
         return held_to_json(counts)
 
     @api.get(GUARDS_ROUTE)
     async def guards(request: Request) -> dict[str, Any]:
         reports = proxy.guards.reports()
-        if (asking := theirs(request, GUARDS_ROUTE)) is not None:
-            for body in await asking:  # a version any worker tripped is tripped (the first's figures)
+        if (pod := for_the_pod(siblings, request.scope)) is not None:
+            for body in await pod.ask_all(
+                GUARDS_ROUTE
+            ):  # a version any worker tripped is tripped (the first's figures)
                 reports = {**guards_from_json(json.loads(body)), **reports}
         return guards_to_json(reports)
 
     @api.get(METRICS_ROUTE)
     async def scrape(request: Request) -> Response:
         own = metrics.render()
-        if (asking := theirs(request, METRICS_ROUTE)) is not None:
-            own = merge_metrics([own.decode(), *(body.decode() for body in await asking)])
+        if (pod := for_the_pod(siblings, request.scope)) is not None:
+            own = merge_metrics([own.decode(), *(body.decode() for body in await pod.ask_all(METRICS_ROUTE))])
         return Response(own, media_type=CONTENT_TYPE)
 
     @api.get(MODELS_ROUTE)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -31,7 +32,6 @@ class Siblings:
 
     def __init__(self, parent: int, count: int, own: int) -> None:
         self.index = own
-        self.count = count
         self.primary = sibling_address(parent, 0)
         self.addresses = [sibling_address(parent, index) for index in range(count) if index != own]
 
@@ -45,6 +45,13 @@ class Siblings:
             else:  # stopping, or restarting: its share is missing from this answer only
                 log.warning("worker %s did not answer %s: %s", address.rsplit("-", 1)[-1], path, answer)
         return bodies
+
+
+def for_the_pod(siblings: Siblings | None, scope: Mapping[str, Any]) -> Siblings | None:
+    """The siblings to ask when a request answers for the pod (its workers together): one that came
+    on the port. On a worker's unix socket (no server address in the scope) it answers for that
+    worker alone; without workers there is nobody to ask."""
+    return siblings if siblings is not None and scope.get("server") is not None else None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from modelserve.http.direct import DirectRoutes
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.ollama import ROUTES as OLLAMA_ROUTES
 from modelserve.http.upstream import METRICS_TIMEOUT, open_pool, open_session
-from modelserve.http.worker_views import Siblings, ask, merge_metrics
+from modelserve.http.worker_views import Siblings, ask, for_the_pod, merge_metrics
 
 from .adapters import Adapters
 from .keys import KeyStore
@@ -114,10 +114,6 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    # On the port a route answers for the pod; on a worker's unix socket, for that worker alone.
-    def for_the_pod(request: Request) -> bool:
-        return siblings is not None and request.scope.get("server") is not None
-
     def authorization(request: Request) -> list[tuple[str, str]]:
         value = request.headers.get("authorization")
         return [("Authorization", value)] if value else []
@@ -125,11 +121,11 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
     async def from_primary(request: Request) -> Response | None:
         """Worker 0's own answer, for a route only it can give (it warms the engine up and loads
         its adapters), when this worker is not it."""
-        if primary or not for_the_pod(request):
+        pod = for_the_pod(siblings, request.scope)
+        if primary or pod is None:
             return None
-        assert siblings is not None
         try:
-            answer = await ask(siblings.primary, request.url.path, authorization(request))
+            answer = await ask(pod.primary, request.url.path, authorization(request))
         except (OSError, TimeoutError, ValueError) as exc:  # starting again after it died, or stopping
             reason = f"worker 0 does not answer ({type(exc).__name__})"
             return JSONResponse({"ready": False, "reason": reason}, status_code=503)
@@ -145,9 +141,8 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
     @api.get(LOAD_ROUTE)
     async def load(request: Request) -> Response:
         own = proxy.demand.now()
-        if for_the_pod(request):
-            assert siblings is not None
-            theirs = await siblings.ask_all(LOAD_ROUTE)
+        if (pod := for_the_pod(siblings, request.scope)) is not None:
+            theirs = await pod.ask_all(LOAD_ROUTE)
             own = PodLoad.total([own, *(PodLoad.from_json(json.loads(body)) for body in theirs)])
         return JSONResponse(own.to_json())
 
@@ -166,9 +161,9 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
             return Response(body, refused.status, headers=headers)
         if siblings is None:
             return Response(metrics.render(await engine_metrics()), media_type=CONTENT_TYPE)
-        if not for_the_pod(request):
+        if (pod := for_the_pod(siblings, request.scope)) is None:
             return Response(metrics.render(None), media_type=CONTENT_TYPE)
-        theirs = await siblings.ask_all(METRICS_ROUTE, authorization(request))
+        theirs = await pod.ask_all(METRICS_ROUTE, authorization(request))
         ours = merge_metrics([metrics.render(None).decode(), *(body.decode() for body in theirs)])
         return Response(ours + (await engine_metrics() or b""), media_type=CONTENT_TYPE)
 
