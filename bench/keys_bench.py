@@ -15,7 +15,9 @@ vLLM's queues do) behind two sidecars in the same run:
 Key team-b's time to first byte is measured alone, then while team-a keeps 32 streams open. Then the
 admission step's CPU: small non-streaming requests through the sidecar, its CPU time per request with
 keys that have no limits, against hashed keys with limits, and with the fair share too (8 requests at
-once for 4 slots: half of them wait their turn, in a task). Not part of `make test`.
+once for 4 slots: half of them wait their turn, in a task). With --workers N, each sidecar runs N
+workers sharing the pod's counts (sidecar/pod_counts.py): the same figures, across processes. Not
+part of `make test`.
 """
 
 from __future__ import annotations
@@ -179,7 +181,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=5, help="team-b's streams measured, alone and loaded")
     parser.add_argument("--requests", type=int, default=4000, help="small requests for the admission's CPU")
+    parser.add_argument("--workers", type=int, default=1, help="each sidecar's workers (MODELSERVE_WORKERS)")
     args = parser.parse_args()
+    workers = {"MODELSERVE_WORKERS": str(args.workers)}
     plain = {"team-a": KEY_A + "\n", "team-b": KEY_B + "\n"}
     limited = {
         name: json.dumps({"keys": [hash_key(key)], "maxInFlight": 1000, "requestsPerMinute": 10**6})
@@ -197,11 +201,14 @@ def main() -> None:
         targets: list[Target] = []
         try:
             wait_until(lambda: _ready_engine(engine_url), 30, "the engine")
-            one_queue = start_sidecar(work, "one-queue", engine_url, plain, {})
-            fair = start_sidecar(work, "fair-share", engine_url, limited, {"MODELSERVE_ENGINE_CONCURRENCY": str(SLOTS)})
-            limits_only = start_sidecar(work, "limits-only", engine_url, limited, {})
+            one_queue = start_sidecar(work, "one-queue", engine_url, plain, workers)
+            fair = start_sidecar(
+                work, "fair-share", engine_url, limited, {**workers, "MODELSERVE_ENGINE_CONCURRENCY": str(SLOTS)}
+            )
+            limits_only = start_sidecar(work, "limits-only", engine_url, limited, workers)
             targets = [one_queue, fair, limits_only]
             print(f"engine: {SLOTS} slots, streams of ~{EVENTS * GAP_SECONDS:.1f} s; team-a keeps {FLOOD} open")
+            print(f"each sidecar: {args.workers} worker(s)")
             print(f"{'sidecar':12} {'b alone p50':>12} {'b alone max':>12} {'b flooded p50':>14} {'b flooded max':>14}")
             for target in (one_queue, fair):
                 alone, loaded = asyncio.run(flood_and_measure(target.url, args.samples))

@@ -238,8 +238,8 @@ class Settings:
         "MODELSERVE_REPLICAS_FILE", path, default=Path(REPLICAS_FILE)
     )
     # Processes relaying on the one port (http/workers.py): one core carries about 40k token events/s,
-    # so a pod fed by fast GPUs needs several. Each takes 1/workers of a key's limits and of the
-    # engine's slots, as replicas do; worker 0 answers the pod's own routes for all of them.
+    # so a pod fed by fast GPUs needs several. They share a key's limits and the engine's slots
+    # (sidecar/pod_counts.py); worker 0 answers the pod's own routes for all of them.
     workers: int = env_setting("MODELSERVE_WORKERS", positive_int, default=1)
 
     # LoRA adapters: which engine API loads them (none: the ModelServer has no adapters), and the

@@ -41,7 +41,7 @@ from . import errors as gateway_errors
 from .catalog import Catalog, model_objects, ollama_entries
 from .cold_starts import ColdStarts
 from .directory import Ambiguous, Directory, Model, served_name
-from .holding import Holding
+from .holding import Holding, shared_counts
 from .keys import Opened, keyless
 from .metrics import GatewayMetrics
 from .proxy import GatewayProxy
@@ -100,19 +100,23 @@ def build_app(
     directory: Directory | None = None,
     siblings: Siblings | None = None,
 ) -> Dispatcher:
-    """The gateway; with `siblings`, one of its workers (http/workers.py): each holds its share of the
-    requests held per model, and answers /held, /guards and /metrics for the pod on the port."""
+    """The gateway; with `siblings`, one of its workers (http/workers.py): the requests held per model
+    are bounded for the pod (holding.py; its share of the bound per client, or of every bound when the
+    workers share no counts), and any worker answers /held, /guards and /metrics for the pod on the port."""
     directory = directory or Directory()
     metrics = GatewayMetrics()
     workers = settings.workers
+    rows = siblings.rows if siblings is not None else None
+    per_model = 1 if rows is not None else workers
     holding = Holding(
-        share(settings.max_held, workers),
+        share(settings.max_held, per_model),
         lambda key, count: metrics.held.labels(*key).set(count),
-        share(settings.max_held_unverified, workers),
+        share(settings.max_held_unverified, per_model),
         share(settings.max_held_unverified_per_client, workers),
         # A wake nobody has waited for over a whole hold is given up (cold_starts.py).
         ColdStarts(settings.wake_history, settings.hold_seconds),
         lambda key, seconds: metrics.wake.labels(*key).observe(seconds),
+        shared=shared_counts(rows, siblings.index) if rows is not None and siblings is not None else None,
     )
     opened = Opened()  # fed by the model lists' asks and the proxied answers alike
     proxy = GatewayProxy(settings, directory, holding, metrics, opened)

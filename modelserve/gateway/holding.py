@@ -13,6 +13,11 @@ must neither take the verified users' places nor hold many models awake. They ar
 
 Each wake is timed here (cold_starts.py), from the first request held to the first ready replica:
 what the gateway tells the clients it turns away about when to come back.
+
+With several workers (http/workers.py) the bounds per model are the pod's: each worker publishes its
+counts per model (http/shared_rows.py) and adds the others' when it admits one more. The bound per
+client stays each worker's share of it (client addresses are anyone's to make up: no shared table
+of them).
 """
 
 from __future__ import annotations
@@ -24,8 +29,19 @@ from enum import Enum
 from typing import Any
 
 from modelserve.contracts.names import Key
+from modelserve.http.shared_rows import Names, SharedRows
 
 from .cold_starts import ColdStarts
+
+# Per worker, the models with requests held at once whose counts the others see (an entry is freed
+# when its model holds none): past it, a model's bound is checked on this worker's counts alone.
+MAX_HELD_MODELS = 1024
+SHARED_WIDTH = Names.width(MAX_HELD_MODELS, 2)  # a model's held requests, and the unverified ones
+
+
+def shared_counts(rows: SharedRows, own: int) -> Names:
+    """This worker's counts of held requests by model, and its siblings'."""
+    return Names(rows, own, 0, MAX_HELD_MODELS, 2)
 
 
 class Outcome(Enum):
@@ -45,6 +61,7 @@ class Holding:
         cold_starts: ColdStarts | None = None,
         on_woken: Callable[[Key, float], None] = lambda key, seconds: None,
         clock: Callable[[], float] = time.monotonic,
+        shared: Names | None = None,
     ) -> None:
         self.max_held = max_held
         self.on_count = on_count  # the held-requests gauge
@@ -57,6 +74,7 @@ class Holding:
         self.cold_starts = cold_starts or ColdStarts()
         self.on_woken = on_woken  # the wake-time histogram
         self.clock = clock
+        self.shared = shared  # the other workers' counts by model (None: one process)
 
     def held(self) -> dict[Key, int]:
         return {key: count for key, count in self._held.items() if count}
@@ -88,9 +106,12 @@ class Holding:
     def admits(self, key: Key, unverified_from: str | None = None) -> bool:
         """Whether one more request for `key` may wait: a verified one (None) within `max_held` of
         its kind, an unverified one (from that client) within both of its shares."""
-        unverified = self._unverified.get(key, 0)
+        held, unverified = self._held.get(key, 0), self._unverified.get(key, 0)
+        theirs = self.shared.elsewhere(_name(key)) if self.shared is not None else None
+        if theirs is not None:
+            held, unverified = held + theirs[0], unverified + theirs[1]
         if unverified_from is None:
-            return self._held.get(key, 0) - unverified < self.max_held
+            return held - unverified < self.max_held
         return (
             unverified < self.max_unverified and self._clients.get(unverified_from, 0) < self.max_unverified_per_client
         )
@@ -110,7 +131,7 @@ class Holding:
         if unverified_from is not None:
             _add(self._unverified, key, 1)
             _add(self._clients, unverified_from, 1)
-        self.on_count(key, self._held[key])
+        self._counted(key)
         try:
             # asyncio.wait cancels nothing: the future others wait on outlives this request's timeout.
             done, _ = await asyncio.wait((future, disconnected), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -119,13 +140,27 @@ class Holding:
                 _add(self._unverified, key, -1)
                 _add(self._clients, unverified_from, -1)
             self._held[key] -= 1
-            self.on_count(key, self._held[key])
+            self._counted(key)
             if not self._held[key]:
                 del self._held[key]
                 self.cold_starts.unheld(key, self.clock())
         if disconnected in done:
             return Outcome.GONE
         return Outcome.READY if done else Outcome.TIMEOUT
+
+    def _counted(self, key: Key) -> None:
+        """`key`'s count changed: the gauge, and the other workers' view of it."""
+        held = self._held[key]
+        self.on_count(key, held)
+        if self.shared is not None:
+            if held:
+                self.shared.publish(_name(key), (held, self._unverified.get(key, 0)))
+            else:
+                self.shared.forget(_name(key))
+
+
+def _name(key: Key) -> str:
+    return f"{key[0]}/{key[1]}"
 
 
 def _add(counts: dict[Any, int], name: Any, step: int) -> None:

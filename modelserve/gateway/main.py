@@ -12,6 +12,7 @@ from modelserve.http.serve import serve_workers
 
 from .app import Discovery, build_app
 from .discovery import KubeDiscovery
+from .holding import SHARED_WIDTH
 from .settings import GatewaySettings
 
 log = logging.getLogger("modelserve.gateway")
@@ -53,6 +54,7 @@ def run(settings: GatewaySettings, discovery: Callable[[], Discovery]) -> None:
         settings.listen_port,
         settings.drain_seconds,
         ConnectionLimits.of(settings),
+        SHARED_WIDTH,
     )
 
 

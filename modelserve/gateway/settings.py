@@ -92,8 +92,8 @@ class GatewaySettings:
     # Sidecars asked at most per model list (GET /v1/models, /api/tags, /api/ps) whether the
     # caller's key opens their model; the others are listed as last seen (catalog.py).
     model_list_asks: int = env_setting("MODELSERVE_GATEWAY_MODEL_LIST_ASKS", positive_int, default=16)
-    # Processes relaying on the one port (http/workers.py), each with its own watches; each holds
-    # 1/workers of the requests held per model. One core carries about 40k token events/s.
+    # Processes relaying on the one port (http/workers.py), each with its own watches; the requests
+    # held per model are bounded for the pod (holding.py). One core carries about 40k token events/s.
     workers: int = env_setting("MODELSERVE_GATEWAY_WORKERS", positive_int, default=1)
 
     @classmethod

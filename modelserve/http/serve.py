@@ -17,6 +17,7 @@ from uvicorn.main import STARTUP_FAILURE
 
 from .direct import DirectRoutes, protocol_for
 from .limits import ConnectionLimits, connection_cap, raise_file_limit
+from .shared_rows import SharedRows
 from .worker_views import Siblings
 from .workers import Supervisor
 
@@ -81,16 +82,22 @@ def serve_workers(
     port: int,
     drain_seconds: float,
     limits: ConnectionLimits,
+    shared_width: int = 0,
 ) -> None:
     """`serve` the app `make_app` makes, in this process, or in each of `workers` (workers.py), each
-    making its own after the fork (its loop, watches and connections are its alone)."""
+    making its own after the fork (its loop, watches and connections are its alone); with
+    `shared_width`, the workers share a row of that many counts each (shared_rows.py)."""
     if workers == 1:
         app = make_app(None)
         serve(app, host, port, drain_seconds, app.direct_routes(), limits=limits)
         return
 
+    rows = SharedRows(workers, shared_width) if shared_width else None  # before the fork: every worker's
+
     def worker(index: int, sockets: list[socket.socket]) -> None:
-        app = make_app(Siblings(os.getppid(), workers, index))
+        if rows is not None:
+            rows.clear(index)  # what this worker's predecessor held, if it died, is free again
+        app = make_app(Siblings(os.getppid(), workers, index, rows))
         serve(app, host, port, drain_seconds, app.direct_routes(), limits=limits, sockets=sockets)
 
     sys.exit(Supervisor(workers, host, port, worker).run())

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from .shared_rows import SharedRows
 from .workers import sibling_address
 
 log = logging.getLogger(__name__)
@@ -28,10 +29,12 @@ HIGHEST = ("_max_fds", "_warmup_duration_seconds")
 
 
 class Siblings:
-    """The other workers of this process's parent, asked over their unix sockets; `index` is this one's."""
+    """The other workers of this process's parent, asked over their unix sockets; `index` is this one's.
+    `rows`: the counts they share, when the program asked for some (shared_rows.py)."""
 
-    def __init__(self, parent: int, count: int, own: int) -> None:
+    def __init__(self, parent: int, count: int, own: int, rows: SharedRows | None = None) -> None:
         self.index = own
+        self.rows = rows
         self.primary = sibling_address(parent, 0)
         self.addresses = [sibling_address(parent, index) for index in range(count) if index != own]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -34,8 +35,18 @@ from .adapters import Adapters
 from .keys import KeyStore
 from .metrics import SidecarMetrics
 from .ollama_asgi import OllamaAdapter
+from .pod_counts import PodCounts
 from .proxy import Proxy
 from .readiness import Readiness
+
+PUBLISH_SECONDS = 1.0  # how stale another worker's minute counts may be (pod_counts.py)
+
+
+async def every(interval: float, step: Callable[[], object]) -> None:
+    """`step()` every `interval` seconds until cancelled (the lifespan owns the task)."""
+    while True:
+        await asyncio.sleep(interval)
+        step()
 
 
 class Dispatcher:
@@ -83,7 +94,8 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
 
     adapters = Adapters(settings, engine_ready, manages=primary)
     readiness.adapters = adapters
-    proxy = Proxy(settings, keys, metrics, adapters)
+    pod = PodCounts(siblings.rows, siblings.index) if siblings is not None and siblings.rows is not None else None
+    proxy = Proxy(settings, keys, metrics, adapters, pod)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -96,6 +108,8 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
         if keys is not None:
             tasks.append(asyncio.create_task(keys.watch()))
             tasks.append(asyncio.create_task(proxy.replicas.watch()))
+            if pod is not None:
+                tasks.append(asyncio.create_task(every(PUBLISH_SECONDS, lambda: proxy.limits.publish_all(time.time()))))
         if adapters.enabled:
             tasks.append(asyncio.create_task(adapters.watch()))
         try:

@@ -2,7 +2,11 @@
 tokens over the last minute. Pure: the clock is passed in.
 
 The minute is a sliding window of one-second buckets, so a key's state is at most 60 buckets per
-measure whatever its traffic, and a refusal can say when the window will have room again."""
+measure whatever its traffic, and a refusal can say when the window will have room again.
+
+With several workers (http/workers.py), each publishes its counts per name (pod_counts.py) and adds
+the others' to its own when it checks: the pod's use, as with one process. A worker's minute counts
+are published as they change and again each second (`publish_all`), as its oldest buckets expire."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from dataclasses import dataclass, field
 
 from modelserve.contracts.key_entries import KeyEntry
 from modelserve.http.workers import share
+
+from .pod_counts import NONE, KeyCounts, PodCounts
 
 WINDOW_SECONDS = 60
 
@@ -68,10 +74,14 @@ class KeyUse:
 
 
 class KeyLimiter:
-    """The use of every configured key name (an unknown name never gets state here)."""
+    """The use of every configured key name (an unknown name never gets state here). With `pod`, one
+    worker's: its use plus the other workers' (or, for a name the shared rows have no room for, its
+    `workers` share of each limit)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pod: PodCounts | None = None, workers: int = 1) -> None:
         self.uses: dict[str, KeyUse] = {}
+        self.pod = pod
+        self.workers = workers
 
     def use(self, name: str) -> KeyUse:
         use = self.uses.get(name)
@@ -91,22 +101,28 @@ class KeyLimiter:
         if not limits.limited:
             return None
         use = self.use(entry.name)
-        if limits.max_in_flight is not None and use.in_flight >= share(limits.max_in_flight, replicas):
+        theirs = self.pod.elsewhere(entry.name) if self.pod is not None else NONE
+        if theirs is None:  # not shared: this worker's part of the pod's share
+            theirs, replicas = NONE, replicas * self.workers
+        if limits.max_in_flight is not None and use.in_flight + theirs.in_flight >= share(
+            limits.max_in_flight, replicas
+        ):
             return IN_FLIGHT, None  # when one ends is not known
         if limits.requests_per_minute is not None:
             limit = share(limits.requests_per_minute, replicas)
-            if use.requests.sum(now) >= limit:
-                return REQUESTS_PER_MINUTE, use.requests.room_after(now, limit)
+            if use.requests.sum(now) + theirs.requests >= limit:
+                return REQUESTS_PER_MINUTE, _room_after(use.requests, now, limit, theirs.requests)
         if limits.tokens_per_minute is not None:
             limit = share(limits.tokens_per_minute, replicas)
-            if use.tokens.sum(now) >= limit:
-                return TOKENS_PER_MINUTE, use.tokens.room_after(now, limit)
+            if use.tokens.sum(now) + theirs.tokens >= limit:
+                return TOKENS_PER_MINUTE, _room_after(use.tokens, now, limit, theirs.tokens)
         return None
 
     def started(self, name: str, now: float) -> None:
         use = self.use(name)
         use.in_flight += 1
         use.requests.add(now, 1)
+        self._publish(name, use, now)
 
     def finished(self, name: str, tokens: int, now: float) -> None:
         """A request ended: `tokens`, prompt and completion as the engine reported them (0 if it did not)."""
@@ -114,9 +130,30 @@ class KeyLimiter:
         use.in_flight -= 1
         if tokens:
             use.tokens.add(now, tokens)
+        self._publish(name, use, now)
+
+    def publish_all(self, now: float) -> None:
+        """Every name's counts again, as their oldest buckets leave the minute (with `pod` only)."""
+        if self.pod is not None:
+            for name, use in self.uses.items():
+                if use.requests.total or use.tokens.total:
+                    self._publish(name, use, now)
+
+    def _publish(self, name: str, use: KeyUse, now: float) -> None:
+        if self.pod is not None:
+            self.pod.publish(name, KeyCounts(use.in_flight, use.requests.sum(now), use.tokens.sum(now)))
 
     def keep_only(self, names: Iterable[str]) -> None:
         """Forget the state of names no longer configured (and idle): bounded by the Secret's entries."""
         kept = set(names)
         for name in [n for n, use in self.uses.items() if n not in kept and use.in_flight == 0]:
             del self.uses[name]
+            if self.pod is not None:
+                self.pod.forget(name)
+
+
+def _room_after(window: Window, now: float, limit: int, theirs: int) -> float | None:
+    """Seconds until this key's window has room, when this worker's buckets alone say it: None when
+    other workers hold some of it (theirs leave at times this worker does not know, and a wait too
+    long would hold the client back for nothing)."""
+    return None if theirs else window.room_after(now, limit)

@@ -11,6 +11,7 @@ from modelserve.http.limits import ConnectionLimits
 from modelserve.http.serve import serve_workers
 
 from .app import build_app
+from .pod_counts import WIDTH
 
 log = logging.getLogger("modelserve.sidecar")
 
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         settings.listen_port,
         settings.drain_seconds,
         ConnectionLimits.of(settings),
+        WIDTH,
     )
 
 

@@ -28,6 +28,7 @@ from .key_limits import IN_FLIGHT, KeyLimiter
 from .key_usage import KeyUsage
 from .keys import KeyStore
 from .metrics import SidecarMetrics, route_label
+from .pod_counts import PodCounts
 from .replica_share import ReplicaShare
 from .request_checks import check_body, request_model
 
@@ -64,7 +65,12 @@ class Proxy(Pipeline):
     connection the second time), settle (usage, engine errors), end (the request's metrics)."""
 
     def __init__(
-        self, settings: Settings, keys: KeyStore | None, metrics: SidecarMetrics, adapters: Adapters | None = None
+        self,
+        settings: Settings,
+        keys: KeyStore | None,
+        metrics: SidecarMetrics,
+        adapters: Adapters | None = None,
+        pod: PodCounts | None = None,
     ) -> None:
         super().__init__(routes.FORWARDED, settings.max_body_bytes)
         self.settings = settings
@@ -72,12 +78,14 @@ class Proxy(Pipeline):
         self.keys = keys  # None in public mode
         self.metrics = metrics
         ledger = self.ledger
-        self.limits = KeyLimiter()
+        # `pod`: with workers, the counts they share, so the limits and slots are the pod's, not split.
+        self.limits = KeyLimiter(pod, settings.workers)
         self.replicas = ReplicaShare(settings.replicas_file)  # how many sidecars share a key's limits
         if keys is not None:  # a removed name's state goes with it: bounded by the Secret's entries
             keys.on_change = lambda: self.limits.keep_only(entry.name for entry in keys.entries)
-        # A worker's part of the engine's slots, as of a key's limits (share(): rounded up).
-        self.fair = FairShare(share(settings.engine_concurrency, settings.workers))
+        # Without shared counts, a worker's part of the engine's slots (share(): rounded up).
+        slots = settings.engine_concurrency if pod is not None else share(settings.engine_concurrency, settings.workers)
+        self.fair = FairShare(slots, pod)
         self.usage = KeyUsage(
             settings.served_model,
             self.limits.in_flight,
@@ -141,7 +149,7 @@ class Proxy(Pipeline):
             key, reason = identify(headers, self.keys, now)
             if key is None or reason is not None:  # the Secret changed in between
                 return errors.unauthorized(reason or "invalid")
-            over = self.limits.refusal(key, now, self.replicas.count * self.settings.workers)
+            over = self.limits.refusal(key, now, self.replicas.count)
             if over is not None:
                 self.usage.refused(key.name, over[0])
                 return _over_limit(key.name, *over)

@@ -1,6 +1,7 @@
 """The gateway with two workers (MODELSERVE_GATEWAY_WORKERS, http/workers.py), a real process tree in
-front of a real sidecar: connections spread over the workers, and /metrics and /held answer for the
-pod (what the operator reads) whichever worker a request reaches. Asserted on each worker's own
+front of a real sidecar: connections spread over the workers, /metrics and /held answer for the
+pod (what the operator reads) whichever worker a request reaches, and the bound on requests held per
+model is the pod's. Asserted on each worker's own
 series, read on its unix socket, and on the pod's."""
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
             "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
             "MODELSERVE_GATEWAY_WORKERS": "2",
             "MODELSERVE_GATEWAY_HOLD_SECONDS": "10",
+            "MODELSERVE_GATEWAY_MAX_HELD": str(HELD),
         }
         argv = [sys.executable, str(SERVE), sidecar.url.removeprefix("http://")]
         process = start_process("gateway", argv, base / "logs", env)
@@ -68,15 +70,27 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         replay.stop()
 
 
-def own_metrics(gateway: Gateway, index: int) -> str:
+def worker_client(gateway: Gateway, index: int) -> httpx.Client:
+    """A client of one worker alone, on its unix socket."""
     transport = httpx.HTTPTransport(uds=sibling_address(gateway.pid, index))
-    with httpx.Client(transport=transport, base_url="http://worker", timeout=30) as client:
+    return httpx.Client(transport=transport, base_url="http://worker", timeout=60)
+
+
+def own_metrics(gateway: Gateway, index: int) -> str:
+    with worker_client(gateway, index) as client:
         return client.get("/metrics").text
 
 
-def chat(gateway: Gateway, model: str) -> httpx.Response:
+def chat(gateway: Gateway, model: str, client: httpx.Client | None = None) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    if client is not None:
+        return client.post("/v1/chat/completions", json=body)
     return httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=60)
+
+
+def held(gateway: Gateway) -> int:
+    entries = httpx.get(gateway.url + "/held", timeout=10).json()["held"]
+    return sum(e["requests"] for e in entries if e["name"] == "sleepy")
 
 
 def test_requests_spread_over_the_workers_and_the_pod_counts_them_all(gateway: Gateway) -> None:
@@ -89,13 +103,13 @@ def test_requests_spread_over_the_workers_and_the_pod_counts_them_all(gateway: G
         assert metric_value(httpx.get(gateway.url + "/metrics", timeout=10).text, CHATS) == REQUESTS
 
 
-def test_held_requests_are_the_pods_whichever_worker_holds_them(gateway: Gateway) -> None:
-    def held() -> int:
-        entries = httpx.get(gateway.url + "/held", timeout=10).json()["held"]
-        return sum(e["requests"] for e in entries if e["name"] == "sleepy")
-
-    with ThreadPoolExecutor(HELD) as pool:
-        waiting = [pool.submit(chat, gateway, "sleepy") for _ in range(HELD)]
-        wait_until(lambda: held() == HELD, 8, f"{HELD} requests held in the pod")
+def test_held_requests_and_their_bound_are_the_pods_whichever_worker_holds_them(gateway: Gateway) -> None:
+    """The pod holds HELD requests for `sleepy` (MODELSERVE_GATEWAY_MAX_HELD): all of them at worker 0
+    (split bounds gave each worker half), and then worker 1 turns the next one away."""
+    with worker_client(gateway, 0) as first, worker_client(gateway, 1) as second, ThreadPoolExecutor(HELD) as pool:
+        waiting = [pool.submit(chat, gateway, "sleepy", first) for _ in range(HELD)]
+        wait_until(lambda: held(gateway) == HELD, 8, f"{HELD} requests held in the pod")
+        full = chat(gateway, "sleepy", second)
+        assert full.status_code == 429 and full.headers["retry-after"]
         assert all(w.result().status_code == 503 for w in waiting)  # the hold ran out: no replica came
-    assert held() == 0
+    assert held(gateway) == 0

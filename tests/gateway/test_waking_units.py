@@ -14,10 +14,11 @@ from modelserve.contracts.env import ConfigError
 from modelserve.gateway.cold_starts import ColdStarts, retry_after_seconds
 from modelserve.gateway.errors import FULL_RETRY_AFTER_SECONDS, HOLD_RETRY_AFTER_SECONDS, hold_timeout
 from modelserve.gateway.held_streams import ERROR_BODY_LIMIT, StartedStream, comment, error_event
-from modelserve.gateway.holding import Holding, Outcome
+from modelserve.gateway.holding import SHARED_WIDTH, Holding, Outcome, shared_counts
 from modelserve.gateway.metrics import GatewayMetrics
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.http.downstream import Headers
+from modelserve.http.shared_rows import SharedRows
 
 KEY = ("ns", "m")
 
@@ -230,3 +231,26 @@ def test_a_forgotten_model_leaves_no_wake_or_keepalive_series() -> None:
     assert 'model="gone"' not in text
     assert 'modelserve_gateway_wake_seconds_count{model="kept",namespace="default"} 1.0' in text
     assert 'modelserve_gateway_hold_keepalives_total{model="kept",namespace="default"} 1.0' in text
+
+
+def test_with_workers_the_bound_per_model_is_the_pods() -> None:
+    """Two workers' Holdings on one shared mapping (http/shared_rows.py): a model's held requests at
+    one count against the bound at the other, verified and unverified alike; the per-client bound
+    stays each worker's."""
+
+    async def scenario() -> None:
+        rows = SharedRows(2, SHARED_WIDTH)
+        first = Holding(max_held=2, max_unverified=1, shared=shared_counts(rows, 0))
+        second = Holding(max_held=2, max_unverified=1, shared=shared_counts(rows, 1))
+        never = asyncio.get_running_loop().create_future()
+        held = [asyncio.ensure_future(first.wait(KEY, 10, never)) for _ in range(2)]
+        unverified = asyncio.ensure_future(first.wait(KEY, 10, never, "10.0.0.1"))
+        await asyncio.sleep(0.01)
+        assert not second.admits(KEY) and not second.admits(KEY, "10.0.0.2")
+        assert second.admits(("ns", "other"))
+        first.wake(KEY)
+        assert [await h for h in held] == [Outcome.READY] * 2 and await unverified is Outcome.READY
+        assert second.admits(KEY) and second.admits(KEY, "10.0.0.2")  # given back: the entry forgotten
+        never.cancel()
+
+    asyncio.run(scenario())

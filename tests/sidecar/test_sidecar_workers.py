@@ -1,7 +1,8 @@
 """A sidecar with several workers (MODELSERVE_WORKERS, http/workers.py), a real process tree in front
-of the replay engine: the kernel spreads connections over the workers, worker 0 answers /metrics and
-/load for all of them, each worker takes its share of a key's limits, a worker that dies is started
-again, and SIGTERM drains every worker's streams. Asserted on the workers' own series, read on their
+of the replay engine: the kernel spreads connections over the workers, any worker answers /metrics and
+/load for all of them, a key's limits and the engine's slots are the pod's whichever worker a request
+reaches, a worker that dies is started again and what it held is given back, and SIGTERM drains every
+worker's streams. Asserted on the workers' own series, read on their
 unix sockets, and on the pod's."""
 
 from __future__ import annotations
@@ -25,16 +26,23 @@ from modelserve_sandbox.processes import wait_until
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 CHATS = 'modelserve_sidecar_requests_total{route="/v1/chat/completions",status_class="2xx"}'
 IN_FLIGHT = 'modelserve_sidecar_key_in_flight_requests{key="shared",model="tiny"}'
+WAITING = 'modelserve_sidecar_key_waiting_requests{key="api-key",model="tiny"}'
+STALL = {"x-replay-stall": "6.0"}  # long enough to see it held, and to be refused, on a busy machine
 REQUESTS = 24
 
 
 @pytest.fixture
 def workers(replay: ReplayEngine, tmp_path: Path) -> Iterator[Sidecar]:
-    """Two workers; the key API_KEY, and `shared` limited to 2 requests in flight in the pod."""
+    """Two workers; the key API_KEY, and `shared` limited to 2 requests in flight in the pod; the
+    engine given 3 requests at once."""
     SecretDir(tmp_path / "keys").write(
         {"api-key": API_KEY + "\n", "shared": json.dumps({"keys": [hash_key("key-shared")], "maxInFlight": 2})}
     )
-    env = {"MODELSERVE_KEYS_DIR": str(tmp_path / "keys"), "MODELSERVE_WORKERS": "2"}
+    env = {
+        "MODELSERVE_KEYS_DIR": str(tmp_path / "keys"),
+        "MODELSERVE_WORKERS": "2",
+        "MODELSERVE_ENGINE_CONCURRENCY": "3",
+    }
     sidecar = launch_sidecar(tmp_path / "logs", replay.url, "tiny", env)
     try:
         wait_sidecar_ready(sidecar)
@@ -54,9 +62,21 @@ def own_count(sidecar: Sidecar, index: int, sample: str) -> float:
         return metric_value(client.get("/metrics").text, sample)
 
 
+def fresh(sidecar: Sidecar, index: int) -> bool:
+    """Worker `index` answers on its socket, having served nothing yet (it may not listen yet)."""
+    try:
+        return own_count(sidecar, index, CHATS) == 0
+    except httpx.TransportError:
+        return False
+
+
 def worker_pids(sidecar: Sidecar) -> list[int]:
     pid = sidecar.process.pid
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def pod_in_flight(sidecar: Sidecar) -> int:
+    return httpx.get(sidecar.url + "/load", timeout=10).json()["inFlight"]
 
 
 def chat(url: str, key: str = API_KEY, **headers: str) -> httpx.Response:
@@ -75,31 +95,51 @@ def test_the_workers_share_the_port_and_worker_0_answers_for_the_pod(workers: Si
         assert httpx.get(workers.url + "/load", timeout=10).json()["arrivals"] == REQUESTS
 
 
-def test_each_worker_takes_its_share_of_a_key_limit(workers: Sidecar) -> None:
-    """`shared` may have 2 requests in flight in the pod: 1 at each worker, as 2 replicas would."""
-    slow = {"x-replay-stall": "6.0"}  # long enough to see it held, and to be refused, on a busy machine
-    with worker_client(workers, 0) as first, worker_client(workers, 1) as second, ThreadPoolExecutor(1) as pool:
-        held = pool.submit(
-            first.post, "/v1/chat/completions", json=CHAT, headers={"authorization": "Key key-shared", **slow}
-        )
-        wait_until(lambda: own_count(workers, 0, IN_FLIGHT) == 1, 20, "one request of `shared` in flight at worker 0")
-        assert (
-            first.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Key key-shared"}).status_code
-            == 429
-        )
-        assert (
-            second.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Key key-shared"}).status_code
-            == 200
-        )
-        assert held.result().status_code == 200
+def test_a_key_limit_and_the_engines_slots_are_the_pods_whichever_worker_a_request_reaches(
+    workers: Sidecar,
+) -> None:
+    """`shared` may have 2 requests in flight in the pod: both may be at worker 0 (split limits gave
+    each worker 1), and then worker 1 refuses a third. The engine takes 3 at once: with those 2 and
+    one more at worker 0, worker 1's request waits for a slot, and takes one once a request ends."""
+    shared = {"authorization": "Key key-shared"}
+    with worker_client(workers, 0) as first, worker_client(workers, 1) as second, ThreadPoolExecutor(4) as pool:
+        held = [
+            pool.submit(first.post, "/v1/chat/completions", json=CHAT, headers={**shared, **STALL}) for _ in range(2)
+        ]
+        wait_until(lambda: own_count(workers, 0, IN_FLIGHT) == 2, 20, "two requests of `shared` in flight at worker 0")
+        refused = second.post("/v1/chat/completions", json=CHAT, headers=shared)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "in_flight"
+
+        public = {"authorization": f"Bearer {API_KEY}"}
+        third = pool.submit(first.post, "/v1/chat/completions", json=CHAT, headers={**public, **STALL})
+        wait_until(lambda: pod_in_flight(workers) == 3, 20, "3 requests in flight")
+        waiting = pool.submit(second.post, "/v1/chat/completions", json=CHAT, headers=public)
+        wait_until(lambda: own_count(workers, 1, WAITING) == 1, 20, "worker 1's request waiting for a slot")
+        assert not waiting.done()
+        assert [answer.result().status_code for answer in [*held, third]] == [200, 200, 200]
+        assert waiting.result().status_code == 200
+        assert own_count(workers, 1, WAITING) == 0
 
 
 def test_a_dead_worker_is_started_again_and_sigterm_drains_every_worker(workers: Sidecar) -> None:
+    """Worker 1 dies holding one of `shared`'s 2 requests: once started again, it holds none, so
+    worker 0 takes 2."""
     before = worker_pids(workers)
     assert len(before) == 2
-    os.kill(before[1], signal.SIGKILL)
+    shared = {"authorization": "Key key-shared"}
+    with worker_client(workers, 1) as second, ThreadPoolExecutor(1) as pool:
+        lost = pool.submit(second.post, "/v1/chat/completions", json=CHAT, headers={**shared, **STALL})
+        wait_until(lambda: own_count(workers, 1, IN_FLIGHT) == 1, 20, "a request of `shared` at worker 1")
+        os.kill(before[1], signal.SIGKILL)
+        with pytest.raises(httpx.TransportError):
+            lost.result()
     wait_until(lambda: len(pids := worker_pids(workers)) == 2 and before[1] not in pids, 20, "a new worker")
-    wait_until(lambda: own_count(workers, 1, CHATS) == 0, 20, "the new worker to answer on its socket")
+    wait_until(lambda: fresh(workers, 1), 20, "the new worker to answer on its socket")
+    with worker_client(workers, 0) as first, ThreadPoolExecutor(2) as pool:
+        held = [
+            pool.submit(first.post, "/v1/chat/completions", json=CHAT, headers={**shared, **STALL}) for _ in range(2)
+        ]
+        assert [answer.result().status_code for answer in held] == [200, 200]
     for _ in range(6):
         assert chat(workers.url + "/v1/chat/completions").status_code == 200
 
@@ -107,7 +147,7 @@ def test_a_dead_worker_is_started_again_and_sigterm_drains_every_worker(workers:
         streams = [
             pool.submit(chat, workers.url + "/v1/chat/completions", **{"x-replay-stall": "5.0"}) for _ in range(2)
         ]
-        wait_until(lambda: httpx.get(workers.url + "/load", timeout=10).json()["inFlight"] == 2, 20, "2 in flight")
+        wait_until(lambda: pod_in_flight(workers) == 2, 20, "2 in flight")
         workers.process.send_signal(signal.SIGTERM)
         assert [stream.result().status_code for stream in streams] == [200, 200]
         assert all(stream.result().json()["choices"] for stream in streams)
