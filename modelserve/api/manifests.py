@@ -433,8 +433,9 @@ def image_versions(ms: ModelServer, settings: Settings, live: dict[str, Any] | N
     """(the images the operator would run now, those to render, the template hash to record), given
     the `live` workload of the same kind (None: none yet). See versions.py."""
     current = versions.operator_versions(ms, settings)
-    placeholder = versions.rendering(settings, ms, versions.PLACEHOLDER)
-    spec_hash = versions.template_hash(pod_templates(_workload(ms, placeholder)))
+    spec_hash = versions.template_hash(
+        pod_templates(_workload(*versions.rendering(settings, ms, versions.placeholder(ms))))
+    )
     running = versions.recorded(live, serving_pod_template(live) if live else None)
     return current, versions.in_use(ms, current, live, running, spec_hash), spec_hash
 
@@ -445,7 +446,7 @@ def workload(
     """What runs the replicas: a LeaderWorkerSet when one spans nodes, else a Deployment. `live`: the
     one running now, whose images are kept unless the pods are replaced anyway (versions.py)."""
     _, used, spec_hash = image_versions(ms, settings, live)
-    body = _workload(ms, versions.rendering(settings, ms, used), replicas)
+    body = _workload(*versions.rendering(settings, ms, used), replicas)
     body["metadata"]["annotations"] = versions.annotations(used, spec_hash)
     return body
 

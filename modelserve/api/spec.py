@@ -266,6 +266,11 @@ class Auth(WireModel):
 
 
 MAX_SIDECAR_WORKERS = 16
+# Unset, the workers follow the token rate the engine's GPUs stream: one per this many token events/s
+# (measured: one worker's tail latency stays within 1.5x nginx's up to about 13k events/s, and it
+# saturates a core near 40k; docs/performance.md), at most DEFAULT_MAX_SIDECAR_WORKERS.
+EVENTS_PER_SIDECAR_WORKER = 12_000
+DEFAULT_MAX_SIDECAR_WORKERS = 8
 
 
 class Sidecar(WireModel):
@@ -275,11 +280,12 @@ class Sidecar(WireModel):
         None,
         ge=1,
         le=MAX_SIDECAR_WORKERS,
-        description="Sidecar processes relaying on the pod's one port (unset: 1): one carries about 40k "
-        "streamed tokens/s on a core, so fast GPUs want about one per GPU. A key's limits and "
-        "replicas.targetPerReplica are split among them as among replicas (each takes its share, rounded up): "
-        "keep those at several per worker. Each beyond the first adds 500m CPU and 64Mi memory to the "
-        "sidecar's requests and 256Mi to its memory limit.",
+        description="Sidecar processes relaying on the pod's one port. Unset: one per 12k streamed tokens/s "
+        "the engine's GPUs may send, at most 8 (high-throughput: 1 up to 2 GPUs, 2 for 4, 4 for 8; "
+        "low-latency: 3 for 1 GPU, 5 for 2, 8 from 4; cpu and external: 1); pods running when an operator "
+        "upgrade changes that default keep theirs until they are replaced anyway. They share a key's limits "
+        "and replicas.targetPerReplica as one process would. Each beyond the first adds 500m CPU and 64Mi "
+        "memory to the sidecar's requests and 256Mi to its memory limit.",
     )
 
 
@@ -730,9 +736,18 @@ class ModelServerSpec(WireModel):
 
     @property
     def sidecar_workers(self) -> int:
-        """The sidecar's processes: one unless set (workers split a key's limits and the engine's
-        slots, as replicas do, so a pod takes them only when asked)."""
-        return self.sidecar.workers if self.sidecar is not None and self.sidecar.workers is not None else 1
+        """The sidecar's processes: spec.sidecar.workers, else enough for the tokens/s the engine's
+        GPUs stream (Engine.token_events_per_gpu), between 1 and DEFAULT_MAX_SIDECAR_WORKERS."""
+        if self.named_sidecar_workers is not None:
+            return self.named_sidecar_workers
+        engine = ENGINES.get(self.profile)
+        events = self.gpu_count * engine.token_events_per_gpu if engine is not None else 0
+        return max(1, min(DEFAULT_MAX_SIDECAR_WORKERS, -(-events // EVENTS_PER_SIDECAR_WORKER)))
+
+    @property
+    def named_sidecar_workers(self) -> int | None:
+        """spec.sidecar.workers as written (None: unset, the operator's default)."""
+        return self.sidecar.workers if self.sidecar is not None else None
 
 
 def _on_gpus(profile: Profile) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -50,12 +50,18 @@ class Scaling(BaseModel):
 
 
 class Versions(BaseModel):
-    """The images a ModelServer's pods run (those the operator chooses; a spec.image shows as itself)."""
+    """The images a ModelServer's pods run (those the operator chooses; a spec.image shows as itself),
+    and its sidecar's workers, which the operator also chooses unless the spec names them."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
     sidecar: str = Field(description="The sidecar's image.")
     engine: str | None = Field(None, description="The engine's image (none with profile external).")
+    sidecar_workers: int | None = Field(
+        None,
+        description="The sidecar's workers (spec.sidecar.workers, else the operator's default for the profile "
+        "and GPUs, kept like the images).",
+    )
 
 
 class Upgrade(BaseModel):
@@ -63,10 +69,23 @@ class Upgrade(BaseModel):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
-    available: Literal["Yes", "No"] = Field(description="Yes: the operator's images differ from those running.")
+    available: Literal["Yes", "No"] = Field(
+        description="Yes: the operator's images (or its default sidecar workers) differ from those running."
+    )
     sidecar: str | None = Field(None, description="The sidecar image the operator would run now, when it differs.")
     engine: str | None = Field(None, description="The engine image the operator would run now, when it differs.")
+    sidecar_workers: int | None = Field(
+        None, description="The sidecar workers the operator would run now (its default), when they differ."
+    )
     message: str = Field("", description="What the owner can do about it.")
+
+
+def newer_than_running(upgrade: dict[str, Any]) -> str:
+    """What an upgrade (status.upgrade, as stored) would change, for an Event or the CLI: the newer
+    images, and the operator's default sidecar workers when they differ."""
+    workers = upgrade.get("sidecarWorkers")
+    parts = [upgrade.get("sidecar"), upgrade.get("engine"), f"{workers} sidecar workers" if workers else None]
+    return ", ".join(part for part in parts if part)
 
 
 class AdapterStatus(BaseModel):

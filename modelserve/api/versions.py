@@ -6,42 +6,61 @@ spare set of GPUs and a cold start. So the images in use are recorded on the wor
 (upgradePolicy Manual) until the pods are replaced anyway: the ModelServer is new, or the pod
 template changed apart from the images (a spec change, or a new operator rendering pods otherwise).
 The template is compared by a hash of it rendered with placeholder images, recorded beside them.
+The sidecar's workers, when the spec leaves them to the operator, are kept the same way: a default
+changed by an upgrade would roll the pods as surely as an image (hashed as 1, what the first operators
+rendered for an unset spec.sidecar.workers).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
 
+from modelserve.contracts import sidecar as contract
 from modelserve.contracts.names import GROUP, SIDECAR_NAME
 from modelserve.contracts.operator_settings import Settings
 from modelserve.engines import engine_for
 
-from .spec import ModelServer, UpgradePolicy
+from .spec import ModelServer, Sidecar, UpgradePolicy
 from .status import Upgrade, Versions
 
 # On the workload (not its pod template: writing them rolls nothing).
 VERSIONS_ANNOTATION = f"{GROUP}/versions"  # JSON: {"sidecar": image, "engine": image}
 TEMPLATE_HASH_ANNOTATION = f"{GROUP}/template-sha256"  # the pod template(s) with placeholder images
-# Stand-ins for the operator's images when hashing: a spec.image still shows as itself.
-PLACEHOLDER = Versions(sidecar="operator-chosen", engine="operator-chosen")
+WORKERS_VARIABLE = contract.Settings.__dataclass_fields__["workers"].metadata["env"]
 
 
-def operator_versions(ms: ModelServer, settings: Settings) -> Versions:
-    """The images this operator would run the ModelServer with now."""
-    if ms.spec.external:
-        return Versions(sidecar=settings.sidecar_image)
-    engine = engine_for(ms.spec.profile)
+def placeholder(ms: ModelServer) -> Versions:
+    """Stand-ins for what the operator chooses, when hashing: a spec.image and spec.sidecar.workers
+    still show as themselves."""
     return Versions(
-        sidecar=settings.sidecar_image, engine=ms.spec.image or settings.engine_image(engine.name, engine.image)
+        sidecar="operator-chosen", engine="operator-chosen", sidecar_workers=ms.spec.named_sidecar_workers or 1
     )
 
 
-def rendering(settings: Settings, ms: ModelServer, versions: Versions) -> Settings:
-    """Settings under which the builders render `versions` (the operator's other settings unchanged)."""
+def operator_versions(ms: ModelServer, settings: Settings) -> Versions:
+    """The images (and sidecar workers) this operator would run the ModelServer with now."""
+    workers = ms.spec.sidecar_workers
+    if ms.spec.external:
+        return Versions(sidecar=settings.sidecar_image, sidecar_workers=workers)
+    engine = engine_for(ms.spec.profile)
+    return Versions(
+        sidecar=settings.sidecar_image,
+        engine=ms.spec.image or settings.engine_image(engine.name, engine.image),
+        sidecar_workers=workers,
+    )
+
+
+def rendering(settings: Settings, ms: ModelServer, versions: Versions) -> tuple[ModelServer, Settings]:
+    """The ModelServer and settings under which the builders render `versions`: the spec naming their
+    sidecar workers, the settings their images (the rest of both unchanged)."""
     engine = None if ms.spec.external else engine_for(ms.spec.profile).name
-    return settings.with_images(versions.sidecar, engine, versions.engine)
+    if versions.sidecar_workers is not None:
+        sidecar = (ms.spec.sidecar or Sidecar()).model_copy(update={"workers": versions.sidecar_workers})
+        ms = dataclasses.replace(ms, spec=ms.spec.model_copy(update={"sidecar": sidecar}))
+    return ms, settings.with_images(versions.sidecar, engine, versions.engine)
 
 
 def template_hash(templates: list[dict[str, Any]]) -> str:
@@ -49,20 +68,35 @@ def template_hash(templates: list[dict[str, Any]]) -> str:
 
 
 def recorded(live: dict[str, Any] | None, template: dict[str, Any] | None) -> Versions | None:
-    """The images a live workload runs: its annotation, else (a workload made before the annotation
-    existed) its serving pod template's containers."""
+    """What a live workload runs: its annotation, else (a workload made before the annotation
+    existed) its serving pod template's containers; the sidecar's workers, if the annotation does
+    not say (made before they were recorded), from the sidecar's environment."""
     if live is None:
         return None
+    containers = ((template or {}).get("spec") or {}).get("containers") or []
+    sidecar_container = next((c for c in containers if c.get("name") == SIDECAR_NAME), {})
+    workers = _workers(sidecar_container)
     annotation = (live["metadata"].get("annotations") or {}).get(VERSIONS_ANNOTATION)
     if annotation:
         try:
-            return Versions.model_validate_json(annotation)
+            versions = Versions.model_validate_json(annotation)
         except ValueError:
             pass  # edited by hand: read the containers
-    containers = ((template or {}).get("spec") or {}).get("containers") or []
-    sidecar = next((c.get("image") for c in containers if c.get("name") == SIDECAR_NAME), None)
+        else:
+            return (
+                versions
+                if versions.sidecar_workers is not None
+                else versions.model_copy(update={"sidecar_workers": workers})
+            )
+    sidecar = sidecar_container.get("image")
     engine = next((c.get("image") for c in containers if c.get("name") != SIDECAR_NAME), None)
-    return Versions(sidecar=sidecar, engine=engine) if sidecar else None
+    return Versions(sidecar=sidecar, engine=engine, sidecar_workers=workers) if sidecar else None
+
+
+def _workers(container: dict[str, Any]) -> int:
+    """The sidecar's workers as its environment sets them (absent: 1, the sidecar's default)."""
+    value = next((v.get("value") for v in container.get("env") or [] if v.get("name") == WORKERS_VARIABLE), None)
+    return int(value) if isinstance(value, str) and value.isdigit() and int(value) > 0 else 1
 
 
 def in_use(
@@ -80,21 +114,30 @@ def in_use(
 
 def annotations(versions: Versions, spec_hash: str) -> dict[str, str]:
     return {
-        VERSIONS_ANNOTATION: versions.model_dump_json(exclude_none=True),
+        VERSIONS_ANNOTATION: versions.model_dump_json(exclude_none=True, by_alias=True),
         TEMPLATE_HASH_ANNOTATION: spec_hash,
     }
 
 
 def upgrade(current: Versions, used: Versions) -> Upgrade:
-    """Whether the operator would now run other images than the pods do, for status."""
+    """Whether the operator would now run other images (or sidecar workers) than the pods do, for status."""
     sidecar = current.sidecar if current.sidecar != used.sidecar else None
     engine = current.engine if current.engine != used.engine else None
-    if sidecar is None and engine is None:
+    workers = current.sidecar_workers if current.sidecar_workers != used.sidecar_workers else None
+    if sidecar is None and engine is None and workers is None:
         return Upgrade(available="No")
+    kept = (
+        "newer images are"
+        if workers is None
+        else "newer images and sidecar workers are"
+        if sidecar or engine
+        else "the operator's default sidecar workers are"
+    )
     return Upgrade(
         available="Yes",
         sidecar=sidecar,
         engine=engine,
-        message="newer images are kept back (upgradePolicy Manual) until the pods are replaced for a spec "
+        sidecar_workers=workers,
+        message=f"{kept} kept back (upgradePolicy Manual) until the pods are replaced for a spec "
         "change; set spec.upgradePolicy to Automatic to roll the pods onto them now",
     )

@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from modelserve.api.status import newer_than_running
+
 from .cluster import key_secret
 
 LIST_COLUMNS = ("NAME", "MODEL", "PROFILE", "READY", "REPLICAS", "AGE")
@@ -81,16 +83,18 @@ def list_table(items: list[dict[str, Any]], now: datetime, all_namespaces: bool,
 
 
 def _versions(status: dict[str, Any]) -> list[str]:
-    """The images the pods run, and the newer ones an operator upgrade kept back (upgradePolicy Manual)."""
+    """The images the pods run (and the sidecar's workers), and what an operator upgrade kept back
+    (upgradePolicy Manual)."""
     versions, upgrade = status.get("versions") or {}, status.get("upgrade") or {}
     lines = [
         f"{label:<12}{versions[key]}"
         for label, key in (("Sidecar:", "sidecar"), ("Engine:", "engine"))
         if versions.get(key)
     ]
+    if versions.get("sidecar") and (versions.get("sidecarWorkers") or 1) > 1:
+        lines[0] += f" ({versions['sidecarWorkers']} workers)"
     if upgrade.get("available") == "Yes":
-        newer = ", ".join(image for image in (upgrade.get("sidecar"), upgrade.get("engine")) if image)
-        lines.append(f"Upgrade:    available: {newer} ({upgrade.get('message', '')})")
+        lines.append(f"Upgrade:    available: {newer_than_running(upgrade)} ({upgrade.get('message', '')})")
     return lines
 
 

@@ -121,6 +121,9 @@ class Engine:
     # Which administration API loads LoRA adapters at run time (the sidecar calls it); NONE: the
     # engine takes no adapters from this project.
     adapter_api: AdapterApi = AdapterApi.NONE
+    # Streamed tokens per second one GPU of this engine sends at full batch, for the models its profile
+    # is for: what sizes the sidecar's workers when spec.sidecar.workers is unset (api/spec.py).
+    token_events_per_gpu: int = 0
     # The spec.dtype values the engine takes.
     dtypes: tuple[Dtype, ...] = tuple(Dtype)
     # Spec fields (wire names) only some engines read, e.g. SGLang's torchCompile: refused with

@@ -159,6 +159,9 @@ ENGINE = SGLang(
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
     adapter_api=AdapterApi.SGLANG,
+    # The small models low-latency is for: a 1.2B model streams a token every 0.86 ms at concurrency 1
+    # and is run up to 256 at once, tens of thousands of tokens/s per GPU.
+    token_events_per_gpu=25_000,
     own_fields=("torchCompile", "chunkedPrefillSize"),  # --enable-torch-compile, --chunked-prefill-size
     # Non-root, HOME, ~/.cache (FlashInfer's and Triton's kernels, torch's compile cache) and /tmp on
     # volumes; the root filesystem writable for the NVIDIA toolkit's hooks only (base.py).

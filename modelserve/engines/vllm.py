@@ -141,6 +141,9 @@ ENGINE = VLLM(
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
     adapter_api=AdapterApi.VLLM,
+    # An 8B model on one H100 at full batch streams about 5-7k output tokens/s; larger models take
+    # more GPUs each, so a pod's rate grows slower than its GPU count.
+    token_events_per_gpu=6_000,
     # Non-root, HOME, ~/.cache (vLLM's compile cache, FlashInfer's and Triton's kernels) and /tmp (Ray's
     # session, torch's compile cache) on volumes; the root filesystem writable for the NVIDIA toolkit's
     # hooks only (base.py).

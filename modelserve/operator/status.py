@@ -21,6 +21,7 @@ from modelserve.api.status import (
     Transition,
     Upgrade,
     Versions,
+    newer_than_running,
 )
 from modelserve.contracts.gateway import TRAFFIC_GUARD_CONDITION
 from modelserve.contracts.names import LWS_GROUP_INDEX_LABEL, LWS_WORKER_INDEX_LABEL, SELECTOR_LABEL
@@ -515,8 +516,9 @@ def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> lis
     upgrade = current.get("upgrade") or {}
     if upgrade.get("available") == "Yes" and upgrade != (previous or {}).get("upgrade"):
         # An operator upgrade kept this ModelServer's images: say so where `kubectl describe` looks.
-        newer = ", ".join(image for image in (upgrade.get("sidecar"), upgrade.get("engine")) if image)
-        out.append(Transition("Normal", "UpgradeAvailable", f"{newer}: {upgrade.get('message', '')}"))
+        out.append(
+            Transition("Normal", "UpgradeAvailable", f"{newer_than_running(upgrade)}: {upgrade.get('message', '')}")
+        )
     scaling = current.get("scaling")
     if scaling and scaling != (previous or {}).get("scaling"):
         out.append(Transition("Normal", scaling["reason"], scaling["message"]))

@@ -25,7 +25,7 @@ def test_a_new_modelserver_gets_the_operators_images() -> None:
     workload = manifests.workload(model_server(), NEW)
     assert _images(workload) == {"engine": "vllm/vllm-openai:v9.9.9", "sidecar": NEW.sidecar_image}
     recorded = json.loads(workload["metadata"]["annotations"][versions.VERSIONS_ANNOTATION])
-    assert recorded == {"sidecar": NEW.sidecar_image, "engine": "vllm/vllm-openai:v9.9.9"}
+    assert recorded == {"sidecar": NEW.sidecar_image, "engine": "vllm/vllm-openai:v9.9.9", "sidecarWorkers": 1}
 
 
 def test_an_operator_upgrade_leaves_the_pod_template_byte_identical_and_reports_the_upgrade() -> None:
@@ -45,6 +45,48 @@ def test_a_workload_made_before_the_annotation_keeps_the_images_its_containers_r
     live = manifests.workload(ms, OLD)
     del live["metadata"]["annotations"]
     assert manifests.workload(ms, NEW, live=live)["spec"]["template"] == live["spec"]["template"]
+
+
+def _workers(workload: dict[str, Any]) -> str | None:
+    sidecar = next(c for c in manifests.serving_pod_template(workload)["spec"]["containers"] if c["name"] == "sidecar")
+    return next((v["value"] for v in sidecar["env"] if v["name"] == versions.WORKERS_VARIABLE), None)
+
+
+@pytest.mark.parametrize("annotated", [True, False], ids=["annotation-without-workers", "no-annotation"])
+def test_pods_made_before_a_default_of_sidecar_workers_keep_theirs_until_they_roll_anyway(annotated: bool) -> None:
+    """An operator that rendered one worker for every unset spec.sidecar.workers made this low-latency
+    workload: the new default (3) would roll its GPU pods, so they keep one until they roll anyway."""
+    live = manifests.workload(model_server(profile="low-latency", sidecar={"workers": 1}), OLD)
+    annotations = live["metadata"]["annotations"]
+    if annotated:  # what that operator recorded: the images alone
+        recorded = json.loads(annotations[versions.VERSIONS_ANNOTATION])
+        annotations[versions.VERSIONS_ANNOTATION] = json.dumps(
+            {"sidecar": recorded["sidecar"], "engine": recorded["engine"]}
+        )
+    else:
+        del live["metadata"]["annotations"]
+    ms = model_server(profile="low-latency")
+    after = manifests.workload(ms, NEW, live=live)
+    assert after["spec"]["template"] == live["spec"]["template"] and _workers(after) is None
+    current, used, _ = manifests.image_versions(ms, NEW, live)
+    assert (current.sidecar_workers, used.sidecar_workers) == (3, 1)
+    upgrade = versions.upgrade(current, used)
+    assert upgrade.available == "Yes" and upgrade.sidecar_workers == 3
+    # A spec change rolls the pods: they take the default with it (with no recorded hash, as the
+    # images, at the first change after this operator recorded one).
+    rolled = manifests.workload(model_server(profile="low-latency", maxModelLen=4096), NEW, live=live)
+    if not annotated:
+        rolled = manifests.workload(model_server(profile="low-latency", maxModelLen=8192), NEW, live=rolled)
+    assert _workers(rolled) == "3"
+
+
+def test_sidecar_workers_named_in_the_spec_are_rendered_at_once() -> None:
+    live = manifests.workload(model_server(profile="low-latency"), OLD)
+    assert _workers(live) == "3"
+    after = manifests.workload(model_server(profile="low-latency", sidecar={"workers": 2}), OLD, live=live)
+    assert _workers(after) == "2"
+    again = manifests.workload(model_server(profile="low-latency", sidecar={"workers": 2}), NEW, live=after)
+    assert again["spec"]["template"]["spec"]["containers"] == after["spec"]["template"]["spec"]["containers"]
 
 
 @pytest.mark.parametrize(

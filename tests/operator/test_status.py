@@ -509,3 +509,8 @@ def test_a_kept_back_upgrade_is_an_event_once() -> None:
     assert transitions(after, after) == []
     done = _status(model_server(), _deployment(1, 1), [], previous=after, upgrade=Upgrade(available="No"))
     assert transitions(after, done) == []
+    workers = Upgrade(available="Yes", sidecar_workers=3, message="kept back")
+    kept = _status(model_server(), _deployment(1, 1), [], previous=done, upgrade=workers)
+    assert [(e.reason, e.message) for e in transitions(done, kept)] == [
+        ("UpgradeAvailable", "3 sidecar workers: kept back")
+    ]

@@ -177,6 +177,7 @@ def test_an_operator_upgrade_restarts_no_model_pod_and_opting_in_rolls_that_mode
         assert kept["versions"] == {
             "sidecar": old_sidecar,
             "engine": before["kept"][next(iter(before["kept"]))]["engine"],
+            "sidecarWorkers": 1,  # one GPU of vLLM: the operator's default
         }
         assert (kept["upgrade"]["sidecar"], kept["upgrade"]["engine"]) == (BUMPED_SIDECAR, BUMPED_VLLM)
         for name, pods in before.items():

@@ -163,6 +163,12 @@ def test_show_says_which_images_run_and_which_an_upgrade_kept_back() -> None:
     assert "Upgrade:" not in cli_views.show(ms)
     ms["status"]["upgrade"] = {"available": "Yes", "sidecar": "ghcr.io/modelserve/modelserve:0.2.0", "message": "m"}
     assert "Upgrade:    available: ghcr.io/modelserve/modelserve:0.2.0 (m)\n" in cli_views.show(ms)
+    ms["status"]["versions"]["sidecarWorkers"] = 1
+    ms["status"]["upgrade"] = {"available": "Yes", "sidecarWorkers": 3, "message": "m"}
+    assert "Sidecar:    ghcr.io/modelserve/modelserve:0.1.0\n" in cli_views.show(ms)  # one worker: as ever
+    assert "Upgrade:    available: 3 sidecar workers (m)\n" in cli_views.show(ms)
+    ms["status"]["versions"]["sidecarWorkers"] = 3
+    assert "Sidecar:    ghcr.io/modelserve/modelserve:0.1.0 (3 workers)\n" in cli_views.show(ms)
 
 
 def test_the_key_comes_from_the_secret_the_modelserver_names() -> None:
