@@ -107,8 +107,7 @@ class Holding:
         """Whether one more request for `key` may wait: a verified one (None) within `max_held` of
         its kind, an unverified one (from that client) within both of its shares."""
         held, unverified = self._held.get(key, 0), self._unverified.get(key, 0)
-        theirs = self.shared.elsewhere(_name(key)) if self.shared is not None else None
-        if theirs is not None:
+        for theirs in (self.shared.elsewhere(_name(key)) if self.shared is not None else None) or ():
             held, unverified = held + theirs[0], unverified + theirs[1]
         if unverified_from is None:
             return held - unverified < self.max_held

@@ -57,9 +57,9 @@ class Names:
     def width(capacity: int, fields: int) -> int:
         return capacity * (1 + fields)
 
-    def publish(self, name: str, counts: Sequence[int]) -> bool:
-        """`name`'s counts in this worker, for the others to add; False when this row has no room
-        for one more name (then it is not shared)."""
+    def publish(self, name: str, counts: Sequence[int], first: int = 0) -> bool:
+        """`name`'s counts in this worker (from field `first` on), for the others to read; False when
+        this row has no room for one more name (then it is not shared)."""
         at = self.entries.get(name)
         if at is None:
             at = self._place(name)
@@ -67,23 +67,22 @@ class Names:
                 self.full = True
                 return False
         own = self.own
-        for field, count in enumerate(counts, at + 1):
+        for field, count in enumerate(counts, at + 1 + first):
             own[field] = count
         return True
 
-    def elsewhere(self, name: str) -> list[int] | None:
-        """`name`'s counts in the other workers together; None when this row may have no room for it
-        (then the others may not share theirs either)."""
+    def elsewhere(self, name: str) -> list[list[int]] | None:
+        """`name`'s counts in each other worker that has them; None when this row may have no room
+        for it (then the others may not share theirs either)."""
         if self.full and name not in self.entries:
             return None
         wanted = self._hash(name)
-        totals = [0] * self.fields
+        found = []
         for row in self.others:
             at = self._find(row, wanted)
             if at is not None:
-                for field in range(self.fields):
-                    totals[field] += row[at + 1 + field]
-        return totals
+                found.append([row[field] for field in range(at + 1, at + 1 + self.fields)])
+        return found
 
     def forget(self, name: str) -> None:
         """`name` no longer counts here: its entry is free for another. Its hash stays until then, so

@@ -1,7 +1,8 @@
 """What the sidecar's workers share (http/shared_rows.py), so its limits mean what they mean with one
-process: in each worker's row, the engine slots it holds, since when its oldest request has waited for
-one, and for each key name it serves that name's requests in flight and its requests and tokens over
-the last minute. A worker adds the other rows to its own counts when it checks a limit."""
+process: in each worker's row, the engine slots it holds, the fair share's virtual time there and its
+next waiting request's start tag (fair_share.py), and for each key name it serves that name's requests
+in flight, its requests and tokens over the last minute, and where its last tagged request ends. A
+worker adds the other rows to its own counts when it checks a limit."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from typing import NamedTuple
 from modelserve.http.shared_rows import Names, SharedRows
 
 SLOTS = 0  # engine slots held
-OLDEST = 1  # monotonic ns since the oldest request waiting for a slot waits (0: none waits)
-HEADER = 2
+VIRTUAL = 1  # the start tag of the last request served
+HEAD_START = 2  # the next waiting request's start tag + 1 (0: none waits)
+HEAD_SINCE = 3  # since when it waits (monotonic ns)
+HEADER = 4
 MAX_NAMES = 4096  # per worker (the Secret's names, and the ones forgotten since, reused)
-WIDTH = HEADER + Names.width(MAX_NAMES, 3)
+FINISH = 3  # a name's field after its KeyCounts
+WIDTH = HEADER + Names.width(MAX_NAMES, 4)
 
 
 class KeyCounts(NamedTuple):
@@ -31,21 +35,34 @@ class PodCounts:
     def __init__(self, rows: SharedRows, own: int) -> None:
         self.own = rows.row(own)
         self.others = [rows.row(index) for index in range(rows.rows) if index != own]
-        self.names = Names(rows, own, HEADER, MAX_NAMES, 3)
+        self.names = Names(rows, own, HEADER, MAX_NAMES, 4)
 
-    # --- engine slots ---------------------------------------------------------------------------
+    # --- engine slots and turns -----------------------------------------------------------------
 
-    def hold(self, slots: int, oldest_waiting_ns: int) -> None:
-        self.own[SLOTS] = slots
-        self.own[OLDEST] = oldest_waiting_ns
+    def hold(self, slots: int, virtual: int, head: tuple[int, int] | None) -> None:
+        """This worker's slots held, virtual time, and next waiting request (start, since)."""
+        own = self.own
+        own[SLOTS] = slots
+        own[VIRTUAL] = virtual
+        own[HEAD_SINCE] = head[1] if head is not None else 0
+        own[HEAD_START] = head[0] + 1 if head is not None else 0  # last: the head is whole when seen
 
     def slots_elsewhere(self) -> int:
         return sum(row[SLOTS] for row in self.others)
 
-    def oldest_elsewhere(self) -> int:
-        """Since when (monotonic ns) the longest-waiting request of another worker waits; 0: none."""
-        waiting = [row[OLDEST] for row in self.others if row[OLDEST]]
-        return min(waiting) if waiting else 0
+    def virtual_elsewhere(self) -> int:
+        return max((row[VIRTUAL] for row in self.others), default=0)
+
+    def head_elsewhere(self) -> tuple[int, int] | None:
+        """The other workers' first request in turn (start, since), or None when none waits."""
+        heads = [(row[HEAD_START] - 1, row[HEAD_SINCE]) for row in self.others if row[HEAD_START]]
+        return min(heads) if heads else None
+
+    def publish_finish(self, name: str, finish: int) -> None:
+        self.names.publish(name, (finish,), FINISH)
+
+    def finish_elsewhere(self, name: str) -> int:
+        return max((counts[FINISH] for counts in self.names.elsewhere(name) or ()), default=0)
 
     # --- key names ------------------------------------------------------------------------------
 
@@ -54,8 +71,10 @@ class PodCounts:
 
     def elsewhere(self, name: str) -> KeyCounts | None:
         """`name`'s counts in the other workers together; None when it is not shared (no room)."""
-        counts = self.names.elsewhere(name)
-        return None if counts is None else KeyCounts(*counts)
+        found = self.names.elsewhere(name)
+        if found is None:
+            return None
+        return KeyCounts(*(sum(counts[field] for counts in found) for field in range(FINISH)))
 
     def forget(self, name: str) -> None:
         self.names.forget(name)

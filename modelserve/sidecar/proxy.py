@@ -161,7 +161,8 @@ class Proxy(Pipeline):
         """An engine slot taken now (a GET never needs one: the model list is no work)."""
         if plan.route.method != "POST":
             return True
-        plan.slot = self.fair.take_now()
+        name, weight = (plan.key.name, plan.key.limits.weight) if plan.key is not None else (PUBLIC, 1)
+        plan.slot = self.fair.take_now(name, weight)
         return plan.slot
 
     async def wait(self, plan: EnginePlan, client: Downstream, exchange: Exchange, peer: str | None) -> bool:  # type: ignore[override]

@@ -151,7 +151,7 @@ def test_a_flooding_key_waits_behind_one_turn_of_the_others() -> None:
 
     async def run() -> list[str]:
         fair = FairShare(1)
-        assert fair.take_now()
+        assert fair.take_now("x", 1)
         order: list[str] = []
         gone = asyncio.get_running_loop().create_future()
 
@@ -177,7 +177,7 @@ def test_a_flooding_key_waits_behind_one_turn_of_the_others() -> None:
 def test_a_heavier_key_takes_its_weight_per_turn() -> None:
     async def run() -> list[str]:
         fair = FairShare(1)
-        assert fair.take_now()
+        assert fair.take_now("x", 1)
         order: list[str] = []
         gone = asyncio.get_running_loop().create_future()
 
@@ -200,7 +200,7 @@ def test_a_heavier_key_takes_its_weight_per_turn() -> None:
 def test_a_waiter_whose_client_goes_or_whose_time_runs_out_holds_no_slot() -> None:
     async def run() -> None:
         fair = FairShare(1)
-        assert fair.take_now() and not fair.take_now()
+        assert fair.take_now("x", 1) and not fair.take_now("x", 1)
         gone = asyncio.get_running_loop().create_future()
         waiter = asyncio.create_task(fair.take("A", 1, gone, 10))
         await asyncio.sleep(0)
@@ -210,14 +210,14 @@ def test_a_waiter_whose_client_goes_or_whose_time_runs_out_holds_no_slot() -> No
         assert await fair.take("B", 1, never, 0.01) is False
         assert fair.waiting == 0 and fair.busy == 1
         fair.release()
-        assert fair.busy == 0 and fair.take_now()
+        assert fair.busy == 0 and fair.take_now("x", 1)
 
     asyncio.run(run())
 
 
 def test_no_capacity_means_no_queue() -> None:
     fair = FairShare(0)
-    assert all(fair.take_now() for _ in range(1000)) and fair.waiting == 0
+    assert all(fair.take_now("x", 1) for _ in range(1000)) and fair.waiting == 0
 
 
 def test_a_line_spelt_as_a_hash_must_be_one_and_a_dot_name_is_no_name() -> None:
@@ -233,7 +233,7 @@ def test_a_slot_freed_between_the_refusal_and_the_wait_is_not_lost() -> None:
 
     async def run() -> None:
         fair = FairShare(1)
-        assert fair.take_now() and not fair.take_now()
+        assert fair.take_now("x", 1) and not fair.take_now("x", 1)
         fair.release()  # before the refused request's task waits
         never = asyncio.get_running_loop().create_future()
         assert await fair.take("A", 1, never, 5) is True
@@ -245,7 +245,7 @@ def test_a_slot_freed_between_the_refusal_and_the_wait_is_not_lost() -> None:
 def test_a_waiter_cancelled_as_it_is_granted_gives_the_slot_back() -> None:
     async def run() -> None:
         fair = FairShare(1)
-        assert fair.take_now()
+        assert fair.take_now("x", 1)
         never = asyncio.get_running_loop().create_future()
         waiter = asyncio.create_task(fair.take("A", 1, never, 5))
         await asyncio.sleep(0)
@@ -253,7 +253,7 @@ def test_a_waiter_cancelled_as_it_is_granted_gives_the_slot_back() -> None:
         waiter.cancel()  # ...which is cancelled before it runs again
         with pytest.raises(asyncio.CancelledError):
             await waiter
-        assert fair.busy == 0 and fair.waiting == 0 and fair.take_now()
+        assert fair.busy == 0 and fair.waiting == 0 and fair.take_now("x", 1)
 
     asyncio.run(run())
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 
 from modelserve.contracts.key_entries import KeyEntry, KeyLimits
 from modelserve.http.shared_rows import SharedRows, name_hash
@@ -97,11 +98,12 @@ def test_a_worker_cleared_as_it_starts_gives_back_what_its_predecessor_held() ->
     rows = SharedRows(2, WIDTH)
     first, second = PodCounts(rows, 0), PodCounts(rows, 1)
     second.publish("a", KeyCounts(3, 3, 0))
-    second.hold(2, 5)
+    second.hold(2, 5, (7, 9))
     assert first.elsewhere("a") == KeyCounts(3, 3, 0) and first.slots_elsewhere() == 2
+    assert first.head_elsewhere() == (7, 9) and first.virtual_elsewhere() == 5
     rows.clear(1)
     assert first.elsewhere("a") == KeyCounts(0, 0, 0) and first.slots_elsewhere() == 0
-    assert first.oldest_elsewhere() == 0
+    assert first.head_elsewhere() is None and first.virtual_elsewhere() == 0
 
 
 def test_the_rows_are_shared_with_a_forked_worker() -> None:
@@ -121,8 +123,8 @@ def test_the_engines_slots_are_the_pods_and_the_longest_waiting_request_takes_a_
     async def run() -> list[str]:
         first, second = two_workers()
         a, b = FairShare(2, first), FairShare(2, second)
-        assert a.take_now() and a.take_now()
-        assert not b.take_now()
+        assert a.take_now("x", 1) and a.take_now("x", 1)
+        assert not b.take_now("x", 1)
         gone = asyncio.get_running_loop().create_future()
         order: list[str] = []
 
@@ -135,7 +137,7 @@ def test_the_engines_slots_are_the_pods_and_the_longest_waiting_request_takes_a_
         waiting_a = asyncio.create_task(one(a, "A"))
         for _ in range(3):
             await asyncio.sleep(0)
-        assert a.take_now() is False and order == []
+        assert a.take_now("x", 1) is False and order == []
         a.release()
         await asyncio.wait_for(waiting_b, 5)
         assert order == ["B"] and not waiting_a.done()  # A's own freed slot went to B's older request
@@ -143,14 +145,48 @@ def test_the_engines_slots_are_the_pods_and_the_longest_waiting_request_takes_a_
         await asyncio.wait_for(waiting_a, 5)
         assert order == ["B", "A"] and a.busy == 1 and b.busy == 1
         b.release()
-        assert a.take_now()  # nobody waits anywhere: a free slot is taken at once
+        assert a.take_now("x", 1)  # nobody waits anywhere: a free slot is taken at once
         return order
 
     assert asyncio.run(run()) == ["B", "A"]
 
 
+def test_a_flooding_key_at_one_worker_waits_behind_one_turn_of_a_key_at_another() -> None:
+    """Capacity 1, held at worker A; A's `flood` queues 4 requests, then B's `b` one: the slots go
+    flood, b, flood, flood, flood, as in one process (the turns are the pod's)."""
+
+    async def run() -> list[str]:
+        first, second = two_workers()
+        a, b = FairShare(1, first), FairShare(1, second)
+        assert a.take_now("x", 1)
+        gone = asyncio.get_running_loop().create_future()
+        order: list[str] = []
+
+        async def one(fair: FairShare, name: str) -> None:
+            assert await fair.take(name, 1, gone, 10)
+            order.append(name)
+
+        tasks = [asyncio.create_task(one(a, "flood")) for _ in range(4)]
+        await asyncio.sleep(0.002)
+        tasks.append(asyncio.create_task(one(b, "b")))
+        await asyncio.sleep(0.002)
+        for served in range(5):
+            holder = a if a.busy else b
+            holder.release()
+            await asyncio.wait_for(_until(lambda served=served: len(order) == served + 1), 5)
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(run()) == ["flood", "b", "flood", "flood", "flood"]
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
 def test_an_unbounded_engine_shares_nothing() -> None:
     first, second = two_workers()
     fair = FairShare(0, first)
-    assert fair.pod is None and all(fair.take_now() for _ in range(5))
+    assert fair.pod is None and all(fair.take_now("x", 1) for _ in range(5))
     assert second.slots_elsewhere() == 0
