@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -97,6 +98,8 @@ def serve_workers(
     def worker(index: int, sockets: list[socket.socket]) -> None:
         if rows is not None:
             rows.clear(index)  # what this worker's predecessor held, if it died, is free again
+            # A sibling may signal this worker (a nudge) once it listens: harmless until then.
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         app = make_app(Siblings(os.getppid(), workers, index, rows))
         serve(app, host, port, drain_seconds, app.direct_routes(), limits=limits, sockets=sockets)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -35,7 +36,7 @@ from .adapters import Adapters
 from .keys import KeyStore
 from .metrics import SidecarMetrics
 from .ollama_asgi import OllamaAdapter
-from .pod_counts import PodCounts
+from .pod_counts import NUDGE, PodCounts
 from .proxy import Proxy
 from .readiness import Readiness
 
@@ -105,6 +106,10 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
         adapters.session = session
         proxy.pool = open_pool(settings.upstream_max_connections, settings.upstream_timeout_seconds)
         tasks = [asyncio.create_task(readiness.watch())] if primary else []
+        loop = asyncio.get_running_loop()
+        if pod is not None:  # the other workers wake this one when a slot it is first for frees
+            loop.add_signal_handler(NUDGE, proxy.fair.nudged)
+            pod.listen(True)
         if keys is not None:
             tasks.append(asyncio.create_task(keys.watch()))
             tasks.append(asyncio.create_task(proxy.replicas.watch()))
@@ -115,6 +120,10 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
         try:
             yield
         finally:
+            if pod is not None:  # before the loop closes: its handler would become the default, to exit
+                pod.listen(False)
+                loop.remove_signal_handler(NUDGE)
+                signal.signal(NUDGE, signal.SIG_IGN)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

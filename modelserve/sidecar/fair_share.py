@@ -17,8 +17,9 @@ so the autoscaler sees the real queue.
 With several workers (http/workers.py) the slots and the turns are the pod's (pod_counts.py): a worker
 counts the others' slots as taken, tags with the latest virtual time and key finish any worker has
 published, and serves its lowest-tagged request only when no other worker's waits with a lower tag. A
-worker learns of a slot freed elsewhere by looking again every POLL_SECONDS while its requests wait:
-small beside a request that waited for a busy engine."""
+worker that frees a slot another worker's request is first for nudges that worker (a signal, see
+pod_counts.py); each also looks again every POLL_SECONDS while its requests wait, in case a nudge
+was missed (a worker starting again)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 
 from .pod_counts import PodCounts
 
-POLL_SECONDS = 0.005
+POLL_SECONDS = 0.02
 TURN = 720720  # a turn in tags: divisible by every weight up to 16, so their steps are exact
 
 
@@ -144,14 +145,22 @@ class FairShare:
         theirs = self.pod.head_elsewhere()
         return theirs is None or (head.start, head.since) <= theirs
 
+    def nudged(self) -> None:
+        """Another worker freed a slot this worker's request is first for."""
+        self._grant()
+
     def _grant(self) -> None:
-        while (head := self._head()) is not None and self._free() and self._first_in_line(head):
+        while (head := self._head()) is not None and self._free():
+            if not self._first_in_line(head):
+                break
             heapq.heappop(self.queue)
             self._count_out(head.name)
             self.busy += 1
             self.virtual = max(self.virtual, head.start)
             head.granted.set_result(None)
         self._publish()
+        if self.pod is not None and self._free() and self.pod.head_elsewhere() is not None:
+            self.pod.nudge()  # a free slot, and another worker's request first for it
 
     def _leave(self, waiting: Waiting) -> None:
         """A request that stops waiting: out of its key's count (and of the heap once at its top); its

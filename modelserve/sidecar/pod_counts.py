@@ -6,6 +6,9 @@ worker adds the other rows to its own counts when it checks a limit."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from typing import NamedTuple
 
 from modelserve.http.shared_rows import Names, SharedRows
@@ -14,9 +17,11 @@ SLOTS = 0  # engine slots held
 VIRTUAL = 1  # the start tag of the last request served
 HEAD_START = 2  # the next waiting request's start tag + 1 (0: none waits)
 HEAD_SINCE = 3  # since when it waits (monotonic ns)
-HEADER = 4
+PID = 4  # the worker's process, once it takes nudges (0: not yet)
+HEADER = 5
 MAX_NAMES = 4096  # per worker (the Secret's names, and the ones forgotten since, reused)
 FINISH = 3  # a name's field after its KeyCounts
+NUDGE = signal.SIGUSR1  # ignored until a worker listens (http/serve.py), then handled by its loop
 WIDTH = HEADER + Names.width(MAX_NAMES, 4)
 
 
@@ -57,6 +62,18 @@ class PodCounts:
         """The other workers' first request in turn (start, since), or None when none waits."""
         heads = [(row[HEAD_START] - 1, row[HEAD_SINCE]) for row in self.others if row[HEAD_START]]
         return min(heads) if heads else None
+
+    def listen(self, listening: bool) -> None:
+        """Whether this worker takes nudges (its loop handles NUDGE) from now on."""
+        self.own[PID] = os.getpid() if listening else 0
+
+    def nudge(self) -> None:
+        """Wake the worker whose request is first in turn: a slot freed here is its to take now, not
+        at its next look."""
+        heads = [(row[HEAD_START], row[HEAD_SINCE], row[PID]) for row in self.others if row[HEAD_START] and row[PID]]
+        if heads:
+            with contextlib.suppress(ProcessLookupError):  # it died: its row is cleared as it starts again
+                os.kill(min(heads)[2], NUDGE)
 
     def publish_finish(self, name: str, finish: int) -> None:
         self.names.publish(name, (finish,), FINISH)
