@@ -267,8 +267,9 @@ class Auth(WireModel):
 
 MAX_SIDECAR_WORKERS = 16
 # Unset, the workers follow the token rate the engine's GPUs stream: one per this many token events/s
-# (measured: one worker's tail latency stays within 1.5x nginx's up to about 13k events/s, and it
-# saturates a core near 40k; docs/performance.md), at most DEFAULT_MAX_SIDECAR_WORKERS.
+# (measured on two cores: at about 13k events/s per worker the tail latency was near nginx's in
+# most runs, one worker saturates a core near 40k; docs/performance.md), at most
+# DEFAULT_MAX_SIDECAR_WORKERS.
 EVENTS_PER_SIDECAR_WORKER = 12_000
 DEFAULT_MAX_SIDECAR_WORKERS = 8
 
