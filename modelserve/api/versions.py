@@ -27,7 +27,7 @@ from .spec import ModelServer, Sidecar, UpgradePolicy
 from .status import Upgrade, Versions
 
 # On the workload (not its pod template: writing them rolls nothing).
-VERSIONS_ANNOTATION = f"{GROUP}/versions"  # JSON: {"sidecar": image, "engine": image}
+VERSIONS_ANNOTATION = f"{GROUP}/versions"  # JSON: {"sidecar": image, "engine": image, "sidecarWorkers": n}
 TEMPLATE_HASH_ANNOTATION = f"{GROUP}/template-sha256"  # the pod template(s) with placeholder images
 WORKERS_VARIABLE = contract.Settings.__dataclass_fields__["workers"].metadata["env"]
 

@@ -186,9 +186,8 @@ def build_app(
     async def guards(request: Request) -> dict[str, Any]:
         reports = proxy.guards.reports()
         if (pod := for_the_pod(siblings, request.scope)) is not None:
-            for body in await pod.ask_all(
-                GUARDS_ROUTE
-            ):  # a version any worker tripped is tripped (the first's figures)
+            # A version any worker tripped is tripped (the first's figures).
+            for body in await pod.ask_all(GUARDS_ROUTE):
                 reports = {**guards_from_json(json.loads(body)), **reports}
         return guards_to_json(reports)
 

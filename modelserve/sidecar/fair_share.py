@@ -159,8 +159,8 @@ class FairShare:
             self.virtual = max(self.virtual, head.start)
             head.granted.set_result(None)
         self._publish()
-        if self.pod is not None and self._free() and self.pod.head_elsewhere() is not None:
-            self.pod.nudge()  # a free slot, and another worker's request first for it
+        if self.pod is not None and self._free():
+            self.pod.nudge()  # a free slot: the worker whose request is first for it, if any, takes it
 
     def _leave(self, waiting: Waiting) -> None:
         """A request that stops waiting: out of its key's count (and of the heap once at its top); its

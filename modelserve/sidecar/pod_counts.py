@@ -38,9 +38,8 @@ class PodCounts:
     """This worker's row, written here only, and its siblings' rows, read."""
 
     def __init__(self, rows: SharedRows, own: int) -> None:
-        self.own = rows.row(own)
-        self.others = [rows.row(index) for index in range(rows.rows) if index != own]
         self.names = Names(rows, own, HEADER, MAX_NAMES, 4)
+        self.own, self.others = self.names.own, self.names.others
 
     # --- engine slots and turns -----------------------------------------------------------------
 

@@ -59,6 +59,12 @@ class EnginePlan(Plan):
         self.slot = False
         self.tokens = 0
 
+    @property
+    def turn(self) -> tuple[str, int]:
+        """Whose turns it takes in the fair share, and their weight: its key's, or the one queue of
+        public mode."""
+        return (self.key.name, self.key.limits.weight) if self.key is not None else (PUBLIC, 1)
+
 
 class Proxy(Pipeline):
     """The sidecar's steps: admit (the key), plan (the request checks), pick (the engine, on a new
@@ -161,15 +167,13 @@ class Proxy(Pipeline):
         """An engine slot taken now (a GET never needs one: the model list is no work)."""
         if plan.route.method != "POST":
             return True
-        name, weight = (plan.key.name, plan.key.limits.weight) if plan.key is not None else (PUBLIC, 1)
-        plan.slot = self.fair.take_now(name, weight)
+        plan.slot = self.fair.take_now(*plan.turn)
         return plan.slot
 
     async def wait(self, plan: EnginePlan, client: Downstream, exchange: Exchange, peer: str | None) -> bool:  # type: ignore[override]
         """In the key's queue until the engine has a slot for it, at most the upstream timeout."""
-        name, weight = (plan.key.name, plan.key.limits.weight) if plan.key is not None else (PUBLIC, 1)
         timeout = self.settings.upstream_timeout_seconds
-        plan.slot = await self.fair.take(name, weight, client.gone(), timeout)
+        plan.slot = await self.fair.take(*plan.turn, client.gone(), timeout)
         if plan.slot:
             return True
         if client.gone().done():
