@@ -158,8 +158,9 @@ def sidecar_settings(ms: ModelServer, settings: Settings) -> contract.Settings:
         "vision": spec.vision,
         "sampling_defaults": MappingProxyType(sampling),
         "drain_seconds": settings.drain_seconds,
-        # What one replica serves at full speed: past it, requests wait their turn by key (fair share).
-        "engine_concurrency": spec.replicas.target_per_replica,
+        # What the engine batches: past it, requests wait their turn by key here (fair share), not in the
+        # engine's own queue, first come first served.
+        "engine_concurrency": spec.engine_concurrency,
         "workers": spec.sidecar_workers,
         **settings.sidecar_limits,
     }

@@ -111,13 +111,16 @@ class Replicas(WireModel):
         0, ge=0, le=1000, description="Idle replicas kept above current demand, for bursts and preempted GPUs."
     )
     max: int = Field(1, ge=1, le=1000, description="Ceiling on replicas.")
-    target_per_replica: int = Field(
-        8,
+    target_per_replica: int | None = Field(
+        None,
         ge=1,
         le=10000,
-        description="Requests in flight one replica serves at full speed; demand above it adds replicas "
-        "(vLLM and SGLang batch dozens; a llama.cpp server has its few slots). Also what the sidecar lets "
-        "reach the engine at once: more wait there, served across API keys in turn.",
+        description="Requests in flight one replica serves at full speed, the autoscaler's target: demand "
+        "above it adds replicas. Unset: 64 for high-throughput, 32 for low-latency (or the engine's batch if "
+        "smaller), the engine's slots for cpu (llama.cpp's --parallel, 4 unless engineArgs say), 8 for "
+        "external. How many reach the "
+        "engine at once is the engine's own batch, not this (--max-num-seqs, --max-running-requests, "
+        "--parallel in engineArgs, else the engine's default).",
     )
     scale_down_delay_seconds: int = Field(
         300,
@@ -265,11 +268,13 @@ class Auth(WireModel):
     )
 
 
+# An external server's target when targetPerReplica is unset (an Ollama host serves a few at once).
+EXTERNAL_TARGET_PER_REPLICA = 8
 MAX_SIDECAR_WORKERS = 16
-# Unset, the workers follow the token rate the engine's GPUs stream: one per this many token events/s
-# (measured on two cores: at about 13k events/s per worker the tail latency was near nginx's in
-# most runs, one worker saturates a core near 40k; docs/performance.md), at most
-# DEFAULT_MAX_SIDECAR_WORKERS.
+# Unset, the workers follow the token rate the engine's GPUs stream (Engine.token_events, by the model's
+# size: engines/token_rates.py): one per this many token events/s (measured on two cores: at about 13k
+# events/s per worker the tail latency was near nginx's in most runs, one worker saturates a core near
+# 40k; docs/performance.md), at most DEFAULT_MAX_SIDECAR_WORKERS.
 EVENTS_PER_SIDECAR_WORKER = 12_000
 DEFAULT_MAX_SIDECAR_WORKERS = 8
 
@@ -281,12 +286,14 @@ class Sidecar(WireModel):
         None,
         ge=1,
         le=MAX_SIDECAR_WORKERS,
-        description="Sidecar processes relaying on the pod's one port. Unset: one per 12k streamed tokens/s "
-        "the engine's GPUs may send, at most 8 (high-throughput: 1 up to 2 GPUs, 2 for 4, 4 for 8; "
-        "low-latency: 3 for 1 GPU, 5 for 2, 8 from 4; cpu and external: 1); pods running when an operator "
-        "upgrade changes that default keep theirs until they are replaced anyway. They share a key's limits "
-        "and replicas.targetPerReplica as one process would. Each beyond the first adds 500m CPU and 64Mi "
-        "memory to the sidecar's requests and 256Mi to its memory limit.",
+        description="Sidecar processes relaying on the pod's one port. Unset (GPU profiles): one per 12k "
+        "streamed tokens/s the engine's GPUs may send at full batch, at most 8, the rate estimated from the "
+        "model's size in its name: about 100k/(billions of active parameters) tokens/s per GPU, at most 40k, "
+        "8B when the name gives no size (an 8B model on 1 GPU: 2; a 1.2B: 4; a 70B on 4 GPUs: 1); cpu and "
+        "external: 1. Pods running when an operator upgrade changes that default keep theirs until they "
+        "are replaced anyway. They share a key's limits and the engine's slots as one process would. Each "
+        "beyond the first adds 500m CPU and 64Mi memory to the sidecar's requests and 256Mi to its memory "
+        "limit.",
     )
 
 
@@ -738,12 +745,27 @@ class ModelServerSpec(WireModel):
     @property
     def sidecar_workers(self) -> int:
         """The sidecar's processes: spec.sidecar.workers, else enough for the tokens/s the engine's
-        GPUs stream (Engine.token_events_per_gpu), between 1 and DEFAULT_MAX_SIDECAR_WORKERS."""
+        GPUs stream (Engine.token_events), between 1 and DEFAULT_MAX_SIDECAR_WORKERS."""
         if self.named_sidecar_workers is not None:
             return self.named_sidecar_workers
         engine = ENGINES.get(self.profile)
-        events = self.gpu_count * engine.token_events_per_gpu if engine is not None else 0
+        events = engine.token_events(self) if engine is not None else 0
         return max(1, min(DEFAULT_MAX_SIDECAR_WORKERS, -(-events // EVENTS_PER_SIDECAR_WORKER)))
+
+    @property
+    def target_per_replica(self) -> int:
+        """The autoscaler's target: replicas.targetPerReplica, else the engine's default for it."""
+        if self.replicas.target_per_replica is not None:
+            return self.replicas.target_per_replica
+        engine = ENGINES.get(self.profile)
+        return engine.target_per_replica(self) if engine is not None else EXTERNAL_TARGET_PER_REPLICA
+
+    @property
+    def engine_concurrency(self) -> int:
+        """Requests the sidecar lets reach the engine at once: the engine's batch (Engine.batch_size);
+        for an external server, whose batch the operator cannot know, the autoscaler's target."""
+        engine = ENGINES.get(self.profile)
+        return engine.batch_size(self) if engine is not None else self.target_per_replica
 
     @property
     def named_sidecar_workers(self) -> int | None:

@@ -228,11 +228,13 @@ class Settings:
     )
     # SIGTERM's drain deadline for in-flight streams.
     drain_seconds: float = env_setting("MODELSERVE_DRAIN_SECONDS", non_negative_float, render_number, default=60.0)
-    # Connections to the engine; sized for an engine's concurrency (vLLM queues beyond its
-    # max-num-seqs itself, where its own metrics show the wait), not aiohttp's default 100.
+    # Connections to the engine, at least engine_concurrency (so the engine's whole batch reaches it);
+    # not aiohttp's default 100.
     upstream_max_connections: int = env_setting("MODELSERVE_UPSTREAM_MAX_CONNECTIONS", positive_int, default=1024)
-    # Requests the engine is given at once (the ModelServer's replicas.targetPerReplica); more wait in
-    # the sidecar, served across keys in turn (sidecar/fair_share.py). 0: no bound.
+    # Requests the engine is given at once: what it batches (--max-num-seqs, --max-running-requests,
+    # llama.cpp's slots, or the version's default; Engine.batch_size), for an external server the
+    # ModelServer's targetPerReplica. More wait in the sidecar, served across keys in turn
+    # (sidecar/fair_share.py), rather than in the engine's own queue, first come first served. 0: no bound.
     engine_concurrency: int = env_setting("MODELSERVE_ENGINE_CONCURRENCY", non_negative_int, default=0)
     replicas_file: Path = env_setting(  # noqa: RUF009 - immutable
         "MODELSERVE_REPLICAS_FILE", path, default=Path(REPLICAS_FILE)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -13,7 +13,7 @@ from modelserve.contracts.choices import Dtype
 from modelserve.contracts.engine_routes import EngineRoutes
 from modelserve.contracts.operator_settings import ENGINE_IMAGE_PREFIX
 
-from . import view
+from . import token_rates, view
 from .view import ServedModel, SpecView
 
 CONTAINER_NAME = "engine"
@@ -106,7 +106,8 @@ class Engine:
     # sidecar copies a request's (or the samplingDefaults') value across.
     sampling_aliases: tuple[tuple[str, str], ...] = ()
     # How the engine's command-line parser reads a flag: argparse (vLLM, SGLang) also takes any
-    # unambiguous prefix of a long flag; vLLM's also reads `_` as `-`. The refusals below cover both.
+    # unambiguous prefix of a long flag; vLLM's and llama.cpp's read `_` as `-`. The refusals below cover
+    # both.
     abbreviated_flags: bool = False
     underscored_flags: bool = False
     # Spans nodes: with spec.nodes above 1 its `launch` wires a LeaderWorkerSet group's leader and
@@ -121,9 +122,16 @@ class Engine:
     # Which administration API loads LoRA adapters at run time (the sidecar calls it); NONE: the
     # engine takes no adapters from this project.
     adapter_api: AdapterApi = AdapterApi.NONE
-    # Streamed tokens per second one GPU of this engine sends at full batch, for the models its profile
-    # is for: what sizes the sidecar's workers when spec.sidecar.workers is unset (api/spec.py).
-    token_events_per_gpu: int = 0
+    # How many requests the engine runs at once (its batch): every spelling of the flag that sets it,
+    # the variable that sets it too (the flag wins), and the pinned version's own default when neither
+    # does. The sidecar lets this many reach the engine (`batch_size`); more wait their turn by key.
+    batch_flags: tuple[str, ...] = ()
+    batch_env: str = ""
+    default_batch: int = 0
+    # Requests in flight one replica serves at full speed, the autoscaler's default target
+    # (spec.replicas.targetPerReplica unset), at most the batch; 0: the batch (a llama.cpp server's
+    # few slots).
+    default_target: int = 0
     # The spec.dtype values the engine takes.
     dtypes: tuple[Dtype, ...] = tuple(Dtype)
     # Spec fields (wire names) only some engines read, e.g. SGLang's torchCompile: refused with
@@ -177,6 +185,37 @@ class Engine:
         if field not in reasons:
             raise ValueError(f"engine {self.name} refuses {field} and its refusals do not say why")
         return reasons[field]
+
+    def batch_size(self, spec: SpecView) -> int:
+        """How many requests the engine runs at once for this spec: the batch flag's value in
+        engineArgs, else the batch variable's in env, else the version's default. A value the engine
+        would refuse (it then stops at start, saying why) or take as "auto" counts as the default."""
+        given = positive_int(self.flag_value(spec.engine_args, self.batch_flags))
+        if given is None and self.batch_env:
+            given = positive_int(env_value(spec, self.batch_env))
+        return given or self.default_batch
+
+    def target_per_replica(self, spec: SpecView) -> int:
+        """The autoscaler's target when the spec leaves it unset: never above the batch, which is all a
+        replica runs at once."""
+        batch = self.batch_size(spec)
+        return min(self.default_target, batch) if self.default_target else batch
+
+    def token_events(self, spec: SpecView) -> int:
+        """Streamed tokens/s a replica's GPUs may send at full batch (0 on CPUs), by the model's size."""
+        return self.gpu_count(spec) * token_rates.tokens_per_gpu(spec.model) if self.on_gpus else 0
+
+    def flag_value(self, args: Sequence[str], flags: tuple[str, ...]) -> str | None:
+        """The value the engine's parser takes for one of `flags` from `args`: the last one given
+        (argparse and llama.cpp alike keep the last), as `--flag value` or `--flag=value`."""
+        value = None
+        for index, arg in enumerate(args):
+            if self.sets_flag(arg, flags):
+                if "=" in arg:
+                    value = arg.split("=", 1)[1]
+                elif index + 1 < len(args):
+                    value = args[index + 1]
+        return value
 
     def gpu_count(self, spec: SpecView) -> int:
         """GPUs per replica, with this engine's default."""
@@ -313,6 +352,20 @@ class Engine:
 def cel_list(names: Iterable[str]) -> str:
     """Names as a CEL list of string literals (names hold no quote)."""
     return "[" + ", ".join(f"'{name}'" for name in names) + "]"
+
+
+def positive_int(value: str | None) -> int | None:
+    """A flag's or variable's value as a count, or None when it is not one (pure)."""
+    value = (value or "").strip()
+    return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
+
+
+def env_value(spec: SpecView, name: str) -> str | None:
+    """A variable's literal value in spec.env (None: unset, or set from a Secret or field)."""
+    for var in spec.env:
+        if var.name == name:
+            return var.to_wire().get("value")
+    return None
 
 
 def _common_env(spec: SpecView, hub_endpoint: str) -> list[dict[str, Any]]:

@@ -76,8 +76,16 @@ ENGINE = LlamaCpp(
     owned_flags=("--host", "--port", "--api-key", "--api-key-file", "--alias", "-a"),
     # b9093's OpenAI-compatible routes read `repeat_penalty` and ignore `repetition_penalty`.
     sampling_aliases=(("repetition_penalty", "repeat_penalty"),),
+    # llama.cpp b9093's parser (common/arg.cpp, common_params_parse_ex) reads `_` as `-` in a long
+    # flag, as vLLM's does, and takes no abbreviations.
+    underscored_flags=True,
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
+    # Its slots: -np/--parallel or LLAMA_ARG_N_PARALLEL; unset (or -1, "auto"), b9093's server takes 4
+    # (tools/server/server.cpp). The autoscaler's default target is the slots too.
+    batch_flags=("--parallel", "-np"),
+    batch_env="LLAMA_ARG_N_PARALLEL",
+    default_batch=4,
     run_as_user=NONROOT_UID,  # llama-server needs no account, only its writable paths
     dtypes=(Dtype.AUTO,),
     tagged_models="a GGUF repo for llama.cpp",  # -hf <org>/<repo>:<quant>

@@ -159,9 +159,13 @@ ENGINE = SGLang(
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
     adapter_api=AdapterApi.SGLANG,
-    # The small models low-latency is for: a 1.2B model streams a token every 0.86 ms at concurrency 1
-    # and is run up to 256 at once, tens of thousands of tokens/s per GPU.
-    token_events_per_gpu=25_000,
+    # --max-running-requests unset, SGLang 0.5.10 runs as many as its KV cache holds, between 2048 and
+    # 4096 (ModelRunner._resolve_max_num_reqs, srt/model_executor/model_runner_kv_cache_mixin.py;
+    # 48 with speculative decoding): the largest, so the sidecar never throttles it.
+    batch_flags=("--max-running-requests",),
+    default_batch=4096,
+    # Low-latency: fewer requests per replica before the autoscaler adds one, so each streams faster.
+    default_target=32,
     own_fields=("torchCompile", "chunkedPrefillSize"),  # --enable-torch-compile, --chunked-prefill-size
     # Non-root, HOME, ~/.cache (FlashInfer's and Triton's kernels, torch's compile cache) and /tmp on
     # volumes; the root filesystem writable for the NVIDIA toolkit's hooks only (base.py).

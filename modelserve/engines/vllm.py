@@ -9,11 +9,14 @@ from modelserve.contracts import engine_routes
 from modelserve.contracts.adapters import AdapterApi
 
 from . import view
-from .base import CHAT_TEMPLATE_PATH, LOOPBACK, NONROOT_UID, Engine, Role, Switch
+from .base import CHAT_TEMPLATE_PATH, LOOPBACK, NONROOT_UID, Engine, Role, Switch, positive_int
 from .ray_group import LEADER_SCRIPT, WORKER_SCRIPT
-from .view import ServedModel
+from .view import ServedModel, SpecView
 
 VERSION = "0.32.0"
+# vLLM 0.32.0's spellings of the flags that multiply its batch (engine/arg_utils.py).
+PERFORMANCE_MODE_FLAGS = ("--performance-mode",)
+DATA_PARALLEL_FLAGS = ("--data-parallel-size", "-dp")
 # One image per prompt keeps vLLM's start-up profiling inside short contexts such as 1024 tokens.
 IMAGES_PER_PROMPT = 1
 
@@ -48,6 +51,16 @@ class VLLM(Engine):
             # them (config/model.py), only --language-model-only turns them off. This caps them.
             out += ["--limit-mm-per-prompt", json.dumps({"image": IMAGES_PER_PROMPT}, separators=(",", ":"))]
         return out
+
+    def batch_size(self, spec: SpecView) -> int:
+        """As Engine's, and as vLLM 0.32.0 sizes it: `--performance-mode throughput` doubles the
+        default (not a given --max-num-seqs), and each data parallel rank batches that many."""
+        args = spec.engine_args
+        seqs = positive_int(self.flag_value(args, self.batch_flags))
+        if seqs is None:
+            throughput = self.flag_value(args, PERFORMANCE_MODE_FLAGS) == "throughput"
+            seqs = self.default_batch * (2 if throughput else 1)
+        return seqs * (positive_int(self.flag_value(args, DATA_PARALLEL_FLAGS)) or 1)
 
     def env(self, ms: ServedModel) -> list[dict[str, Any]]:
         # Registers /v1/load_lora_adapter and /v1/unload_lora_adapter (serve/lora/api_router.py): on
@@ -141,9 +154,14 @@ ENGINE = VLLM(
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
     adapter_api=AdapterApi.VLLM,
-    # An 8B model on one H100 at full batch streams about 5-7k output tokens/s; larger models take
-    # more GPUs each, so a pod's rate grows slower than its GPU count.
-    token_events_per_gpu=6_000,
+    # --max-num-seqs unset, vLLM 0.32.0 batches 256 sequences on a GPU under 70 GiB (and on an A100),
+    # 1024 on larger ones (H100, H200, B200): EngineArgs.get_batch_defaults, engine/arg_utils.py. The
+    # larger: a sidecar bound below the engine's batch throttles it, one above only leaves the excess
+    # to vLLM's own queue, first come first served. `batch_size` below adds its multipliers.
+    batch_flags=("--max-num-seqs",),
+    default_batch=1024,
+    # High-throughput: a replica fills a large batch before the autoscaler adds one.
+    default_target=64,
     # Non-root, HOME, ~/.cache (vLLM's compile cache, FlashInfer's and Triton's kernels) and /tmp (Ray's
     # session, torch's compile cache) on volumes; the root filesystem writable for the NVIDIA toolkit's
     # hooks only (base.py).

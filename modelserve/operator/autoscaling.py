@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from modelserve.api import manifests
 from modelserve.api.replicas import autoscaled, desired_replicas
-from modelserve.api.spec import ModelServer, Replicas
+from modelserve.api.spec import ModelServer, ModelServerSpec
 from modelserve.api.status import Scaling, utc_now
 from modelserve.contracts import gateway
 from modelserve.contracts.names import Key
@@ -45,12 +45,14 @@ READERS = 8
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 
-def policy(replicas: Replicas) -> Policy:
+def policy(spec: ModelServerSpec) -> Policy:
+    """The autoscaler's policy from the spec (its target with the engine's default applied)."""
+    replicas = spec.replicas
     return Policy(
         min=replicas.min,
         buffer=replicas.buffer,
         max=replicas.max,
-        target=replicas.target_per_replica,
+        target=spec.target_per_replica,
         scale_down_delay=replicas.scale_down_delay_seconds,
         idle_window=replicas.idle_window_seconds,
     )
@@ -231,7 +233,7 @@ class Autoscaling:
             # Replicas (groups) with a pod that is not ready yet.
             loading=replicas_present(pods) - ready_replicas(pods, ms.spec.node_count),
         )
-        decision, history = decide(policy(ms.spec.replicas), history, load, current)
+        decision, history = decide(policy(ms.spec), history, load, current)
         with self._lock:
             self._histories[key] = history
         metrics.DEMAND.labels(*key).set(load.in_flight)

@@ -104,7 +104,10 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
         session = open_session(settings.upstream_max_connections, settings.upstream_timeout_seconds)
         readiness.session = session
         adapters.session = session
-        proxy.pool = open_pool(settings.upstream_max_connections, settings.upstream_timeout_seconds)
+        # Room for the engine's whole batch: requests past the pool's connections would queue in it, in
+        # arrival order, not by key.
+        connections = max(settings.upstream_max_connections, settings.engine_concurrency)
+        proxy.pool = open_pool(connections, settings.upstream_timeout_seconds)
         tasks = [asyncio.create_task(readiness.watch())] if primary else []
         loop = asyncio.get_running_loop()
         if pod is not None:  # the other workers wake this one when a slot it is first for frees

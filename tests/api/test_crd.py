@@ -95,7 +95,6 @@ def test_defaults_are_filled_in_by_the_api_server() -> None:
         "min": 1,
         "buffer": 0,
         "max": 1,
-        "targetPerReplica": 8,
         "scaleDownDelaySeconds": 300,
         "idleWindowSeconds": 600,
     }

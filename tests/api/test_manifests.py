@@ -76,7 +76,7 @@ def test_engine_listens_on_loopback_only_and_sidecar_owns_the_named_port() -> No
 
 
 def test_sidecar_probes_give_a_cold_start_its_budget() -> None:
-    sidecar = _containers(_example("lfm2-1.2b"))["sidecar"]
+    sidecar = _containers(_example("smollm2-135m-cpu"))["sidecar"]
     startup = sidecar["startupProbe"]
     assert startup["httpGet"] == {"path": "/readyz", "port": "http"}
     assert startup["periodSeconds"] * startup["failureThreshold"] == SETTINGS.startup_seconds
@@ -86,7 +86,7 @@ def test_sidecar_probes_give_a_cold_start_its_budget() -> None:
 
 def test_one_sidecar_worker_keeps_the_sidecar_as_it_was() -> None:
     # A single-worker pod's template must not change (it would roll every such pod on an upgrade).
-    sidecar = _containers(_example("lfm2-1.2b"))["sidecar"]
+    sidecar = _containers(_example("smollm2-135m-cpu"))["sidecar"]
     assert "MODELSERVE_WORKERS" not in _env(sidecar)
     assert sidecar["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
     assert manifests.sidecar_resources(1) == sidecar["resources"]

@@ -1,5 +1,5 @@
 """The sidecar's workers: spec.sidecar.workers when set, else one per 12k token events/s the engine's
-GPUs stream (vLLM 6k per GPU, SGLang 25k), at least 1 and at most 8."""
+GPUs stream at full batch (by the model's size: engines/token_rates.py), at least 1 and at most 8."""
 
 from __future__ import annotations
 
@@ -12,22 +12,28 @@ from harness.testdata import model_server
 CPU = {"profile": "cpu", "model": "unsloth/gemma-3-270m-it-GGUF:Q4_K_M"}
 EXTERNAL = {"profile": "external", "model": "llama3.2:1b", "external": {"url": "http://10.0.0.5:11434"}}
 LOW_LATENCY = {"profile": "low-latency"}
+LLAMA_8B = {"model": "meta-llama/Llama-3.1-8B-Instruct"}
+LLAMA_70B = {"model": "meta-llama/Llama-3.1-70B-Instruct"}
 
 
 @pytest.mark.parametrize(
     ("spec", "workers"),
     [
-        ({}, 1),
-        ({"gpus": 2}, 1),
-        ({"gpus": 4}, 2),
-        ({"gpus": 8}, 4),
+        ({}, 4),  # LFM2-1.2B: 40k tokens/s on one GPU (the small models' ceiling)
+        ({"gpus": 2}, 7),
         ({"gpus": 16, "nodes": 2}, 8),  # the leader's sidecar relays the whole group's tokens
-        (LOW_LATENCY, 3),
-        ({**LOW_LATENCY, "gpus": 2}, 5),
-        ({**LOW_LATENCY, "gpus": 8}, 8),
+        (LLAMA_8B, 2),  # 12.5k tokens/s
+        ({**LLAMA_8B, "gpus": 2}, 3),
+        ({**LLAMA_70B, "gpus": 4}, 1),  # 1.4k per GPU
+        ({**LLAMA_70B, "gpus": 8}, 1),
+        ({"model": "LiquidAI/LFM2-8B-A1B"}, 4),  # 1B active
+        ({"model": "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpus": 2}, 2),  # two 7B experts a token
+        ({"model": "microsoft/phi-4"}, 2),  # no size in the name: as 8B
+        ({**LOW_LATENCY, **LLAMA_8B}, 2),  # the same rates for SGLang
+        ({**LOW_LATENCY, "gpus": 2}, 7),
         (CPU, 1),
         (EXTERNAL, 1),
-        ({"gpus": 4, "sidecar": {}}, 2),  # the object without the field
+        ({**LLAMA_8B, "sidecar": {}}, 2),  # the object without the field
         ({**LOW_LATENCY, "sidecar": {"workers": 1}}, 1),
         ({"gpus": 4, "sidecar": {"workers": 4}}, 4),
         ({"gpus": 16, "nodes": 2, "sidecar": {"workers": 16}}, 16),

@@ -25,7 +25,7 @@ def test_a_new_modelserver_gets_the_operators_images() -> None:
     workload = manifests.workload(model_server(), NEW)
     assert _images(workload) == {"engine": "vllm/vllm-openai:v9.9.9", "sidecar": NEW.sidecar_image}
     recorded = json.loads(workload["metadata"]["annotations"][versions.VERSIONS_ANNOTATION])
-    assert recorded == {"sidecar": NEW.sidecar_image, "engine": "vllm/vllm-openai:v9.9.9", "sidecarWorkers": 1}
+    assert recorded == {"sidecar": NEW.sidecar_image, "engine": "vllm/vllm-openai:v9.9.9", "sidecarWorkers": 4}
 
 
 def test_an_operator_upgrade_leaves_the_pod_template_byte_identical_and_reports_the_upgrade() -> None:
@@ -55,7 +55,7 @@ def _workers(workload: dict[str, Any]) -> str | None:
 @pytest.mark.parametrize("annotated", [True, False], ids=["annotation-without-workers", "no-annotation"])
 def test_pods_made_before_a_default_of_sidecar_workers_keep_theirs_until_they_roll_anyway(annotated: bool) -> None:
     """An operator that rendered one worker for every unset spec.sidecar.workers made this low-latency
-    workload: the new default (3) would roll its GPU pods, so they keep one until they roll anyway."""
+    workload: the new default (4) would roll its GPU pods, so they keep one until they roll anyway."""
     live = manifests.workload(model_server(profile="low-latency", sidecar={"workers": 1}), OLD)
     annotations = live["metadata"]["annotations"]
     if annotated:  # what that operator recorded: the images alone
@@ -69,20 +69,20 @@ def test_pods_made_before_a_default_of_sidecar_workers_keep_theirs_until_they_ro
     after = manifests.workload(ms, NEW, live=live)
     assert after["spec"]["template"] == live["spec"]["template"] and _workers(after) is None
     current, used, _ = manifests.image_versions(ms, NEW, live)
-    assert (current.sidecar_workers, used.sidecar_workers) == (3, 1)
+    assert (current.sidecar_workers, used.sidecar_workers) == (4, 1)
     upgrade = versions.upgrade(current, used)
-    assert upgrade.available == "Yes" and upgrade.sidecar_workers == 3
+    assert upgrade.available == "Yes" and upgrade.sidecar_workers == 4
     # A spec change rolls the pods: they take the default with it (with no recorded hash, as the
     # images, at the first change after this operator recorded one).
     rolled = manifests.workload(model_server(profile="low-latency", maxModelLen=4096), NEW, live=live)
     if not annotated:
         rolled = manifests.workload(model_server(profile="low-latency", maxModelLen=8192), NEW, live=rolled)
-    assert _workers(rolled) == "3"
+    assert _workers(rolled) == "4"
 
 
 def test_sidecar_workers_named_in_the_spec_are_rendered_at_once() -> None:
     live = manifests.workload(model_server(profile="low-latency"), OLD)
-    assert _workers(live) == "3"
+    assert _workers(live) == "4"
     after = manifests.workload(model_server(profile="low-latency", sidecar={"workers": 2}), OLD, live=live)
     assert _workers(after) == "2"
     again = manifests.workload(model_server(profile="low-latency", sidecar={"workers": 2}), NEW, live=after)
