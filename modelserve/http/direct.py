@@ -435,17 +435,23 @@ class DirectProtocol(HttpToolsProtocol):
     body_since: float | None = None
     _guard_due = 0.0
     url = b""
-    # The request being received: its head's bytes as read, its trailer fields, whether its body is
-    # coming (head in, message not complete), and that body's bytes (those counted in the budget, all
-    # of them, the wire's with chunk framing and trailers, and the chunks).
-    _head_wire = 0
+    # Bytes read that no parsed part of a request accounts for yet. Each part is taken off as the parser
+    # completes it, at its wire size (the head's line and fields, each field as `name: value`; a body's
+    # payload; a chunk's size line and end; a trailer field), so what is left is a head or trailers
+    # still arriving, whichever read brought them: a pipelined head that began in the read that ended
+    # the request before it counts from its first byte. Zero again whenever a read ends with a request.
+    _unparsed = 0
+    _between = True  # no request begun since the last one ended (or the connection's start)
+    # The request being received: its head's field bytes (names and values), its trailer fields,
+    # whether its body is coming (head in, message not complete), the bytes of it counted in the
+    # budget, and the current chunk's payload so far.
+    _head_fields = 0
     _trailers = 0
     _in_body = False
     _body_held = 0
-    _body_bytes = 0
-    _body_wire = 0
-    _chunks = 0
+    _chunk_bytes = 0
     _refused = False
+    _after_answer = b""  # a refusal written once the answer in front of it ends
     _upgrade_ignored = False  # an Upgrade (h2c) not taken: its request is parsed again without it
 
     # --- the connection -------------------------------------------------------------------------
@@ -476,10 +482,7 @@ class DirectProtocol(HttpToolsProtocol):
         if self._refused:
             return  # answered and closing (lingering): dropped
         self.idle_since = None  # data arrived: not idle
-        if self._in_body:
-            self._body_wire += len(data)
-        else:
-            self._head_wire += len(data)
+        self._unparsed += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -497,14 +500,12 @@ class DirectProtocol(HttpToolsProtocol):
                 self.logger.warning(msg)
                 self.send_400_response(msg)
             return
-        # Bounds on what is still arriving (a head or trailers sent forever are never complete); the
-        # count may lag the bytes by one read, never run ahead of them.
-        limits = self.limits
-        if self._in_body:
-            if self._body_wire - self._body_bytes > limits.max_head_bytes + 32 * self._chunks:
-                self._refuse(431, "Request trailers too large.", "request_header_fields_too_large", "head_too_large")
-        elif self._head_wire > limits.max_head_bytes:
-            self._refuse(431, "Request header fields too large.", "request_header_fields_too_large", "head_too_large")
+        # Bounds on what is still arriving: a head or trailers sent forever are never complete.
+        if self._between:
+            self._unparsed = 0  # the read ended with a request: nothing of one is held
+        elif self._unparsed > self.limits.max_head_bytes:
+            what = "trailers" if self._in_body else "header fields"
+            self._refuse(431, f"Request {what} too large.", "request_header_fields_too_large", "head_too_large")
 
     def _leave_bounds(self) -> None:
         """Out of the bounds' bookkeeping (gone, or handed to another protocol): no timer, no place in
@@ -533,27 +534,53 @@ class DirectProtocol(HttpToolsProtocol):
         self.parser = httptools.HttpRequestParser(self)
         self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn's
         self.head_since = self.loop.time()
+        self._unparsed = 0  # counted again as it is parsed again
         self.data_received(b"".join(head) + rest)
 
     def _refuse(self, status: int, message: str, code: str, reason: str, linger: bool = True) -> None:
-        """Answer with one of the bounds' own errors and close. Nothing is written when an answer is
-        already going out, or was given to the request still arriving (its 401 before its body). With
-        `linger`, what the client still sends is read and dropped for a moment after the answer (as
-        nginx's lingering close): closed at once with unread bytes, the connection would be reset,
-        and a reset can take the answer with it before the client reads it."""
+        """Answer with one of the bounds' own errors and close. While a request in front of the refused
+        one is still answered (the refused one parked behind it, or its head still arriving), or the
+        refused request's own answer goes out, nothing is cut: that answer ends whole, then the refusal
+        follows and the connection closes (`on_response_complete`); requests parked behind it are
+        dropped unanswered. Nothing is written when the request still arriving was answered already
+        (its 401 before its body). With `linger`, what the client still sends is read and dropped for
+        a moment after the answer (as nginx's lingering close): closed at once with unread bytes, the
+        connection would be reset, and a reset can take the answer with it before the client reads it."""
+        if self._refused:  # refused once already (a deadline that fires while the answer lingers)
+            return
         self._refused = True
         cut(reason)
-        cycle = self.cycle
-        answered = cycle is not None and cycle.response_started and (not cycle.response_complete or self._in_body)  # type: ignore[truthy-function]
+        cycle = self.cycle  # the refused request's, once its head is in; else the one before it
         transport = self.transport
-        if not transport.is_closing() and not answered and not self.pipeline:
-            transport.write(refusal(status, message, code, self.url.startswith(b"/api/")))
+        answer = refusal(status, message, code, self.url.startswith(b"/api/"))
+        if self._in_body:
+            in_front = bool(self.pipeline) or (cycle.response_started and not cycle.response_complete)  # type: ignore[truthy-function]
+        else:
+            in_front = cycle is not None and not cycle.response_complete
+        if in_front:
+            for parked, _ in self.pipeline:
+                if isinstance(parked, DirectDownstream):
+                    parked.lost()
+            self.pipeline.clear()
+            self._release_body()
+            self._after_answer = answer if not (self._in_body and cycle.response_started) else b""  # type: ignore[truthy-function]
+            return
+        answered = cycle is not None and cycle.response_started and self._in_body  # type: ignore[truthy-function]
+        if not transport.is_closing() and not answered:
+            transport.write(answer)
         # Its handler, if one runs, finds the client gone at once, and writes nothing more.
         if isinstance(cycle, DirectDownstream):
             cycle.lost()
         elif cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
-        if linger and not transport.is_closing() and transport.can_write_eof():
+        if linger:
+            self._linger()
+        else:
+            transport.close()
+
+    def _linger(self) -> None:
+        transport = self.transport
+        if not transport.is_closing() and transport.can_write_eof():
             transport.write_eof()
             self.loop.call_later(LINGER_SECONDS, transport.close)
         else:
@@ -589,13 +616,15 @@ class DirectProtocol(HttpToolsProtocol):
         self.expect_100_continue = False
         self.headers = []
         self.scope = None  # type: ignore[assignment]
-        self._trailers = 0
+        self._between = False
+        self._head_fields = self._trailers = 0
         if self.head_since is None:
             self.head_since = self.loop.time()
             self._arm(self.head_since + self.limits.head_seconds)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._in_body:  # a chunked body's trailer: never a request header (dropped, but counted)
+            self._unparsed -= len(name) + len(value) + 4
             self._trailers += 1
             if len(self.headers) + self._trailers > self.limits.max_header_fields:
                 self._refuse(
@@ -603,6 +632,7 @@ class DirectProtocol(HttpToolsProtocol):
                 )
                 raise _Refused
             return
+        self._head_fields += len(name) + len(value)
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
@@ -611,27 +641,30 @@ class DirectProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         parser = self.parser
         limits = self.limits
-        # Measured only when it may be too large: the bytes read in this head's phase can undercount
-        # it by one read (a pipelined head begun in the read that ended a body), never overcount it.
-        if len(self.headers) > limits.max_header_fields or (
-            self._head_wire > limits.max_head_bytes
-            and len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers) > limits.max_head_bytes
-        ):
+        fields = self._head_fields + 4 * len(self.headers)  # `name: value` and its line's end, each
+        if len(self.headers) > limits.max_header_fields or len(self.url) + fields > limits.max_head_bytes:
             reason = "too_many_fields" if len(self.headers) > limits.max_header_fields else "head_too_large"
             self._refuse(431, "Request header fields too large.", "request_header_fields_too_large", reason)
             raise _Refused
+        # The head's request line (`METHOD url HTTP/1.1`), fields and blank line are accounted for.
+        self._unparsed = max(0, self._unparsed - len(parser.get_method()) - len(self.url) - fields - 14)
+        previous = self.cycle
+        parked = previous is not None and not previous.response_complete  # behind an answer still going out
         upgrade = parser.should_upgrade()
         if upgrade and not self._should_upgrade() and parser.get_method() != b"CONNECT":
             self._upgrade_ignored = True  # parsed again without it (data_received)
             return
         now = self.loop.time()
         self.head_since = None
-        self._head_wire = self._body_bytes = self._body_wire = self._chunks = 0
+        self._chunk_bytes = 0
         self._in_body = True
-        self.body_since = now
-        due = now + limits.body_seconds
-        if self.timeout_keep_alive_task is None or due < self._guard_due:  # `_arm`, inlined: per request
-            self._arm(due)
+        if parked:  # its client cannot send its body until its turn (reading pauses): its deadline starts then
+            self.body_since = None
+        else:
+            self.body_since = now
+            due = now + limits.body_seconds
+            if self.timeout_keep_alive_task is None or due < self._guard_due:  # `_arm`, inlined: per request
+                self._arm(due)
         handler = path = None
         if self.limit_concurrency is None and not upgrade:
             path = httptools.parse_url(self.url).path
@@ -641,7 +674,6 @@ class DirectProtocol(HttpToolsProtocol):
             super().on_headers_complete()
             return
         http_version = parser.get_http_version()
-        previous = self.cycle
         self.cycle = DirectDownstream(  # type: ignore[assignment]
             self,
             parser.get_method().decode("ascii"),
@@ -650,7 +682,7 @@ class DirectProtocol(HttpToolsProtocol):
             http_version != "1.0" and parser.should_keep_alive(),
             self.expect_100_continue,
         )
-        if previous is None or previous.response_complete:
+        if not parked:
             if self._body_fits(self.cycle):  # type: ignore[arg-type]
                 self.running = self.cycle  # type: ignore[assignment]
                 if not handler.on_head(self.cycle):  # type: ignore[arg-type]
@@ -716,11 +748,16 @@ class DirectProtocol(HttpToolsProtocol):
         self.tasks.add(task)
 
     def on_chunk_header(self) -> None:
-        self._chunks += 1
+        self._chunk_bytes = 0
+
+    def on_chunk_complete(self) -> None:
+        # Its size line and the line end after its payload (the last chunk's: after the trailers).
+        self._unparsed -= len(b"%x" % self._chunk_bytes) + 4
 
     def on_body(self, body: bytes) -> None:
         size = len(body)
-        self._body_bytes += size
+        self._unparsed -= size
+        self._chunk_bytes += size
         cycle = self.cycle
         if not cycle.response_complete:  # bytes kept for the request (else dropped as they come)
             self._body_held += size
@@ -740,6 +777,7 @@ class DirectProtocol(HttpToolsProtocol):
         if self._upgrade_ignored:
             return  # the request is parsed again without its Upgrade
         self._in_body = False
+        self._between = True
         self.body_since = None
         self._release_body()
         cycle = self.cycle
@@ -772,10 +810,17 @@ class DirectProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
+        if self._refused:  # a bound refused the connection while this answer went out: now it is whole
+            self.transport.write(self._after_answer)
+            self._linger()
+            return
         self.idle_since = None
         self.flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
+            if cycle is self.cycle and self._in_body:  # its body's deadline runs from its turn (reading resumes)
+                now = self.body_since = self.loop.time()
+                self._arm(now + self.limits.body_seconds)
             self._start_asgi_task(cycle, app)
             return
         # Last in the order (it left it when its request was complete), unless still receiving that
@@ -814,7 +859,7 @@ class DirectProtocol(HttpToolsProtocol):
             due.append(self.body_since + limits.body_seconds)
         if self.head_since is not None:
             if now >= self.head_since + limits.head_seconds:
-                if self._head_wire or self.url:
+                if self._unparsed or not self._between:
                     message = f"The request head did not arrive within {limits.head_seconds:g} s."
                     self._refuse(408, message, "request_timeout", "head_timeout")
                 else:

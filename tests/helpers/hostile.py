@@ -96,6 +96,65 @@ def read_outcome(connection: socket.socket, bound: float) -> Outcome:
     return Outcome(answer, closed)
 
 
+def read_until_closed(connection: socket.socket, bound: float) -> tuple[bytes, bool]:
+    """Everything the server sends within `bound` seconds, and whether it closed the connection."""
+    deadline = time.monotonic() + bound
+    data = b""
+    while time.monotonic() < deadline:
+        connection.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            chunk = connection.recv(65536)
+        except TimeoutError:
+            return data, False
+        except OSError:  # reset
+            return data, True
+        if not chunk:
+            return data, True
+        data += chunk
+    return data, False
+
+
+def answers_in(data: bytes) -> list[RawAnswer]:
+    """The whole answers, one after another, in what a connection received (pipelined requests')."""
+    answers = []
+    while data:
+        answer, used = _answer_and_length(data)
+        if answer is None:
+            break
+        answers.append(answer)
+        data = data[used:]
+    return answers
+
+
+def _answer_and_length(data: bytes) -> tuple[RawAnswer | None, int]:
+    """The first whole answer in `data` and the bytes it takes (its framing walked: chunks one by one)."""
+    head, found, rest = data.partition(b"\r\n\r\n")
+    if not found:
+        return None, 0
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines)}
+    start = len(head) + 4
+    if headers.get("transfer-encoding") != "chunked":
+        length = int(headers.get("content-length", 0))
+        if len(rest) < length:
+            return None, 0
+        return RawAnswer(int(status_line.split()[1]), headers, rest[:length]), start + length
+    body, at = b"", 0
+    while True:
+        line_end = rest.find(b"\r\n", at)
+        if line_end < 0:
+            return None, 0
+        size = int(rest[at:line_end].split(b";")[0], 16)
+        at = line_end + 2
+        if size == 0:
+            end = rest.find(b"\r\n", at)  # no trailers in these answers: the blank line
+            return (None, 0) if end < 0 else (RawAnswer(int(status_line.split()[1]), headers, body), start + end + 2)
+        if len(rest) < at + size + 2:
+            return None, 0
+        body += rest[at : at + size]
+        at += size + 2
+
+
 def _whole_answer(data: bytes, complete: bool = True) -> RawAnswer | None:
     head, found, rest = data.partition(b"\r\n\r\n")
     if not found:

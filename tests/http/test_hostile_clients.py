@@ -4,6 +4,7 @@ records what reached it. Memory and descriptor figures are bench/hostile_bench.p
 
 from __future__ import annotations
 
+import json
 import resource
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -26,11 +27,13 @@ from harness.sidecar import (
 from tests.helpers.hostile import (
     CHAT,
     KEYED,
+    answers_in,
     chat_head,
     connect,
     endless_headers,
     error_code,
     read_outcome,
+    read_until_closed,
     send_until_answered,
     still_serves,
 )
@@ -151,6 +154,67 @@ def test_bodies_beyond_the_process_budget_get_503(sidecar: Sidecar) -> None:
     assert len(refused) == 1, outcomes
     assert error_code(refused[0].answer.body) == "server_busy" and refused[0].closed  # type: ignore[union-attr]
     still_serves(sidecar.url)  # the budget is given back
+
+
+FIRST_REQUESTS = {
+    "a body": chat_head(headers={**KEYED, "Content-Length": str(len(CHAT))}) + b"\r\n" + CHAT,
+    "no body": b"GET /v1/models HTTP/1.1\r\nHost: modelserve\r\n"
+    + f"Authorization: {KEYED['Authorization']}\r\n\r\n".encode(),
+}
+
+
+@pytest.mark.parametrize("first", sorted(FIRST_REQUESTS))
+def test_a_pipelined_head_is_held_to_its_bound_in_the_read_that_ended_a_request(
+    sidecar: Sidecar, replay: ReplayEngine, first: str
+) -> None:
+    """Issue 45 N2: a head that began in the same read as the end of the request before it was not
+    counted, so a 128 KiB head, which alone gets 431, was accepted (and 4,000 such heads held
+    half a GiB)."""
+    mark = f"pipelined-head-{first}"
+    big = {**KEYED, MARK_HEADER: mark, "X-Big": "v" * (128 * 1024), "Content-Length": str(len(CHAT))}
+    with connect(sidecar.url) as connection:
+        connection.sendall(FIRST_REQUESTS[first] + chat_head(headers=big) + b"\r\n" + CHAT)  # one write
+        data, closed = read_until_closed(connection, 20)
+    answers = answers_in(data)
+    assert [a.status for a in answers] == [200, 431] and closed, (first, answers, closed)
+    assert replay.marked(mark) == []
+
+
+def _stream_head(mark: str, length: int) -> bytes:
+    # 36 events 0.1 s apart: a stream longer than the body's deadline.
+    return chat_head(
+        headers={
+            **KEYED,
+            MARK_HEADER: mark,
+            "x-replay-gap": "0.1",
+            "x-replay-repeat": "5",
+            "Content-Length": str(length),
+        }
+    )
+
+
+def test_a_parked_requests_deadline_never_cuts_the_stream_in_front_of_it(
+    sidecar: Sidecar, replay: ReplayEngine
+) -> None:
+    """Issue 45 N9: a stream, and behind it on the connection a request whose body never completes.
+    Its body's deadline half-closed the connection mid-stream (the writer then raised `Cannot call
+    write() after write_eof()` and the metrics counted an upstream error). Now the stream ends whole
+    and the parked request's deadline runs from its turn."""
+    stream = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    parked = chat_head(headers={**KEYED, MARK_HEADER: "parked", "Content-Length": "1000"}) + b"\r\n" + b"{" * 10
+    errors_before = metric_value(sidecar.metrics(), 'modelserve_sidecar_upstream_errors_total{kind="disconnected"}')
+    with connect(sidecar.url) as connection:
+        connection.sendall(_stream_head("parked-front", len(stream)) + b"\r\n" + stream + parked)
+        data, closed = read_until_closed(connection, DEADLINE_SECONDS + 30)
+    answers = answers_in(data)
+    assert [a.status for a in answers] == [200, 408] and closed, answers
+    events = answers[0].body.split(b"\n\n")[:-1]
+    assert len(events) == 36 and events[-1] == b"data: [DONE]", events[-3:]
+    assert error_code(answers[1].body) == "request_timeout"
+    assert replay.marked("parked") == []
+    metrics = sidecar.metrics()
+    assert metric_value(metrics, 'modelserve_sidecar_upstream_errors_total{kind="disconnected"}') == errors_before
+    assert "Cannot call write() after write_eof()" not in sidecar.logs()
 
 
 def _chunked(body: bytes, trailer: str) -> bytes:
