@@ -112,7 +112,9 @@ class GatewayProxy(Pipeline):
 
     # --- the pipeline's steps ---------------------------------------------------------------------
 
-    def plan(self, route: routes.Route, headers: Headers, body: bytes) -> ReplicaPlan | errors.ErrorResponse:
+    def plan(
+        self, route: routes.Route, headers: Headers, body: bytes, admitted: None
+    ) -> ReplicaPlan | errors.ErrorResponse:
         """The ModelServer the body names, the body for its replicas (named as they serve it) and the
         affinity prefix, or the error to answer with."""
         request, refusal = parse_request(body)

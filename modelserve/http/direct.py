@@ -76,6 +76,7 @@ class DirectDownstream:
         "_protocol",
         "_transport",
         "_waiter",
+        "admission",
         "admitted",
         "default_headers",
         "disconnected",
@@ -125,6 +126,7 @@ class DirectDownstream:
         self._cancel: tuple[asyncio.Task[Any], Exchange] | None = None
         self.task: asyncio.Task[None] | None = None  # the one running the proxy for it
         self.admitted = False  # the handler's `on_head` let it through from its head
+        self.admission: Any = None  # and what it let it in with (pipeline.py's `admit`)
         # The express lane's (express.py) instead of a task to cancel: called once if the client goes.
         self.on_lost: Callable[[], None] | None = None
 
@@ -403,6 +405,7 @@ UVICORN_ATTRIBUTES = (
 
 # How long a connection refused by a bound still reads (and drops) what its client sends.
 LINGER_SECONDS = 2.0
+BUDGET_MESSAGE = "This server is receiving too many request bodies; retry later."
 
 
 class _Refused(Exception):
@@ -449,6 +452,7 @@ class DirectProtocol(HttpToolsProtocol):
     _trailers = 0
     _in_body = False
     _body_held = 0
+    _body_last = 0.0  # when its last body bytes came
     _chunk_bytes = 0
     _refused = False
     _after_answer = b""  # a refusal written once the answer in front of it ends
@@ -760,13 +764,15 @@ class DirectProtocol(HttpToolsProtocol):
         self._chunk_bytes += size
         cycle = self.cycle
         if not cycle.response_complete:  # bytes kept for the request (else dropped as they come)
-            self._body_held += size
             budget = self.budget
+            if not self._body_held:
+                budget.holders[self] = None
+            self._body_held += size
+            self._body_last = self.loop.time()
             budget.used += size
-            if budget.used > budget.limit:
+            if budget.used > budget.limit and not self._make_room():
                 self._release_body()
-                message = "This server is receiving too many request bodies; retry later."
-                self._refuse(503, message, "server_busy", "body_budget")
+                self._refuse(503, BUDGET_MESSAGE, "server_busy", "body_budget")
                 raise _Refused
         if isinstance(cycle, DirectDownstream):
             cycle.received(body)
@@ -797,8 +803,24 @@ class DirectProtocol(HttpToolsProtocol):
 
     def _release_body(self) -> None:
         if self._body_held:
-            self.budget.used -= self._body_held
+            budget = self.budget
+            budget.used -= self._body_held
+            budget.holders.pop(self, None)
             self._body_held = 0
+
+    def _make_room(self) -> bool:
+        """Cut the bodies whose last bytes came longest ago until the budget holds this one's bytes
+        again: this one's came just now, so it gets in unless alone it is more than the budget (False).
+        Only when the budget is full: a scan of the connections holding body bytes (at most the
+        connection cap)."""
+        budget = self.budget
+        while budget.used > budget.limit:
+            stalest = min(budget.holders, key=_last_body_bytes)
+            if stalest is self:
+                return False
+            stalest._release_body()
+            stalest._refuse(503, BUDGET_MESSAGE, "server_busy", "body_budget")
+        return True
 
     # --- the deadlines --------------------------------------------------------------------------
 
@@ -894,6 +916,10 @@ async def _run(request: DirectDownstream, handler: Handler) -> None:
 
 def _nothing() -> None:
     pass
+
+
+def _last_body_bytes(protocol: DirectProtocol) -> float:
+    return protocol._body_last
 
 
 def protocol_for(routes: DirectRoutes, limits: ConnectionLimits, max_connections: int) -> type[DirectProtocol]:

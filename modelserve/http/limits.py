@@ -13,15 +13,17 @@ included). These bounds hold for every connection, with or without a key:
 - connections per process: at the cap a new connection takes the place of the oldest one that has
   no complete request being served (a slow or idle one), so a flood of idle connections never locks
   out a new one, the kubelet's probes included; with none to take, the new one gets 503 and close;
-- request bodies being received, process-wide: beyond the budget, 503 and close for the connection
-  whose bytes crossed it.
+- request bodies being received, process-wide: a budget no client can hold for the others. When a
+  body's bytes would cross it, the bodies whose last bytes came longest ago are cut to make room (503
+  and close): stalled bodies, with or without a key, give way to a request that is being sent (the
+  arriving one is refused only if alone it is more than the budget).
 """
 
 from __future__ import annotations
 
 import resource
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
@@ -84,13 +86,15 @@ def cut(reason: str) -> None:
 
 
 class BodyBudget:
-    """The bytes of request bodies being received by one process (not yet complete)."""
+    """The bytes of request bodies being received by one process (not yet complete), and the
+    connections holding them (the protocol's, direct.py: cut slowest first when it is full)."""
 
-    __slots__ = ("limit", "used")
+    __slots__ = ("holders", "limit", "used")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+        self.holders: dict[Any, None] = {}
 
 
 def raise_file_limit() -> int:

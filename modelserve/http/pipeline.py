@@ -4,7 +4,9 @@ A proxied request goes through these steps, in this order. Each proxy supplies i
 overriding the methods of the same names on `Pipeline`; the pipeline runs them, once, for every lane:
 the ASGI way and the direct protocol's task (`serve`), and the express lane (`express`, express.py).
 
-    admit    from the head alone, before the body is read: the key (a refusal, or None to go on)
+    admit    from the head alone, before the body is read: the key and its limits (a refusal, or what
+             the request is let in with, which `end` gives back: no body is held for a request that
+             its key's limits refuse)
     plan     from the body: its route's checks and rewrites -> a `Plan` (what to send), or a refusal
     wait     until the plan can be sent (`ready`): the gateway holds a model with no ready replica
              (and may start the answer meanwhile, a held stream's keep-alives: then the rest
@@ -67,6 +69,7 @@ PICKED_WHILE_HELD = "picked_while_held"
 
 # One try's upstream: its URL, and whether it is asked on a new connection rather than an idle one.
 Upstream = tuple[str, bool]
+NOT_YET = object()  # a request not admitted from its head yet (`serve` admits it)
 
 
 class NoUpstream(UpstreamError):
@@ -129,11 +132,13 @@ class Pipeline:
 
     # --- the steps: each proxy's own ----------------------------------------------------------------
 
-    def admit(self, headers: Headers) -> errors.ErrorResponse | None:
-        """From the head alone: a refusal (counted), or None to go on."""
+    def admit(self, method: str, headers: Headers) -> Any:
+        """From the head alone: a refusal (an `errors.ErrorResponse`, counted), or anything else to go
+        on: what the request is let in with (None: nothing), kept as `exchange.admitted` for `plan` and
+        `end`, which gives back what it holds."""
         return None
 
-    def plan(self, route: routes.Route, headers: Headers, body: bytes) -> Plan | errors.ErrorResponse:
+    def plan(self, route: routes.Route, headers: Headers, body: bytes, admitted: Any) -> Plan | errors.ErrorResponse:
         raise NotImplementedError
 
     def ready(self, plan: Plan) -> bool:
@@ -184,16 +189,18 @@ class Pipeline:
     async def direct(self, request: DirectDownstream) -> None:
         """The server's fast lane (direct.py), in a task: what `express` left to it."""
         path = request.path
-        await self.serve(request.method, path, request.headers, request, path, request.client_host, request.admitted)
+        admitted = request.admission if request.admitted else NOT_YET
+        await self.serve(request.method, path, request.headers, request, path, request.client_host, admitted)
 
     def on_head(self, request: DirectDownstream) -> bool:
         """The fast lane's look at a request's head, before its body is read (direct.py): a refusal
         answered at once (True), so a refused client never has a body buffered here."""
-        refused = self.admit(request.headers)
-        if refused is None:
+        admitted = self.admit(request.method, request.headers)
+        if not isinstance(admitted, errors.ErrorResponse):
+            request.admission = admitted
             return False
         exchange = self._begin(request.path)
-        exchange.status = answer_now(request, refused)
+        exchange.status = answer_now(request, admitted)
         self._end(exchange)
         return True
 
@@ -205,12 +212,12 @@ class Pipeline:
             return False
         exchange = self._begin(request.path)
         try:
-            refused = None if request.admitted else self.admit(request.headers)
-            plan = (
-                refused
-                if refused is not None
-                else self._plan(exchange, request.method, request.path, request.headers, request.body())
-            )
+            admitted = request.admission if request.admitted else self.admit(request.method, request.headers)
+            if isinstance(admitted, errors.ErrorResponse):
+                plan: Plan | errors.ErrorResponse = admitted
+            else:
+                exchange.admitted = admitted
+                plan = self._plan(exchange, request.method, request.path, request.headers, request.body())
             if isinstance(plan, errors.ErrorResponse):
                 exchange.status = answer_now(request, plan)
                 self._end(exchange)
@@ -237,15 +244,18 @@ class Pipeline:
         client: Downstream,
         label: str,
         peer: str | None = None,
-        admitted: bool = False,
+        admitted: Any = NOT_YET,
     ) -> None:
-        """The async way, every step: `label`, the route the metrics name; `peer`, the client's address."""
+        """The async way, every step: `label`, the route the metrics name; `peer`, the client's address;
+        `admitted`, what its head was let in with already (else `admit` now)."""
         exchange = self._begin(label)
         try:
-            refused = None if admitted else self.admit(headers)
-            if refused is not None:
-                exchange.status = await answer(client, refused)
+            if admitted is NOT_YET:
+                admitted = self.admit(method, headers)
+            if isinstance(admitted, errors.ErrorResponse):
+                exchange.status = await answer(client, admitted)
                 return
+            exchange.admitted = admitted
             body = await read_limited_body(headers, client, self.max_body_bytes, exchange)
             if body is None:
                 return
@@ -303,7 +313,7 @@ class Pipeline:
             # Never forwarded: an upstream that does not frame a GET's body would read it as a request
             # of its own (smuggled past the checks, its answer read by the next client).
             return errors.body_not_allowed(method, path)
-        plan = self.plan(route, headers, body)
+        plan = self.plan(route, headers, body, exchange.admitted)
         if not isinstance(plan, errors.ErrorResponse):
             exchange.plan = plan
         return plan

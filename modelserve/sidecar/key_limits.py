@@ -20,6 +20,9 @@ from modelserve.http.workers import share
 from .pod_counts import NONE, KeyCounts, PodCounts
 
 WINDOW_SECONDS = 60
+# Over maxInFlight, a request of the key's own must end first, and when is not known: a second is the
+# wait told (clients that retry on 429 wait for Retry-After, or back off from half a second).
+IN_FLIGHT_RETRY_SECONDS = 1.0
 
 # Why a key's request is refused: the metrics label, and what the client is told.
 IN_FLIGHT = "in_flight"
@@ -107,7 +110,7 @@ class KeyLimiter:
         if limits.max_in_flight is not None and use.in_flight + theirs.in_flight >= share(
             limits.max_in_flight, replicas
         ):
-            return IN_FLIGHT, None  # when one ends is not known
+            return IN_FLIGHT, IN_FLIGHT_RETRY_SECONDS
         if limits.requests_per_minute is not None:
             limit = share(limits.requests_per_minute, replicas)
             if use.requests.sum(now) + theirs.requests >= limit:

@@ -111,8 +111,9 @@ class Proxy(Pipeline):
         if self.keys is None:
             return None
         entry, reason = identify(headers, self.keys, time.time())
-        if reason is None:
-            return None
+        return None if reason is None else self._refused(entry, reason)
+
+    def _refused(self, entry: KeyEntry | None, reason: str) -> errors.ErrorResponse:
         self.metrics.auth_failures.labels(reason).inc()
         if entry is not None:  # a named key refused (expired): counted by its name too
             self.usage.refused(entry.name, reason)
@@ -120,14 +121,34 @@ class Proxy(Pipeline):
 
     # --- the pipeline's steps ---------------------------------------------------------------------
 
-    def admit(self, headers: Headers) -> errors.ErrorResponse | None:
-        refused = self.key_refusal(headers)
-        if refused is None:
-            self.demand.arrived()  # refused requests wake nothing up
-        return refused
+    def admit(self, method: str, headers: Headers) -> errors.ErrorResponse | KeyEntry | None:
+        """The key, and for a POST (the work an engine does) its limits, from the head: a request over
+        them is refused before any byte of its body is held, and one let in counts against them from
+        here until it ends (`end`). Returns the named key a POST holds, None for the rest."""
+        if self.keys is None:
+            self.demand.arrived()
+            return None
+        now = time.time()
+        key, reason = identify(headers, self.keys, now)
+        if reason is not None or key is None:
+            return self._refused(key, reason or "invalid")
+        if method != "POST":
+            self.demand.arrived()
+            return None
+        over = self.limits.refusal(key, now, self.replicas.count)
+        if over is not None:
+            self.usage.refused(key.name, over[0])
+            return _over_limit(key.name, *over)
+        self.limits.started(key.name, now)
+        self.usage.started(key.name)
+        self.demand.arrived()  # refused requests wake nothing up
+        return key
 
-    def plan(self, route: routes.Route, headers: Headers, body: bytes) -> EnginePlan | errors.ErrorResponse:
-        """The body to send the engine and the model label (with adapters), or the error to answer."""
+    def plan(
+        self, route: routes.Route, headers: Headers, body: bytes, admitted: KeyEntry | None
+    ) -> EnginePlan | errors.ErrorResponse:
+        """The body to send the engine and the model label (with adapters), or the error to answer;
+        `admitted`, the named key the request holds (admit)."""
         model = None
         if route.method == "POST":
             settings = self.settings
@@ -148,19 +169,7 @@ class Proxy(Pipeline):
             if adapters:
                 # Only with adapters: one more parse of the body, for usage per adapter.
                 model = self._model_label(request_model(body), adapters)
-        key = None
-        if self.keys is not None and route.method == "POST":  # the work an engine does: counted, limited
-            # Admitted from the head already: the lookup again (a hash and a dict), for the name.
-            now = time.time()
-            key, reason = identify(headers, self.keys, now)
-            if key is None or reason is not None:  # the Secret changed in between
-                return errors.unauthorized(reason or "invalid")
-            over = self.limits.refusal(key, now, self.replicas.count)
-            if over is not None:
-                self.usage.refused(key.name, over[0])
-                return _over_limit(key.name, *over)
-            self.limits.started(key.name, now)
-            self.usage.started(key.name)
+        key = admitted if route.method == "POST" else None
         return EnginePlan(route, body, filter_headers(headers, DROP_TO_ENGINE), model, key)
 
     def ready(self, plan: EnginePlan) -> bool:  # type: ignore[override]
@@ -209,12 +218,12 @@ class Proxy(Pipeline):
 
     def end(self, exchange: Exchange) -> None:
         plan = exchange.plan
-        if isinstance(plan, EnginePlan):
-            if plan.key is not None:
-                self.limits.finished(plan.key.name, plan.tokens, time.time())
-            if plan.slot:
-                plan.slot = False
-                self.fair.release()
+        key = exchange.admitted
+        if key is not None:  # what it held of its key's limits since its head (admit)
+            self.limits.finished(key.name, plan.tokens if isinstance(plan, EnginePlan) else 0, time.time())
+        if isinstance(plan, EnginePlan) and plan.slot:
+            plan.slot = False
+            self.fair.release()
         status = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
         self.metrics.observe(route_label(exchange.route), status, perf_counter() - exchange.start, exchange.ttfb)
 

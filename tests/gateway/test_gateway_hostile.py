@@ -93,3 +93,22 @@ def test_keyless_bodies_beyond_the_budget_get_503_and_it_is_given_back(gateway: 
     assert refused, outcomes
     assert all(error_code(o.answer.body) == "server_busy" and o.closed for o in refused)  # type: ignore[union-attr]
     still_serves(gateway)
+
+
+def test_stalled_keyless_bodies_that_fill_the_budget_make_room_for_a_keyed_request(gateway: str) -> None:
+    """Issue 45 N1: the gateway holds no keys and reads a body to know its model, within one budget
+    per process; seven stalled keyless bodies filled it and 99% of legitimate requests got 503
+    server_busy while /healthz stayed 200. Now the bodies whose bytes came longest ago are cut to make
+    room for the request whose bytes are arriving."""
+    with ExitStack() as stack:
+        stalled = []
+        for _ in range(4):  # 1 MiB less 8 bytes held: any request with a body crosses the budget
+            connection = stack.enter_context(connect(gateway))
+            connection.sendall(
+                chat_head(headers={"Content-Length": str(300 * 1024)}) + b"\r\n" + b" " * (256 * 1024 - 2)
+            )
+            stalled.append(connection)
+        still_serves(gateway)
+        outcomes = [read_outcome(connection, 1) for connection in stalled]
+    refused = [o for o in outcomes if o.answer is not None and o.answer.status == 503]
+    assert refused and all(error_code(o.answer.body) == "server_busy" for o in refused), outcomes  # type: ignore[union-attr]

@@ -9,7 +9,9 @@ import resource
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from harness.sidecar import (
@@ -40,12 +42,15 @@ from tests.helpers.hostile import (
 
 DEADLINE_SECONDS = 1.5  # the head's and the body's, short for the tests
 BUDGET_BYTES = 1024 * 1024  # request bodies being received, process-wide
+LIMITED_KEY = "sk-limited-7d21"  # a key limited to 2 requests in flight
+OTHER_KEY = "sk-other-51c0"  # another team's, without limits
 
 
 @pytest.fixture(scope="module")
 def sidecar(replay: ReplayEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     base = tmp_path_factory.mktemp("hostile-sidecar")
-    SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
+    limited = json.dumps({"keys": [LIMITED_KEY], "maxInFlight": 2, "requestsPerMinute": 1000})
+    SecretDir(base / "keys").write({"api-key": API_KEY + "\n", "limited": limited, "other": OTHER_KEY + "\n"})
     running = launch_sidecar(
         base / "logs",
         replay.url,
@@ -215,6 +220,59 @@ def test_a_parked_requests_deadline_never_cuts_the_stream_in_front_of_it(
     metrics = sidecar.metrics()
     assert metric_value(metrics, 'modelserve_sidecar_upstream_errors_total{kind="disconnected"}') == errors_before
     assert "Cannot call write() after write_eof()" not in sidecar.logs()
+
+
+def _stalled(base: str, key: str, declared: int, sent: int, stack: ExitStack) -> Any:
+    """A connection that sent the head of a request of `declared` body bytes and `sent` of them."""
+    connection = stack.enter_context(connect(base))
+    head = chat_head(headers={"Authorization": f"Bearer {key}", "Content-Length": str(declared)}) + b"\r\n"
+    connection.sendall(head + b" " * sent)
+    return connection
+
+
+def test_stalled_bodies_that_fill_the_budget_make_room_for_another_keys_request(sidecar: Sidecar) -> None:
+    """Issue 45 N1: the bytes of bodies being received are one pool per process; a key holder's
+    stalled bodies filled it and every other key's request got 503 server_busy. Now the bodies
+    arriving slowest are cut to make room (503 to them), and the request whose bytes arrive gets in."""
+    cut_before = metric_value(sidecar.metrics(), 'modelserve_sidecar_connections_cut_total{reason="body_budget"}')
+    with ExitStack() as stack:
+        stalled = [_stalled(sidecar.url, API_KEY, 300 * 1024, 256 * 1024 - 2, stack) for _ in range(4)]
+        # 1 MiB less 8 bytes held: any request with a body crosses the budget.
+        answer = httpx.post(
+            sidecar.url + "/v1/chat/completions",
+            content=CHAT,
+            headers={"Authorization": f"Bearer {OTHER_KEY}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        outcomes = [read_outcome(connection, 1) for connection in stalled]
+    refused = [o for o in outcomes if o.answer is not None and o.answer.status == 503]
+    assert refused and all(error_code(o.answer.body) == "server_busy" for o in refused), outcomes  # type: ignore[union-attr]
+    cut = metric_value(sidecar.metrics(), 'modelserve_sidecar_connections_cut_total{reason="body_budget"}')
+    assert cut - cut_before == len(refused)
+
+
+def test_a_key_over_its_limits_holds_no_body(sidecar: Sidecar, replay: ReplayEngine) -> None:
+    """Issue 45 N1: a key's limits were checked once its body was in, so a key limited to 2 requests
+    in flight could keep any number of bodies arriving. Now they are checked from the head: the third
+    is refused before any of its body is read, with a Retry-After."""
+    with ExitStack() as stack:
+        for _ in range(2):
+            _stalled(sidecar.url, LIMITED_KEY, 60_000, 1_000, stack)
+        for declared in (60_000, 10 * 1024 * 1024):  # a body the protocol collects first, and a larger one
+            with connect(sidecar.url) as third:
+                head = chat_head(
+                    headers={
+                        "Authorization": f"Bearer {LIMITED_KEY}",
+                        MARK_HEADER: "third",
+                        "Content-Length": str(declared),
+                    }
+                )
+                third.sendall(head + b"\r\n")
+                outcome = read_outcome(third, DEADLINE_SECONDS)  # before its body's deadline
+            assert outcome.answer is not None and outcome.answer.status == 429, outcome
+            assert error_code(outcome.answer.body) == "in_flight" and outcome.answer.headers["retry-after"] == "1"
+    assert replay.marked("third") == []
 
 
 def _chunked(body: bytes, trailer: str) -> bytes:

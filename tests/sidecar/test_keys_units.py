@@ -21,7 +21,13 @@ from modelserve.contracts.key_entries import (
 )
 from modelserve.sidecar.auth import identify
 from modelserve.sidecar.fair_share import FairShare
-from modelserve.sidecar.key_limits import IN_FLIGHT, REQUESTS_PER_MINUTE, TOKENS_PER_MINUTE, KeyLimiter
+from modelserve.sidecar.key_limits import (
+    IN_FLIGHT,
+    IN_FLIGHT_RETRY_SECONDS,
+    REQUESTS_PER_MINUTE,
+    TOKENS_PER_MINUTE,
+    KeyLimiter,
+)
 from modelserve.sidecar.keys import KeyStore
 from modelserve.sidecar.replica_share import read_count
 
@@ -108,7 +114,7 @@ def test_requests_in_flight_are_capped_until_one_ends() -> None:
     for _ in range(2):
         assert limiter.refusal(key, 100.0) is None
         limiter.started("a", 100.0)
-    assert limiter.refusal(key, 100.0) == (IN_FLIGHT, None)
+    assert limiter.refusal(key, 100.0) == (IN_FLIGHT, IN_FLIGHT_RETRY_SECONDS)
     limiter.finished("a", 0, 101.0)
     assert limiter.refusal(key, 101.0) is None
 
@@ -262,7 +268,7 @@ def test_each_replica_enforces_its_share_rounded_up(tmp_path: Path) -> None:
     limiter, key = KeyLimiter(), entry(max_in_flight=3, requests_per_minute=10)
     limiter.started("a", 1.0)
     limiter.started("a", 1.0)
-    assert limiter.refusal(key, 1.0, replicas=2) == (IN_FLIGHT, None)  # 2 of ceil(3/2)
+    assert limiter.refusal(key, 1.0, replicas=2) == (IN_FLIGHT, IN_FLIGHT_RETRY_SECONDS)  # 2 of ceil(3/2)
     assert limiter.refusal(key, 1.0, replicas=1) is None
     limiter.finished("a", 0, 1.0)
     limiter.finished("a", 0, 1.0)

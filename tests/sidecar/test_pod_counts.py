@@ -11,7 +11,13 @@ from collections.abc import Callable
 from modelserve.contracts.key_entries import KeyEntry, KeyLimits
 from modelserve.http.shared_rows import SharedRows, name_hash
 from modelserve.sidecar.fair_share import FairShare
-from modelserve.sidecar.key_limits import IN_FLIGHT, REQUESTS_PER_MINUTE, TOKENS_PER_MINUTE, KeyLimiter
+from modelserve.sidecar.key_limits import (
+    IN_FLIGHT,
+    IN_FLIGHT_RETRY_SECONDS,
+    REQUESTS_PER_MINUTE,
+    TOKENS_PER_MINUTE,
+    KeyLimiter,
+)
 from modelserve.sidecar.pod_counts import MAX_NAMES, WIDTH, KeyCounts, PodCounts
 
 
@@ -31,8 +37,8 @@ def test_a_keys_requests_in_flight_are_the_pods_whichever_worker_holds_them() ->
     one.started("a", 100.0)
     assert other.refusal(key, 100.0) is None
     other.started("a", 100.0)
-    assert one.refusal(key, 100.0) == (IN_FLIGHT, None)
-    assert other.refusal(key, 100.0) == (IN_FLIGHT, None)
+    assert one.refusal(key, 100.0) == (IN_FLIGHT, IN_FLIGHT_RETRY_SECONDS)
+    assert other.refusal(key, 100.0) == (IN_FLIGHT, IN_FLIGHT_RETRY_SECONDS)
     one.finished("a", 0, 101.0)
     assert other.refusal(key, 101.0) is None
     assert second.elsewhere("a") == KeyCounts(0, 1, 0)
@@ -91,7 +97,7 @@ def test_past_the_rows_room_a_name_takes_this_workers_share_of_its_limit() -> No
     limiter.started("one-too-many", 1.0)
     assert limiter.refusal(key, 1.0) is None
     limiter.started("one-too-many", 1.0)
-    assert limiter.refusal(key, 1.0) == (IN_FLIGHT, None)  # 2 of 4, as with split limits
+    assert limiter.refusal(key, 1.0) == (IN_FLIGHT, IN_FLIGHT_RETRY_SECONDS)  # 2 of 4, as with split limits
 
 
 def test_a_worker_cleared_as_it_starts_gives_back_what_its_predecessor_held() -> None:
