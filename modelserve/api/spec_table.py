@@ -1,7 +1,7 @@
-"""The README's reference of every ModelServer spec field, generated so it cannot drift.
+"""The reference of every ModelServer spec field (docs/reference/spec.md), generated so it cannot drift.
 
-`make generate` rewrites the text between the markers in README.md; a test
-fails when the committed README differs. The source is the CRD schema as `crd.py` builds it from the
+`make generate` rewrites the text between the markers in that page; a test
+fails when the committed page differs. The source is the CRD schema as `crd.py` builds it from the
 spec model: the field names, types, defaults, bounds and descriptions `kubectl explain` shows, and
 the cross-field (CEL) rules the API server enforces.
 """
@@ -93,7 +93,9 @@ def section() -> str:
             *header,
             *table,
             "",
-            "Rules across fields, checked by the API server at `kubectl apply` and by `modelserve render`:",
+            "## Rules across fields",
+            "",
+            "Checked by the API server at `kubectl apply` and by `modelserve render`:",
             "",
             *rules(schema),
             "",
@@ -102,17 +104,17 @@ def section() -> str:
     )
 
 
-def updated(readme: str) -> str:
-    """The README text with the generated section replaced."""
-    before, found_start, rest = readme.partition(START)
+def updated(page: str) -> str:
+    """The page's text with the generated section replaced."""
+    before, found_start, rest = page.partition(START)
     _, found_end, after = rest.partition(END)
     if not (found_start and found_end):
-        raise ValueError(f"the README lacks the markers {START!r} ... {END!r}")
+        raise ValueError(f"the page lacks the markers {START!r} ... {END!r}")
     return before + section() + after
 
 
 def main(argv: list[str] | None = None) -> None:
-    path = Path((argv or sys.argv[1:] or ["README.md"])[0])
+    path = Path((argv or sys.argv[1:] or ["docs/reference/spec.md"])[0])
     path.write_text(updated(path.read_text()))
 
 
