@@ -66,6 +66,7 @@ def _sidecars_setting(name: str, env: str | None = None) -> Any:
 class Settings:
     """What the operator needs besides the ModelServer itself."""
 
+    # The sidecar image put in every model pod (the chart keeps it in step with the operator's).
     sidecar_image: str = env_setting(
         "MODELSERVE_SIDECAR_IMAGE", non_empty, default=f"ghcr.io/modelserve/modelserve:{PACKAGE_VERSION}"
     )

@@ -187,11 +187,18 @@ OMITTED_AT_DEFAULT = frozenset(
 class Settings:
     """Everything the sidecar runs with; each field is one MODELSERVE_* variable."""
 
+    # The engine's base URL: on the pod's loopback (e.g. http://127.0.0.1:8000), or, for profile
+    # external, the external server's root.
     upstream_url: str = env_setting("MODELSERVE_UPSTREAM_URL", base_url)
+    # The name clients put in `model`: the ModelServer's name.
     served_model: str = env_setting("MODELSERVE_SERVED_MODEL", non_empty)
+    # The address the sidecar listens on.
     listen_host: str = env_setting("MODELSERVE_LISTEN_HOST", non_empty, default="0.0.0.0")
+    # The pod's one port (`http`), the Service's target.
     listen_port: int = env_setting("MODELSERVE_LISTEN_PORT", port, default=LISTEN_PORT)
+    # The engine's health route, which readiness asks before the model list.
     engine_health_path: str = env_setting("MODELSERVE_ENGINE_HEALTH_PATH", route, default="/health")
+    # The engine's Prometheus route, whose series follow the sidecar's own on /metrics.
     engine_metrics_path: str = env_setting("MODELSERVE_ENGINE_METRICS_PATH", route, default="/metrics")
     # Whether the upstream serves Prometheus metrics at all (an external Ollama or MLX server has none).
     engine_metrics: bool = env_setting("MODELSERVE_ENGINE_METRICS", boolean, render_bool, default=True)
@@ -204,10 +211,16 @@ class Settings:
     engine_probe_timeout_seconds: float = env_setting(
         "MODELSERVE_ENGINE_PROBE_TIMEOUT_SECONDS", positive_float, render_number, default=5.0
     )
+    # private: every request needs an API key; public: none (spec.auth.mode).
     auth_public: bool = env_setting("MODELSERVE_AUTH", _is_public, _render_auth, default=False)
+    # The mounted key Secret: each file one named key entry, re-read when the kubelet updates it.
     keys_dir: Path = env_setting("MODELSERVE_KEYS_DIR", path, default=Path(KEYS_DIR))  # noqa: RUF009 - immutable
+    # Whether /metrics answers without a key.
     metrics_public: bool = env_setting("MODELSERVE_METRICS_PUBLIC", boolean, render_bool, default=True)
+    # The model takes image parts (spec.vision); otherwise the sidecar refuses every media part.
     vision: bool = env_setting("MODELSERVE_VISION", boolean, render_bool, default=False)
+    # Sampling values filled into a request that leaves them out (spec.samplingDefaults), a JSON
+    # object in the OpenAI API's names (temperature, top_p, max_tokens, stop, ...).
     sampling_defaults: Mapping[str, Any] = env_setting(
         "MODELSERVE_SAMPLING_DEFAULTS",
         _sampling,
@@ -222,7 +235,10 @@ class Settings:
         _render_sampling,
         default_factory=lambda: MappingProxyType({}),
     )
+    # The largest request body in bytes; beyond it, 413 body_too_large.
     max_body_bytes: int = env_setting("MODELSERVE_MAX_BODY_BYTES", positive_int, default=10 * 1024 * 1024)
+    # How long the engine may stay silent (connecting, or between two reads) before the request
+    # ends with 504 engine_timeout; also the longest wait for an engine slot.
     upstream_timeout_seconds: float = env_setting(
         "MODELSERVE_UPSTREAM_TIMEOUT_SECONDS", positive_float, render_number, default=600.0
     )
@@ -236,6 +252,8 @@ class Settings:
     # ModelServer's targetPerReplica. More wait in the sidecar, served across keys in turn
     # (sidecar/fair_share.py), rather than in the engine's own queue, first come first served. 0: no bound.
     engine_concurrency: int = env_setting("MODELSERVE_ENGINE_CONCURRENCY", non_negative_int, default=0)
+    # The downward API file holding the ModelServer's ready replicas (serving-replicas annotation),
+    # re-read every second: each sidecar enforces 1/N of a key's limits.
     replicas_file: Path = env_setting(  # noqa: RUF009 - immutable
         "MODELSERVE_REPLICAS_FILE", path, default=Path(REPLICAS_FILE)
     )

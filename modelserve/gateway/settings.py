@@ -41,8 +41,12 @@ def _load_factor(raw: str) -> float:
 class GatewaySettings:
     # Empty: every namespace (a ClusterRole); else only these (a Role in each).
     namespaces: tuple[str, ...] = env_setting("MODELSERVE_GATEWAY_NAMESPACES", _namespaces, default=())
+    # The address the gateway listens on.
     listen_host: str = env_setting("MODELSERVE_GATEWAY_LISTEN_HOST", non_empty, default="0.0.0.0")
+    # The gateway's port, its Service's target.
     listen_port: int = env_setting("MODELSERVE_GATEWAY_LISTEN_PORT", port, default=LISTEN_PORT)
+    # How a replica is picked: least-in-flight (the fewest requests in flight from this gateway) or
+    # prefix-affinity (a conversation stays on its replica's prefix cache).
     routing: str = env_setting("MODELSERVE_GATEWAY_ROUTING", _routing, default=LEAST_IN_FLIGHT)
     # Prefix affinity keeps a conversation on its replica until that replica carries this many
     # times the average in flight (consistent hashing with bounded loads).
@@ -61,7 +65,9 @@ class GatewaySettings:
     # Wakes remembered per ModelServer (cold_starts.py): the Retry-After of a client turned away
     # while it wakes comes from them.
     wake_history: int = env_setting("MODELSERVE_GATEWAY_WAKE_HISTORY", positive_int, default=5)
+    # The largest request body in bytes; beyond it, 413 body_too_large.
     max_body_bytes: int = env_setting("MODELSERVE_GATEWAY_MAX_BODY_BYTES", positive_int, default=10 * 1024 * 1024)
+    # How long a replica may stay silent (connecting, or between two reads) before the request ends.
     upstream_timeout_seconds: float = env_setting(
         "MODELSERVE_GATEWAY_UPSTREAM_TIMEOUT_SECONDS", positive_float, default=600.0
     )
@@ -69,10 +75,13 @@ class GatewaySettings:
     models_cache_seconds: float = env_setting(
         "MODELSERVE_GATEWAY_MODELS_CACHE_SECONDS", non_negative_float, default=10.0
     )
+    # SIGTERM's drain deadline for requests and streams in flight.
     drain_seconds: float = env_setting("MODELSERVE_GATEWAY_DRAIN_SECONDS", non_negative_float, default=60.0)
+    # Connections to the replicas' sidecars, all of them together.
     upstream_max_connections: int = env_setting(
         "MODELSERVE_GATEWAY_UPSTREAM_MAX_CONNECTIONS", positive_int, default=4096
     )
+
     # What one client connection may take before any check (modelserve/http/limits.py), as the
     # sidecar's: the request head (431), its and the body's deadlines (408), connections (within the
     # open-file limit) and the bytes of request bodies still arriving (503).
@@ -82,6 +91,7 @@ class GatewaySettings:
     body_timeout_seconds: float = env_setting("MODELSERVE_GATEWAY_BODY_TIMEOUT_SECONDS", positive_float, default=60.0)
     max_connections: int = env_setting("MODELSERVE_GATEWAY_MAX_CONNECTIONS", positive_int, default=16384)
     body_budget_bytes: int = env_setting("MODELSERVE_GATEWAY_BODY_BUDGET_BYTES", positive_int, default=64 * 1024 * 1024)
+
     # Requests held per private ModelServer with a key not yet seen to open it (keys.py): anyone can
     # send a made-up key, so these get a small share of their own, beside `max_held`, and at most
     # `max_held_unverified_per_client` at once per client address (an IPv6 one by its /64).
@@ -89,6 +99,7 @@ class GatewaySettings:
     max_held_unverified_per_client: int = env_setting(
         "MODELSERVE_GATEWAY_MAX_HELD_UNVERIFIED_PER_CLIENT", positive_int, default=2
     )
+
     # Sidecars asked at most per model list (GET /v1/models, /api/tags, /api/ps) whether the
     # caller's key opens their model; the others are listed as last seen (catalog.py).
     model_list_asks: int = env_setting("MODELSERVE_GATEWAY_MODEL_LIST_ASKS", positive_int, default=16)

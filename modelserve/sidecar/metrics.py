@@ -77,13 +77,15 @@ class SidecarMetrics:
         # Only for a ModelServer with adapters, labelled by the served name or an adapter's name.
         self.model_requests = Counter(
             f"{PREFIX}_model_requests",
-            "Proxied requests by model (the base's served name or an adapter's name) and status class.",
+            "With spec.adapters only: proxied requests by model (the base's served name or an adapter's name) "
+            "and status class.",
             ["model", "status_class"],
             registry=r,
         )
         self.model_tokens = Counter(
             f"{PREFIX}_model_tokens",
-            "Tokens reported in responses' usage, by model (base or adapter) and kind (prompt, completion).",
+            "With spec.adapters only: tokens reported in responses' usage, by model (base or adapter) and kind "
+            "(prompt, completion).",
             ["model", "kind"],
             registry=r,
         )
