@@ -7,16 +7,26 @@ test:
 	.venv/bin/pytest
 
 # One style: ruff's formatter and linter, configured in pyproject.toml (`ruff format .` applies it);
-# and the one layering of modelserve/: import-linter's contracts in pyproject.toml.
+# the one layering of modelserve/: import-linter's contracts in pyproject.toml; and the docs site,
+# built strictly (mkdocs.yml): a broken link, a page left out of the nav or a moved anchor fails it.
 lint:
 	bash hack/install-python.sh
 	.venv/bin/ruff format --check .
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 
-# Every file derived from the code: the CRD and its chart copy, the README's spec table, the golden files.
+# Every file derived from the code: the CRD and its chart copy, the reference pages in docs/reference/
+# (the spec, settings, metrics, conditions, chart values, CLI), the diagram's copies, the golden files.
 generate:
 	bash hack/install-python.sh
-	.venv/bin/python hack/generate.py
+	.venv/bin/python -m hack.generate
 
-.PHONY: dev test lint generate
+# The docs site on http://127.0.0.1:8000, rebuilt as pages change; mermaid.js vendored from npm first,
+# so the diagrams render without the network.
+docs:
+	bash hack/install-python.sh
+	bash hack/install-mermaid.sh
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs serve
+
+.PHONY: dev test lint generate docs

@@ -1,7 +1,10 @@
-"""`make generate`: rewrite every file derived from the code, so a spec change is one command.
+"""`make generate` (`python -m hack.generate`): rewrite every file derived from the code, so a spec
+change is one command.
 
 - crds/modelserver.yaml and its chart copy, from the spec model (modelserve.api.crd);
-- README.md's spec reference table (modelserve.api.spec_table);
+- docs/reference/spec.md's table of every spec field and rule (modelserve.api.spec_table);
+- the other reference pages (settings, metrics, conditions, chart values, CLI) and the diagram copied
+  into README.md and docs/index.md (hack/docgen);
 - tests/api/golden/*.yaml, each example's manifest set (review the diff: it is what users get);
 - tests/fixtures/sidecar-contract/<version>.json, this release's side of the operator-sidecar
   contract (earlier releases' stay: the next release's N-1 tests read them).
@@ -15,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hack import docgen
 from modelserve import __version__
 from modelserve.api import crd, spec_table
 from modelserve.contracts import sidecar
@@ -32,8 +36,10 @@ def write(path: Path, text: str) -> None:
 def main() -> int:
     for path in CRD_FILES:
         write(path, crd.render())
-    readme = REPO / "README.md"
-    write(readme, spec_table.updated(readme.read_text()))
+    spec_page = REPO / "docs" / "reference" / "spec.md"
+    write(spec_page, spec_table.updated(spec_page.read_text()))
+    for path, text in docgen.rendered().items():
+        write(path, text)
     contract = REPO / "tests" / "fixtures" / "sidecar-contract" / f"{__version__}.json"
     contract.parent.mkdir(exist_ok=True)
     write(contract, json.dumps(sidecar.record(), indent=2) + "\n")
