@@ -1,4 +1,4 @@
-"""Each engine's pins are its module's: the chart's defaults, the README, and one llama.cpp build everywhere
+"""Each engine's pins are its module's: the chart's defaults, the engines page, and one llama.cpp build everywhere
 (the engine the operator pins is the one the sandbox builds and runs)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from modelserve.engines import ENGINES, llamacpp, sglang, vllm
 from modelserve_sandbox import llama_server, lws
 from tests.helpers.chart import REPO
 
-README = (REPO / "README.md").read_text()
+ENGINES_PAGE = (REPO / "docs" / "concepts" / "engines.md").read_text()
 
 
 def _script_default(script: str, variable: str = "LLAMA_BUILD") -> str:
@@ -43,10 +43,9 @@ def test_the_sandbox_builds_the_leader_worker_set_release_it_names() -> None:
     assert re.search(r"^LWS_VERSION=(\S+)", text, re.M).group(1) == lws.VERSION  # type: ignore[union-attr]
 
 
-def test_the_readme_names_each_pinned_image() -> None:
-    engines = README.split("\n## Engines\n", 1)[1].split("\n## ", 1)[0]
+def test_the_engines_page_names_each_pinned_image() -> None:
     for engine in ENGINES.values():
-        assert f"`{engine.image}`" in engines, engine.image
+        assert f"`{engine.image}`" in ENGINES_PAGE, engine.image
 
 
 def test_the_chart_has_each_engine_with_its_pinned_image() -> None:

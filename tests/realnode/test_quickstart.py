@@ -1,5 +1,5 @@
-"""The README quickstart on the real node: the operator's pods run, the engine serves the real
-SmolLM2-135M-Instruct from the sandbox's model hub, and callers reach it the ways a user does."""
+"""The quickstart (docs/getting-started/quickstart.md) on the real node: the operator's pods run, the engine
+serves the real SmolLM2-135M-Instruct from the sandbox's model hub, and callers reach it the ways a user does."""
 
 from __future__ import annotations
 
@@ -16,21 +16,21 @@ import pytest
 from modelserve_sandbox import realnode
 from tests.helpers.node_view import NO_END, PROMPT, NodeView, Timeline, cpu_server
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "getting-started" / "quickstart.md"
 NAME = "my-first-model"
 
 
-def readme_quickstart_manifest() -> str:
-    """Step 2 of the README's quickstart, verbatim."""
-    text = README.read_text()
+def quickstart_manifest() -> str:
+    """Step 2 of the quickstart, verbatim."""
+    text = QUICKSTART.read_text()
     match = re.search(r"kubectl apply -f - <<'YAML'\n(.*?)\n\s*YAML", text, re.S)
-    assert match, "the README quickstart's manifest"
+    assert match, "the quickstart's manifest"
     return textwrap.dedent(match.group(1))
 
 
-def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -> None:
+def test_quickstart_serves_the_real_model(node: NodeView, port_forward) -> None:
     timeline = Timeline()
-    node.kubectl("apply", "-f", "-", input=readme_quickstart_manifest())
+    node.kubectl("apply", "-f", "-", input=quickstart_manifest())
     # Honest readiness: the ModelServer says ModelLoading until the engine answers, then Ready.
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -101,11 +101,11 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
     spread = arrivals[-1] - arrivals[0]
     assert spread > 0.3 * arrivals[-1], f"chunks arrived at {arrivals}"
 
-    # Step 5 from inside the cluster, as the README writes it: `kubectl run` of the client image,
+    # Step 5 from inside the cluster, as the quickstart writes it: `kubectl run` of the client image,
     # `status.endpoint` verbatim as the base URL, which only the cluster's DNS resolves.
     kubectl = f'set -e\nkubectl() {{ "{node.cluster.bin_dir / "kubectl"}" -n {node.namespace} "$@"; }}\n'
     ran = subprocess.run(
-        ["bash", "-c", kubectl + readme_in_cluster_call()],
+        ["bash", "-c", kubectl + quickstart_in_cluster_call()],
         env={**node.cluster.env, "KEY": key},
         capture_output=True,
         text=True,
@@ -114,11 +114,11 @@ def test_readme_quickstart_serves_the_real_model(node: NodeView, port_forward) -
     assert ran.returncode == 0 and "Paris" in ran.stdout, ran.stdout + ran.stderr
 
 
-def readme_in_cluster_call() -> str:
-    """Step 5's `kubectl run` of the in-cluster client, verbatim."""
-    match = re.search(r"(kubectl run ask .*?kubectl delete pod ask)\n", README.read_text(), re.S)
-    assert match, "the README quickstart's in-cluster call"
-    return textwrap.dedent("   " + match.group(1))
+def quickstart_in_cluster_call() -> str:
+    """Step 5's `kubectl run` of the in-cluster client, verbatim (its lines indented as the list item)."""
+    match = re.search(r"^( *)(kubectl run ask .*?kubectl delete pod ask)\n", QUICKSTART.read_text(), re.S | re.M)
+    assert match, "the quickstart's in-cluster call"
+    return textwrap.dedent(match.group(1) + match.group(2))
 
 
 def test_service_through_kube_proxy_reaches_the_sidecar(node: NodeView) -> None:
