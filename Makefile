@@ -8,13 +8,14 @@ test:
 
 # One style: ruff's formatter and linter, configured in pyproject.toml (`ruff format .` applies it);
 # the one layering of modelserve/: import-linter's contracts in pyproject.toml; and the docs site,
-# built strictly (mkdocs.yml): a broken link, a page left out of the nav or a moved anchor fails it.
+# built strictly (mkdocs.yml): a broken link, a page left out of the nav or a moved anchor fails it
+# (not with --quiet: it hides the warnings that --strict counts).
 lint:
 	bash hack/install-python.sh
 	.venv/bin/ruff format --check .
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
-	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 
 # Every file derived from the code: the CRD and its chart copy, the reference pages in docs/reference/
 # (the spec, settings, metrics, conditions, chart values, CLI), the diagram's copies, the golden files.

@@ -45,3 +45,22 @@ def test_the_readme_quickstart_is_the_tested_one() -> None:
 def test_the_readme_says_how_to_serve_the_docs() -> None:
     assert "`make docs`" in README
     assert re.search(r"^docs:", (REPO / "Makefile").read_text(), re.M)
+
+
+def test_the_readme_links_land() -> None:
+    # The site's strict build checks the pages' links; the README is outside it, so its links are here.
+    from markdown.extensions.toc import slugify  # the docs extra's Markdown: the site's anchors
+
+    def anchors(text: str) -> set[str]:
+        return {slugify(re.sub(r"[`*]", "", heading), "-") for heading in re.findall(r"^#+ (.+)$", text, re.M)}
+
+    links = re.findall(r"\]\(([^)\s]+)\)", README)
+    assert len(links) > 30
+    for link in links:
+        if link.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = link.partition("#")
+        target = (REPO / path) if path else REPO / "README.md"
+        assert target.is_file(), link
+        if anchor:
+            assert anchor in anchors(target.read_text()), link
