@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-
-def cell(text: object) -> str:
-    """Text for a table cell: pipes escaped, one line, and `<` and `>` outside code spans written as
-    entities, so that `<namespace>/<name>` is not read as HTML."""
-    parts = str(text).replace("|", "\\|").replace("\n", " ").strip().split("`")
-    for index in range(0, len(parts), 2):
-        parts[index] = parts[index].replace("<", "&lt;").replace(">", "&gt;")
-    return "`".join(parts)
+from modelserve.api.spec_table import cell
 
 
 def code(text: object) -> str:

@@ -44,8 +44,13 @@ def _allowed(node: dict[str, Any]) -> str:
     return ", ".join(bounds)
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def cell(text: object) -> str:
+    """Text for a Markdown table cell or list item: pipes escaped, one line, and `<` and `>` outside code
+    spans written as entities, so that <org>/<name> is not read as an HTML tag (and hidden)."""
+    parts = str(text).replace("|", "\\|").replace("\n", " ").strip().split("`")
+    for index in range(0, len(parts), 2):
+        parts[index] = parts[index].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
 
 
 def rows(node: dict[str, Any], path: str = "spec") -> list[tuple[str, ...]]:
@@ -61,7 +66,7 @@ def rows(node: dict[str, Any], path: str = "spec") -> list[tuple[str, ...]]:
                 _type(child),
                 f"`{default}`" if default and default != "required" else default,
                 _allowed(child),
-                _cell(child.get("description", "")),
+                cell(child.get("description", "")),
             )
         )
         items = child.get("items", {})
@@ -74,7 +79,9 @@ def rows(node: dict[str, Any], path: str = "spec") -> list[tuple[str, ...]]:
 
 def rules(node: dict[str, Any], path: str = "spec") -> list[str]:
     """Every cross-field rule, as `field`: message."""
-    out = [f"- `{path}{rule['fieldPath']}`: {rule['message']}" for rule in node.get("x-kubernetes-validations", [])]
+    out = [
+        f"- `{path}{rule['fieldPath']}`: {cell(rule['message'])}" for rule in node.get("x-kubernetes-validations", [])
+    ]
     for name, child in node.get("properties", {}).items():
         out += rules(child, f"{path}.{name}")
         if "items" in child:
