@@ -10,7 +10,7 @@
 #     from PyPI (hack/images/vllm/Dockerfile says what differs and why);
 #   - registry.k8s.io/pause:3.10, a static pause binary FROM scratch;
 #   - modelserve.local/openai-client:<openai version>, the base plus the openai SDK: the
-#     in-cluster client of the tests and the README.
+#     in-cluster client of the tests and the quickstart (docs/getting-started/quickstart.md).
 # Images carry the exact names the operator and chart use by default, so the manifests that
 # run in the sandbox are the ones a user gets. A private dockerd (no iptables, no bridge, its
 # own data root in the cache) runs only while something needs building.

@@ -5,7 +5,7 @@ caller with the spec model, so a value out of range is refused naming the spec f
 
 What maps, what is dropped with a warning (it only changed how Ollama ran on one machine, not
 the answers) and what is refused (it changes the answers and no ModelServer field says it):
-see PARAMETERS, DROPPED_PARAMETERS, REFUSED_PARAMETERS and DIRECTIVES below, and the README.
+see PARAMETERS, DROPPED_PARAMETERS, REFUSED_PARAMETERS and DIRECTIVES below, and docs/how-to/from-ollama.md.
 """
 
 from __future__ import annotations
