@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 
 from modelserve.contracts.env import settings_or_exit, variables_help
+from modelserve.contracts.gateway import OWN_ROUTES
 from modelserve.http.limits import ConnectionLimits
 from modelserve.http.serve import serve_workers
 
@@ -53,7 +54,7 @@ def run(settings: GatewaySettings, discovery: Callable[[], Discovery]) -> None:
         settings.listen_host,
         settings.listen_port,
         settings.drain_seconds,
-        ConnectionLimits.of(settings),
+        ConnectionLimits.of(settings, OWN_ROUTES),
         SHARED_WIDTH,
     )
 

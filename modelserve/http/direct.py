@@ -27,7 +27,7 @@ from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
 
 from .downstream import ClientGone, Exchange, Headers, hung_up
-from .limits import BodyBudget, ConnectionLimits, cut, refusal
+from .limits import RESERVED_CONNECTIONS, BodyBudget, ConnectionLimits, cut, refusal
 
 log = logging.getLogger(__name__)
 
@@ -406,6 +406,7 @@ UVICORN_ATTRIBUTES = (
 # How long a connection refused by a bound still reads (and drops) what its client sends.
 LINGER_SECONDS = 2.0
 BUDGET_MESSAGE = "This server is receiving too many request bodies; retry later."
+CONNECTIONS_MESSAGE = "Too many connections to this server; retry later."
 
 
 class _Refused(Exception):
@@ -455,6 +456,7 @@ class DirectProtocol(HttpToolsProtocol):
     _body_last = 0.0  # when its last body bytes came
     _chunk_bytes = 0
     _refused = False
+    _own_only = False  # one of the connections past the cap: the server's own routes only
     _after_answer = b""  # a refusal written once the answer in front of it ends
     _upgrade_ignored = False  # an Upgrade (h2c) not taken: its request is parsed again without it
 
@@ -466,11 +468,13 @@ class DirectProtocol(HttpToolsProtocol):
         self.head_since = now
         evictable = self.evictable
         if len(self.connections) > self.max_connections:
-            if not evictable:
-                message = "Too many connections to this server; retry later."
-                self._refuse(503, message, "too_many_connections", "too_many_connections", linger=False)
+            if evictable:
+                next(iter(evictable)).evict()
+            elif len(self.connections) > self.max_connections + RESERVED_CONNECTIONS:
+                self._refuse(503, CONNECTIONS_MESSAGE, "too_many_connections", "too_many_connections", linger=False)
                 return
-            next(iter(evictable)).evict()
+            else:
+                self._own_only = True
         evictable[self] = None
         self._arm(now + self.limits.head_seconds)
 
@@ -652,6 +656,11 @@ class DirectProtocol(HttpToolsProtocol):
             raise _Refused
         # The head's request line (`METHOD url HTTP/1.1`), fields and blank line are accounted for.
         self._unparsed = max(0, self._unparsed - len(parser.get_method()) - len(self.url) - fields - 14)
+        if self._own_only and (
+            parser.get_method() != b"GET" or httptools.parse_url(self.url).path not in limits.own_paths
+        ):
+            self._refuse(503, CONNECTIONS_MESSAGE, "too_many_connections", "too_many_connections", linger=False)
+            raise _Refused
         previous = self.cycle
         parked = previous is not None and not previous.response_complete  # behind an answer still going out
         upgrade = parser.should_upgrade()

@@ -12,7 +12,10 @@ included). These bounds hold for every connection, with or without a key:
   for the body, from the end of the head: 408 and close (nothing at all sent: closed silently);
 - connections per process: at the cap a new connection takes the place of the oldest one that has
   no complete request being served (a slow or idle one), so a flood of idle connections never locks
-  out a new one, the kubelet's probes included; with none to take, the new one gets 503 and close;
+  out a new one, the kubelet's probes included; with none to take (every connection serving a
+  request: a key holder's slow requests), it is one of RESERVED_CONNECTIONS past the cap that may ask
+  the server's own routes only (health, readiness, load, metrics): the probes' answers never depend
+  on what clients hold; past those, 503 and close;
 - request bodies being received, process-wide: a budget no client can hold for the others. When a
   body's bytes would cross it, the bodies whose last bytes came longest ago are cut to make room (503
   and close): stalled bodies, with or without a key, give way to a request that is being sent (the
@@ -22,6 +25,7 @@ included). These bounds hold for every connection, with or without a key:
 from __future__ import annotations
 
 import resource
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,8 +34,12 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from . import errors, ollama
 
 # Descriptors kept for everything but client connections: the upstream's connections are counted
-# apart (one per client connection at most), plus files, the key reload, the probes' own sessions.
+# apart (one per client connection at most), plus files, the key reload, the probes' own sessions,
+# and the connections past the cap kept for the server's own routes.
 RESERVED_DESCRIPTORS = 128
+# Connections past the cap for the server's own routes (the kubelet's probes, the autoscaler's load,
+# a scrape), when every connection within it serves a request.
+RESERVED_CONNECTIONS = 32
 
 
 class LimitSettings(Protocol):
@@ -53,9 +61,10 @@ class ConnectionLimits:
     body_seconds: float = 60.0
     max_connections: int = 4096
     body_budget_bytes: int = 64 * 1024 * 1024
+    own_paths: frozenset[bytes] = frozenset()  # the server's own GET routes (health, load, metrics)
 
     @classmethod
-    def of(cls, settings: LimitSettings) -> ConnectionLimits:
+    def of(cls, settings: LimitSettings, own_routes: Iterable[str] = ()) -> ConnectionLimits:
         return cls(
             settings.max_head_bytes,
             settings.max_header_fields,
@@ -63,6 +72,7 @@ class ConnectionLimits:
             settings.body_timeout_seconds,
             settings.max_connections,
             settings.body_budget_bytes,
+            frozenset(route.encode() for route in own_routes),
         )
 
 

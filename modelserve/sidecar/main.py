@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from modelserve.contracts.env import settings_or_exit, variables_help
-from modelserve.contracts.sidecar import Settings
+from modelserve.contracts.sidecar import OWN_ROUTES, Settings
 from modelserve.http.limits import ConnectionLimits
 from modelserve.http.serve import serve_workers
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
         settings.listen_host,
         settings.listen_port,
         settings.drain_seconds,
-        ConnectionLimits.of(settings),
+        ConnectionLimits.of(settings, OWN_ROUTES),
         WIDTH,
     )
 

@@ -14,6 +14,7 @@ import httpx
 import uvicorn
 
 from harness.lifecycle import assert_rules_kept, ledger_counts
+from modelserve.contracts.gateway import OWN_ROUTES
 from modelserve.gateway.app import Dispatcher, build_app
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.settings import GatewaySettings
@@ -61,7 +62,7 @@ def serving_gateway(settings: GatewaySettings, discovery: FixedDiscovery) -> Ite
 def serving_gateway_app(settings: GatewaySettings, discovery: FixedDiscovery) -> Iterator[tuple[str, Dispatcher]]:
     """`serving_gateway`, and the app, whose state the test reads (from its own thread: plain values)."""
     app = build_app(settings, discovery)
-    limits = ConnectionLimits.of(settings)
+    limits = ConnectionLimits.of(settings, OWN_ROUTES)
     with serving(
         app, settings.listen_port, app.direct_routes(), app.proxy.ledger, _ready, "the gateway", limits
     ) as url:

@@ -26,6 +26,7 @@ from harness.sidecar import (
     stop_sidecar,
     wait_ready,
 )
+from modelserve_sandbox.processes import wait_until
 from tests.helpers.hostile import (
     CHAT,
     KEYED,
@@ -273,6 +274,37 @@ def test_a_key_over_its_limits_holds_no_body(sidecar: Sidecar, replay: ReplayEng
             assert outcome.answer is not None and outcome.answer.status == 429, outcome
             assert error_code(outcome.answer.body) == "in_flight" and outcome.answer.headers["retry-after"] == "1"
     assert replay.marked("third") == []
+
+
+def test_a_key_holder_at_the_connection_cap_leaves_the_probes_their_answers(
+    replay: ReplayEngine, tmp_path: Path
+) -> None:
+    """Issue 45 N4: a key without maxInFlight kept the cap + 12 requests in flight at a slow engine,
+    and /healthz answered 503 too_many_connections: three failed probes restart the sidecar with every
+    tenant's streams. Past the cap a few connections are kept for the server's own routes."""
+    SecretDir(tmp_path / "keys").write({"api-key": API_KEY + "\n"})
+    running = launch_sidecar(
+        tmp_path / "logs",
+        replay.url,
+        "tiny",
+        {"MODELSERVE_KEYS_DIR": str(tmp_path / "keys"), "MODELSERVE_MAX_CONNECTIONS": "16"},
+    )
+    stall = {**KEYED, "x-replay-stall": "8", "Content-Length": str(len(CHAT))}
+    try:
+        wait_ready(running)
+        with ExitStack() as stack:
+            held = [stack.enter_context(connect(running.url)) for _ in range(16 + 12)]
+            for connection in held:
+                connection.sendall(chat_head(headers=stall) + b"\r\n" + CHAT)
+            in_flight = "modelserve_sidecar_in_flight_requests"
+            wait_until(lambda: metric_value(running.metrics(), in_flight) >= 16, 20, "the cap's requests in flight")
+            for route in ("/healthz", "/readyz", "/load"):
+                assert httpx.get(running.url + route, timeout=10).status_code == 200, route
+            # A request for the engine on a connection past the cap is refused, not served.
+            refused = [read_outcome(connection, 1) for connection in held[16:]]
+            assert all(o.answer is None or o.answer.status == 503 for o in refused), refused
+    finally:
+        stop_sidecar(running)
 
 
 def _chunked(body: bytes, trailer: str) -> bytes:
