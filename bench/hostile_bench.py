@@ -1,4 +1,5 @@
-"""Hostile clients without a key: what they cost the sidecar and the gateway (issue 32).
+"""Hostile clients: what they cost the sidecar and the gateway (issue 32: without a key; issue 45: the
+pools one client, key or address could fill for everyone).
 
     .venv/bin/python -m bench.hostile_bench                                 # both proxies, every attack
     .venv/bin/python -m bench.hostile_bench --proxy sidecar --attack headers incomplete-idle
@@ -30,6 +31,14 @@ bounds of count, bytes and time, and the --rss-cap-mib safety stop), every socke
                    bodies-rounds: --rounds rounds of that, closed in between, does the memory come back?
   zero             zero-held (gateway): --zero-held keyless requests for the model at zero, then a
                    keyed one for it (held, or refused?) and what GET /held counts
+  pools            (issue 45) budget-fill (N1): stalled 10 MiB bodies that fill the 64 MiB body budget,
+                   sent again as the proxy cuts them, for --pool-seconds; from a key limited to 2 in
+                   flight and 5 a minute (sidecar), with a key nobody issued (gateway: it holds no keys);
+                   pipelined-heads (N2): --head-conns connections each sending GET /healthz and, in the
+                   same write, the start of a request whose head is --pipelined-head-kib KiB, held;
+                   cap-in-flight (N4): a key without limits keeps the connection cap (--cap-conns, the
+                   proxy's MODELSERVE[_GATEWAY]_MAX_CONNECTIONS for this attack) + 12 slow streams in
+                   flight
 During each, on new connections: GET /healthz and a keyed chat completion (the key, model `fake`),
 one after the other every second. Figures of the proxy's process: RSS (VmRSS) before, at the
 attack's peak (polled every 0.1 s; HWM: the kernel's VmHWM) and after the attacker's sockets closed
@@ -72,6 +81,11 @@ HOST = "127.0.0.1"
 MiB = 1024 * 1024
 NAMESPACE = "bench"
 ZERO = "zero"  # the gateway's private model with no replica
+# The sidecar's keys besides the probes' (KEY): a key limited as the issue's N1 attacker's was, and one
+# without limits (N4); the gateway's attacker sends one nobody issued, which it cannot tell from a real one.
+LIMITED_KEY = "sk-bench-limited"
+FLOOD_KEY = "sk-bench-flood"
+MADE_UP_KEY = "sk-nobody-issued"
 CHAT = b"/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
 PROBE_GAP = 1.0  # seconds between two rounds of probes
@@ -245,11 +259,13 @@ class Place:
     engine_url: str
     src: Path | None
 
-    def sidecar(self, nofile: int | None = None) -> tuple[subprocess.Popen, int]:
+    def sidecar(self, nofile: int | None = None, extra: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
         keys = self.workdir / "keys"
         if not keys.exists():
-            SecretDir(keys).write({"api-key": KEY + "\n"})
+            limited = json.dumps({"keys": [LIMITED_KEY], "maxInFlight": 2, "requestsPerMinute": 5})
+            SecretDir(keys).write({"api-key": KEY + "\n", "limited": limited, "flood": FLOOD_KEY + "\n"})
         env = {"MODELSERVE_KEYS_DIR": str(keys), "MODELSERVE_DRAIN_SECONDS": DRAIN_SECONDS, **source_env(self.src)}
+        env.update(extra or {})
         with inherited_file_limit(nofile):
             sidecar = launch_sidecar(self.workdir / "logs", self.engine_url, MODEL, env)
         try:
@@ -259,7 +275,9 @@ class Place:
             raise
         return sidecar.process, int(sidecar.url.rsplit(":", 1)[1])
 
-    def gateway(self, replica: str, nofile: int | None) -> tuple[subprocess.Popen, int]:
+    def gateway(
+        self, replica: str, nofile: int | None, extra: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen, int]:
         (port,) = free_ports(1)
         spec = json.dumps({"namespace": NAMESPACE, "models": {MODEL: [replica], ZERO: []}})
         code = "from __future__ import annotations\n" + textwrap.dedent(inspect.getsource(serve_gateway))
@@ -270,6 +288,7 @@ class Place:
             "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
             "MODELSERVE_GATEWAY_DRAIN_SECONDS": DRAIN_SECONDS,
             **source_env(self.src),
+            **(extra or {}),
         }
         argv = ["taskset", "-c", PROXY_CPU, sys.executable, "-P", "-c", code, spec]
         with inherited_file_limit(nofile):
@@ -282,18 +301,18 @@ class Place:
         return process, port
 
     @contextmanager
-    def proxy(self, kind: str, nofile: int | None) -> Iterator[Target]:
+    def proxy(self, kind: str, nofile: int | None, extra: dict[str, str] | None = None) -> Iterator[Target]:
         started: list[subprocess.Popen] = []
         try:
             if kind == "sidecar":
-                process, port = self.sidecar(nofile)
+                process, port = self.sidecar(nofile, extra)
                 started.append(process)
                 pin(process.pid, PROXY_CPU)
                 target = Target(kind, port, process)
             else:
                 behind, sidecar_port = self.sidecar()
                 started.append(behind)
-                process, port = self.gateway(f"{HOST}:{sidecar_port}", nofile)
+                process, port = self.gateway(f"{HOST}:{sidecar_port}", nofile, extra)
                 started.append(process)
                 target = Target(kind, port, process, [behind])
             yield target
@@ -367,6 +386,10 @@ class Knobs:
     sidecar_round_conns: int
     gateway_round_conns: int
     zero_held: int
+    pool_seconds: float
+    head_conns: int
+    pipelined_head_kib: int
+    cap_conns: int
     hold_seconds: float
     attack_seconds: float
     settle_seconds: float
@@ -672,12 +695,78 @@ async def fetch(port: int, path: str) -> tuple[str, str]:
     return status_of(head.split(b"\r\n")[0]), body.decode(errors="replace").strip()
 
 
+def keyed_head(length: int, key: str, extra: bytes = b"") -> bytes:
+    return request_head(length, b"Authorization: Bearer %b\r\n" % key.encode() + extra)
+
+
+async def fill(run: Run, conn: Conn, size: int) -> int:
+    """Send `size` body bytes on `conn` as fast as the proxy takes them; the bytes it took."""
+    piece = b" " * (256 * 1024)
+    sent = 0
+    while sent < size and not run.capped:
+        data = piece[: min(len(piece), size - sent)]
+        if not await run.send(conn, data):
+            break
+        sent += len(data)
+    return sent
+
+
+async def budget_fill(run: Run) -> str:
+    """N1: bodies of 10 MiB stalled a byte short, as many as fill the budget, each sent again once the
+    proxy cut it, until --pool-seconds are over."""
+    key = LIMITED_KEY if run.target.kind == "sidecar" else MADE_UP_KEY
+    declared = 10 * MiB
+    deadline = time.monotonic() + run.knobs.pool_seconds
+    run.loaded()
+    bodies = [0]
+
+    async def keep_one() -> None:
+        while time.monotonic() < deadline and not run.capped:
+            conns = await run.connect(1, keyed_head(declared, key))
+            if not conns:
+                await asyncio.sleep(0.2)
+                continue
+            conn = conns[0]
+            if await fill(run, conn, declared - 1) == declared - 1:
+                bodies[0] += 1
+            while not (conn.ended or conn.status) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+
+    await asyncio.gather(*(keep_one() for _ in range(64 // 10 + 1)))
+    return f"{run.seen()}; {bodies[0]} bodies held whole but their last byte"
+
+
+async def pipelined_heads(run: Run) -> str:
+    """N2: a request the proxy answers, and in the same write a head of --pipelined-head-kib KiB begun
+    behind it, never finished, on --head-conns connections."""
+    big = b"X-Big: " + b"v" * (run.knobs.pipelined_head_kib * 1024) + b"\r\n"
+    first = f"GET /healthz HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode() + request_head(1000, big)[:-2]
+    await run.connect(run.knobs.head_conns, first)
+    await run.hold(run.knobs.hold_seconds)
+    return run.seen()
+
+
+async def cap_in_flight(run: Run) -> str:
+    """N4: a key without limits keeps the cap + 12 streams in flight at an engine sending a token every 3 s."""
+    body = json.dumps({"model": MODEL, "messages": HELLO, "stream": True}).encode()
+    request = keyed_head(len(body), FLOOD_KEY, b"x-gap-ms: 3000\r\n") + body
+    await run.connect(run.knobs.cap_conns + 12, request)
+    await run.hold(run.knobs.hold_seconds)
+    return run.seen()
+
+
+def cap_env(knobs: Knobs, kind: str) -> dict[str, str]:
+    variable = "MODELSERVE_MAX_CONNECTIONS" if kind == "sidecar" else "MODELSERVE_GATEWAY_MAX_CONNECTIONS"
+    return {variable: str(knobs.cap_conns)}
+
+
 @dataclass(frozen=True)
 class Attack:
     name: str
     group: str
     run: Callable[[Run], Awaitable[str]]
     proxies: tuple[str, ...] = ("sidecar", "gateway")
+    env: Callable[[Knobs, str], dict[str, str]] | None = None  # the proxy's own settings for it
 
 
 ATTACKS = [
@@ -688,6 +777,9 @@ ATTACKS = [
     Attack("bodies-held", "bodies", bodies_held),
     Attack("bodies-rounds", "bodies", bodies_rounds),
     Attack("zero-held", "zero", zero_held, ("gateway",)),
+    Attack("budget-fill", "pools", budget_fill),
+    Attack("pipelined-heads", "pools", pipelined_heads),
+    Attack("cap-in-flight", "pools", cap_in_flight, env=cap_env),
 ]
 GROUPS = sorted({attack.group for attack in ATTACKS})
 
@@ -744,7 +836,7 @@ async def measure(target: Target, attack: Attack, knobs: Knobs) -> Row:
     monitor = Monitor(pid, knobs.rss_cap_mib)
     monitor.task = asyncio.create_task(monitor.run())
     run = Run(target, knobs, monitor)
-    budget = knobs.attack_seconds + max(knobs.hold_seconds, knobs.incomplete_seconds) + 30
+    budget = knobs.attack_seconds + max(knobs.hold_seconds, knobs.incomplete_seconds, knobs.pool_seconds) + 30
     try:
         async with asyncio.timeout(budget):
             row.saw = await attack.run(run)
@@ -886,7 +978,8 @@ def run_all(
             if kind not in attack.proxies:
                 continue
             nofile = knobs.nofile if attack.group == "incomplete" else None
-            with place.proxy(kind, nofile) as target:
+            extra = attack.env(knobs, kind) if attack.env else None
+            with place.proxy(kind, nofile, extra) as target:
                 row = asyncio.run(measure(target, attack, knobs))
             rows.append(row)
             print(f"  {kind} {attack.name}: peak {mib(row.rss_peak)} MiB, {row.fds_peak} fds; {row.saw}", flush=True)
@@ -931,6 +1024,10 @@ def main() -> None:
     size.add_argument("--sidecar-round-conns", type=int, default=1000, help="bodies-rounds: sidecar, per round")
     size.add_argument("--gateway-round-conns", type=int, default=20, help="bodies-rounds: gateway, per round")
     size.add_argument("--zero-held", type=int, default=60, help="zero-held: keyless requests for the model at zero")
+    size.add_argument("--pool-seconds", type=float, default=20, help="budget-fill: bodies sent again for so long")
+    size.add_argument("--head-conns", type=int, default=4000, help="pipelined-heads: connections")
+    size.add_argument("--pipelined-head-kib", type=int, default=120, help="pipelined-heads: the held head's size")
+    size.add_argument("--cap-conns", type=int, default=512, help="cap-in-flight: the proxy's connection cap")
     size.add_argument("--hold-seconds", type=float, default=6, help="how long a loaded attack is held, probing")
     size.add_argument("--attack-seconds", type=float, default=20, help="how long an attack may take to load")
     size.add_argument("--settle-seconds", type=float, default=5, help="after: wait so long at most for steady RSS")
@@ -943,7 +1040,7 @@ def main() -> None:
     # The attacker holds thousands of sockets: this process's soft limit up to its hard one.
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    needed = max(args.conns, args.sidecar_bodies, args.sidecar_round_conns) + 200
+    needed = max(args.conns, args.sidecar_bodies, args.sidecar_round_conns, args.head_conns) + 200
     if hard != resource.RLIM_INFINITY and hard < needed:
         raise SystemExit(f"the open-file hard limit {hard} is below the {needed} this run needs")
     limits = memory_limits()

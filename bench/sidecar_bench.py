@@ -165,15 +165,18 @@ def start_sidecar(
     profile: Path | None = None,
     workers: int = 1,
     cpus: str = PROXY_CPU,
+    settings: dict[str, str] | None = None,
 ) -> subprocess.Popen:
     """modelserve-sidecar with `workers` pinned to `cpus`, private: the key KEY in `workdir`/keys;
-    under cProfile, writing to `profile` when it stops, if given."""
+    under cProfile, writing to `profile` when it stops, if given; `settings`: more of its variables
+    (its address, engine, model, keys and workers stay these)."""
     keys = workdir / "keys"
     keys.mkdir(exist_ok=True)
     (keys / "api-key").write_text(KEY + "\n")
     sidecar_bin = str(Path(sys.executable).parent / "modelserve-sidecar")
     env = {
         **os.environ,
+        **(settings or {}),
         "MODELSERVE_LISTEN_HOST": "127.0.0.1",
         "MODELSERVE_LISTEN_PORT": str(port),
         "MODELSERVE_UPSTREAM_URL": engine_url,

@@ -19,6 +19,10 @@ Paths, each proxy process pinned to core 1 (nginx with one worker and the sideca
   nginx->nginx      load -> nginx -> nginx -> engine
   gateway->sidecar  load -> modelserve-gateway -> modelserve-sidecar -> engine
   sidecar xN        load -> modelserve-sidecar with N workers (--workers N) pinned to --workers-cpus
+  rendered          load -> modelserve-sidecar with the settings the operator renders for a default vLLM
+                    ModelServer (examples/lfm2-1.2b.yaml; --rendered), its workers pinned to --workers-cpus
+  rendered bound 8  the same, with the engine bound the operator rendered before issue 45 (targetPerReplica's
+                    default, 8): what a default GPU ModelServer let reach its engine at once
 
 "cpu us/event" is the CPU time of the path's proxies per token event delivered. The ratios printed
 at the end are issue 34's targets (sidecar and gateway->sidecar against nginx and nginx->nginx).
@@ -73,6 +77,22 @@ def build() -> tuple[Path, Path]:
             subprocess.run([go, "build", "-o", str(binary), f"./{name}"], cwd=HERE, env=env, check=True)
         binaries.append(binary)
     return binaries[0], binaries[1]
+
+
+def rendered_settings(workers: int | None) -> dict[str, str]:
+    """The sidecar's variables as the operator renders them for a default vLLM ModelServer (the example
+    lfm2-1.2b), but for those start_sidecar sets (address, engine, model, keys) and the replicas file."""
+    from harness.testdata import examples
+    from modelserve.api.manifests import sidecar_settings
+    from modelserve.api.spec import ModelServer
+    from modelserve.contracts.operator_settings import Settings
+
+    ms = ModelServer.from_manifest(examples()["lfm2-1.2b"])
+    env = dict(sidecar_settings(ms, Settings.from_env({})).to_env())
+    env.pop("MODELSERVE_REPLICAS_FILE", None)  # no downward API file here: one replica
+    if workers is not None:
+        env["MODELSERVE_WORKERS"] = str(workers)
+    return env
 
 
 def wait_keyed(url: str, log: Path) -> None:
@@ -166,6 +186,8 @@ def main() -> None:
         "--workers", type=int, default=1, help="also a path through a sidecar with this many workers (above 1)"
     )
     parser.add_argument("--workers-cpus", default="0,1", help="the cores that sidecar's workers are pinned to")
+    parser.add_argument("--rendered", action="store_true", help="also the paths through a sidecar as rendered")
+    parser.add_argument("--rendered-workers", type=int, help="the rendered sidecar's workers instead of its own")
     args = parser.parse_args()
     if args.profile:
         args.paths = ["sidecar", "gateway->sidecar"]
@@ -201,6 +223,23 @@ def main() -> None:
             )
             processes.append(pool)
             wait_http(f"http://127.0.0.1:{workers_port}/readyz", "the sidecar's workers", workdir / "sidecar.log")
+        rendered_targets = []
+        if args.rendered:
+            settings = rendered_settings(args.rendered_workers)
+            workers = int(settings.get("MODELSERVE_WORKERS", "1"))
+            for name, bound in (("rendered", None), ("rendered bound 8", "8")):
+                (port,) = free_ports(1)
+                env = {**settings, **({"MODELSERVE_ENGINE_CONCURRENCY": bound} if bound else {})}
+                process = sidecar_bench.start_sidecar(
+                    workdir, port, engine_url, name.replace(" ", "-"), None, workers, args.workers_cpus, env
+                )
+                processes.append(process)
+                wait_http(f"http://127.0.0.1:{port}/readyz", f"the {name} sidecar", workdir / "sidecar.log")
+                rendered_targets.append(Target(name, f"http://127.0.0.1:{port}", process))
+            print(
+                f"rendered: {workers} workers, engine bound {settings['MODELSERVE_ENGINE_CONCURRENCY']}",
+                file=sys.stderr,
+            )
         # The gateway's own sidecar, so the two paths never share a process.
         behind = sidecar_bench.start_sidecar(
             workdir, gw_sidecar_port, engine_url, "sidecar-behind-gateway", profile("sidecar-behind-gateway")
@@ -237,6 +276,7 @@ def main() -> None:
             Target("nginx", f"http://127.0.0.1:{nginx_port}", one),
             Target("sidecar", f"http://127.0.0.1:{sidecar_port}", sidecar),
             *([Target(several, f"http://127.0.0.1:{workers_port}", pool)] if args.workers > 1 else []),
+            *rendered_targets,
             Hops("nginx->nginx", f"http://127.0.0.1:{front_port}", front, back),
             Hops("gateway->sidecar", f"http://127.0.0.1:{gateway_port}", gateway, behind),
         ]

@@ -102,12 +102,14 @@ class Directory:
 
     def __init__(self) -> None:
         self.models: dict[Key, Model] = {}
+        self.public = 0  # public ModelServers: none, and a request without a key has nowhere to go
         self._namespaces: dict[str, set[str]] = {}  # served name -> namespaces serving it
         self._owners: dict[Key, tuple[Key, ...]] = {}  # (namespace, served name) -> the ModelServers serving it
 
     def put(self, model: Model) -> None:
         self.remove(model.key)  # its adapters may have changed
         self.models[model.key] = model
+        self.public += model.public
         for name in (model.served, *model.adapters):
             owners = self._owners.get((model.namespace, name), ())
             if name == model.served:
@@ -122,6 +124,7 @@ class Directory:
         model = self.models.pop(key, None)
         if model is None:
             return
+        self.public -= model.public
         for name in (model.served, *model.adapters):
             owners = self._owners.get((model.namespace, name), ())
             if key not in owners:

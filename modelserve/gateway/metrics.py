@@ -59,6 +59,13 @@ class GatewayMetrics:
             buckets=HOLD_BUCKETS,
             registry=r,
         )
+        self.read_off_loop = Counter(
+            f"{PREFIX}_bodies_read_off_loop",
+            "Request bodies of so many JSON values that reading them would stall the event loop, read in a "
+            "helper process instead, by outcome (read; busy: refused 503 server_busy, the helper's queue full).",
+            ["outcome"],
+            registry=r,
+        )
         self.keepalives = Counter(
             f"{PREFIX}_hold_keepalives",
             "SSE comments sent to held OpenAI streams while their model woke (one per stream every "

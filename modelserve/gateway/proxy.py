@@ -17,7 +17,6 @@ import asyncio
 import logging
 import random
 from time import perf_counter
-from typing import Any
 
 import aiohttp
 
@@ -25,19 +24,21 @@ from modelserve.contracts import routes
 from modelserve.contracts.names import Key
 from modelserve.http import errors
 from modelserve.http.downstream import Downstream, Exchange, Headers, answer
-from modelserve.http.json_body import BadJson, encode, parse
+from modelserve.http.json_body import many_values
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
+from modelserve.http.off_loop import BUSY, OffLoop
 from modelserve.http.pipeline import RETRIABLE, NoUpstream, PassedOn, Pipeline, Plan, Upstream
 from modelserve.http.relay import HOP_BY_HOP, authorization_header, filter_headers, upstream_error_kind
 from modelserve.http.upstream_pool import Response
 
 from . import errors as gateway_errors
-from . import versions
+from . import request_read, versions
 from .directory import Ambiguous, Directory, Model, served_name
 from .held_streams import KeepAlive, StartedStream, comment
 from .holding import Holding, Outcome
 from .keys import Opened, client_bucket, digest, keyless, proof
 from .metrics import GatewayMetrics
+from .request_read import RequestRead, parse_request, with_model
 from .routing import affinity_key, conversation_prefix, least_in_flight
 from .settings import PREFIX_AFFINITY, GatewaySettings
 
@@ -51,6 +52,10 @@ RETRIABLE_STATUS = 503
 NO_MODEL: Key = ("", "")
 # The routes whose `"stream": true` answers are OpenAI's SSE streams: kept alive while held.
 SSE_ROUTES = frozenset({routes.CHAT, routes.COMPLETIONS})
+# Bodies read off the event loop at once (http/off_loop.py): one helper process per gateway process
+# reads them one at a time; more than this many waiting for it are refused.
+OFF_LOOP_PENDING = 4
+OFF_LOOP_BUSY = "This gateway is reading too many very large request bodies; retry later."
 KEYLESS = errors.unauthorized("missing")  # the sidecar's own answer to a request with no key
 
 
@@ -59,7 +64,18 @@ class ReplicaPlan(Plan):
     its affinity is keyed by, the client's Authorization, and the replicas tried, the one held now
     and its pod."""
 
-    __slots__ = ("authorization", "held", "model", "pod", "prefix", "replica", "sse", "tried", "versions")
+    __slots__ = (
+        "authorization",
+        "held",
+        "model",
+        "pod",
+        "prefix",
+        "rename_to",
+        "replica",
+        "sse",
+        "tried",
+        "versions",
+    )
 
     def __init__(
         self,
@@ -80,6 +96,9 @@ class ReplicaPlan(Plan):
         self.versions: tuple[Model, ...] = ()  # every version of its served name, when it has versions
         self.sse = False  # an OpenAI stream (SSE_ROUTES, `"stream": true`): kept alive while held
         self.held = 0.0  # seconds held waiting for a replica: not the version's own time to answer
+        # A body read off the loop whose model the replica knows by another name: renamed off the loop
+        # too, in `wait`, before it is sent.
+        self.rename_to: str | None = None
 
     def answer_headers(self) -> list[tuple[bytes, bytes]]:  # type: ignore[override]
         return [(REPLICA_HEADER, self.pod.encode())] if self.pod else []
@@ -108,19 +127,26 @@ class GatewayProxy(Pipeline):
         self.session: aiohttp.ClientSession | None = None  # the model lists' (catalog.py), opened by the lifespan
         self.in_flight: dict[str, int] = {}  # replica address -> requests this gateway has on it
         self.guards = versions.Guards()  # the versions' answers, and the guards they tripped
+        self.off_loop_work = OffLoop(OFF_LOOP_PENDING)  # bodies too large to read on the loop (`read`)
         self.rng = random.Random()
 
     # --- the pipeline's steps ---------------------------------------------------------------------
 
     def plan(
-        self, route: routes.Route, headers: Headers, body: bytes, admitted: None
+        self, route: routes.Route, headers: Headers, body: bytes, exchange: Exchange
     ) -> ReplicaPlan | errors.ErrorResponse:
         """The ModelServer the body names, the body for its replicas (named as they serve it) and the
-        affinity prefix, or the error to answer with."""
-        request, refusal = parse_request(body)
-        if refusal is not None:
-            return refusal
-        requested = request["model"]
+        affinity prefix, or the error to answer with. The body is read here, or was read off the event
+        loop (`exchange.read`: `off_loop`)."""
+        read: RequestRead | None = exchange.read
+        request = None
+        if read is None:
+            request, refusal = parse_request(body)
+            if refusal is not None:
+                return refusal
+            requested, stream = request["model"], request.get("stream") is True
+        else:
+            requested, stream = read.model, read.stream
         authorization = authorization_header(headers)
         try:
             named = self.directory.versions(requested)
@@ -133,7 +159,9 @@ class GatewayProxy(Pipeline):
         if not named:
             return gateway_errors.unknown_model(requested)
         affinity = self.settings.routing == PREFIX_AFFINITY
-        conversation = conversation_prefix(request) if affinity or len(named) > 1 else None
+        conversation = None
+        if affinity or len(named) > 1:
+            conversation = conversation_prefix(request) if request is not None else read.conversation  # type: ignore[union-attr]
         model = named[0]
         if len(named) > 1:  # versions of one served name: by weight, one conversation on one version
             chosen = versions.choose([m for m in named if not self.guards.tripped(m)], conversation, self.rng)
@@ -143,24 +171,56 @@ class GatewayProxy(Pipeline):
         served = served_name(requested)
         # The replica serves its ModelServer's own name; an adapter's name stays as it is.
         as_replica = model.name if served == model.served else served
+        rename_to = None
         if requested != as_replica:  # `namespace/name`, or a served name of versions
-            renamed = encode({**request, "model": as_replica})
-            if isinstance(renamed, BadJson):
-                return errors.invalid_json(renamed.reason)
-            body = renamed
+            if request is None:
+                rename_to = as_replica
+            else:
+                renamed = with_model(request, as_replica)
+                if isinstance(renamed, errors.ErrorResponse):
+                    return renamed
+                body = renamed
         prefix = None if conversation is None or not affinity else affinity_key(conversation, served, model.served)
         plan = ReplicaPlan(route, body, filter_headers(headers, DROP_TO_REPLICA), model, prefix, authorization)
         plan.versions = named if len(named) > 1 or model.guard is not None else ()
-        plan.sse = route in SSE_ROUTES and request.get("stream") is True
+        plan.sse = route in SSE_ROUTES and stream
+        plan.rename_to = rename_to
         return plan
 
+    def admit(self, method: str, headers: Headers) -> errors.ErrorResponse | None:
+        """From the head: a POST without a key while no ModelServer here is public can only get its
+        sidecar's 401, so it gets it now, before any byte of its body is held or read."""
+        if method == "POST" and not self.directory.public and keyless(authorization_header(headers)):
+            return KEYLESS
+        return None
+
+    def off_loop(self, body: bytes) -> bool:
+        return many_values(body)
+
+    async def read(self, body: bytes) -> RequestRead | errors.ErrorResponse:
+        """The summary of a body of very many JSON values, read in the off-loop process."""
+        summary = await self.off_loop_work.run(request_read.read, body)
+        self.metrics.read_off_loop.labels("busy" if summary is BUSY else "read").inc()
+        return errors.server_busy(OFF_LOOP_BUSY) if summary is BUSY else summary
+
     def ready(self, plan: ReplicaPlan) -> bool:  # type: ignore[override]
-        return bool(plan.model.replicas)
+        return plan.rename_to is None and bool(plan.model.replicas)
 
     async def wait(self, plan: ReplicaPlan, client: Downstream, exchange: Exchange, peer: str | None) -> bool:  # type: ignore[override]
         """Hold the request until `plan.model` has a ready replica (the model as it is then); False
         when it was answered here (or its client is gone). A held OpenAI stream gets keep-alives
-        meanwhile (held_streams.py); once they started its answer, the rest goes through it."""
+        meanwhile (held_streams.py); once they started its answer, the rest goes through it. First, a
+        body read off the loop that needs another model name is renamed there too."""
+        if plan.rename_to is not None:
+            renamed = await self.off_loop_work.run(request_read.renamed, plan.body, plan.rename_to)
+            if not isinstance(renamed, bytes):
+                exchange.status = await answer(
+                    client, errors.server_busy(OFF_LOOP_BUSY) if renamed is BUSY else renamed
+                )
+                return False
+            plan.body, plan.rename_to = renamed, None
+            if plan.model.replicas:
+                return True
         model = plan.model
         key = model.key
         unverified_from = self._unverified_from(plan, peer)
@@ -320,16 +380,3 @@ class GatewayProxy(Pipeline):
             if replica is not None:
                 return replica, "affinity" if own else "affinity_spill"
         return least_in_flight(model.replicas, self.in_flight, self.rng, tried), "least_in_flight"
-
-
-def parse_request(body: bytes) -> tuple[dict[str, Any], errors.ErrorResponse | None]:
-    """The JSON request and its `model`, or the 400 to answer with (pure)."""
-    request = parse(body)
-    if isinstance(request, BadJson):
-        return {}, errors.invalid_json(request.reason)
-    if not isinstance(request, dict):
-        return {}, errors.bad_request("Request body must be a JSON object.", "invalid_json")
-    model = request.get("model")
-    if not isinstance(model, str) or not model:
-        return {}, gateway_errors.missing_model()
-    return request, None

@@ -26,11 +26,12 @@ class ClientGone(Exception):
 class Exchange:
     """One request through the pipeline (pipeline.py): what it did, for its metrics, and its plan."""
 
-    __slots__ = ("admitted", "client_gone", "ended", "plan", "route", "start", "status", "ttfb")
+    __slots__ = ("admitted", "client_gone", "ended", "plan", "read", "route", "start", "status", "ttfb")
 
     def __init__(self, start: float) -> None:
         self.start = start
         self.admitted: Any = None  # what `admit` let it in with (the sidecar's key): `end` gives it back
+        self.read: Any = None  # its body as `read` read it off the event loop, for `plan` (pipeline.py)
         self.status = 500
         self.ttfb: float | None = None
         self.client_gone = False

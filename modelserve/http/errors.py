@@ -91,6 +91,11 @@ def engine_unavailable(retry_after_seconds: int) -> ErrorResponse:
     )
 
 
+def server_busy(message: str) -> ErrorResponse:
+    """This process is at one of its bounds (limits.py's refusals say the same, closing)."""
+    return ErrorResponse(503, message, SERVER_ERROR, "server_busy", extra_headers=retry_after(1))
+
+
 def engine_busy(waited_seconds: float, retry_after_seconds: int) -> ErrorResponse:
     """A request that waited its turn at a full engine for the whole upstream timeout."""
     return ErrorResponse(

@@ -7,6 +7,8 @@ the ASGI way and the direct protocol's task (`serve`), and the express lane (`ex
     admit    from the head alone, before the body is read: the key and its limits (a refusal, or what
              the request is let in with, which `end` gives back: no body is held for a request that
              its key's limits refuse)
+    read     only for a body whose reading would stall the event loop (`off_loop`): read off the loop
+             first, for `plan` (the gateway's JSON of millions of values, http/off_loop.py)
     plan     from the body: its route's checks and rewrites -> a `Plan` (what to send), or a refusal
     wait     until the plan can be sent (`ready`): the gateway holds a model with no ready replica
              (and may start the answer meanwhile, a held stream's keep-alives: then the rest
@@ -138,7 +140,19 @@ class Pipeline:
         `end`, which gives back what it holds."""
         return None
 
-    def plan(self, route: routes.Route, headers: Headers, body: bytes, admitted: Any) -> Plan | errors.ErrorResponse:
+    def off_loop(self, body: bytes) -> bool:
+        """Whether reading `body` would stall the event loop: then `read` reads it off the loop first."""
+        return False
+
+    async def read(self, body: bytes) -> Any:
+        """`body` read off the event loop (`off_loop`): what `plan` finds in `exchange.read`, or an
+        `errors.ErrorResponse` to answer."""
+        raise NotImplementedError
+
+    def plan(
+        self, route: routes.Route, headers: Headers, body: bytes, exchange: Exchange
+    ) -> Plan | errors.ErrorResponse:
+        """From the body and what the exchange holds of the request (`admitted`, `read`)."""
         raise NotImplementedError
 
     def ready(self, plan: Plan) -> bool:
@@ -208,7 +222,12 @@ class Pipeline:
         """The fast lane's first try (express.py), once the body is in: the steps without awaiting, up
         to the first one that must wait, which goes on in a task. False, with nothing done, for the
         task lane to take it whole (the 413, a client not reading)."""
-        if request.body_size > self.max_body_bytes or request.write_paused or self.pool is None:
+        if (
+            request.body_size > self.max_body_bytes
+            or request.write_paused
+            or self.pool is None
+            or self.off_loop(request.body())
+        ):
             return False
         exchange = self._begin(request.path)
         try:
@@ -259,6 +278,12 @@ class Pipeline:
             body = await read_limited_body(headers, client, self.max_body_bytes, exchange)
             if body is None:
                 return
+            if self.off_loop(body):
+                read = await self.read(body)
+                if isinstance(read, errors.ErrorResponse):
+                    exchange.status = await answer(client, read)
+                    return
+                exchange.read = read
             plan = self._plan(exchange, method, path, headers, body)
             if isinstance(plan, errors.ErrorResponse):
                 exchange.status = await answer(client, plan)
@@ -313,7 +338,7 @@ class Pipeline:
             # Never forwarded: an upstream that does not frame a GET's body would read it as a request
             # of its own (smuggled past the checks, its answer read by the next client).
             return errors.body_not_allowed(method, path)
-        plan = self.plan(route, headers, body, exchange.admitted)
+        plan = self.plan(route, headers, body, exchange)
         if not isinstance(plan, errors.ErrorResponse):
             exchange.plan = plan
         return plan

@@ -145,10 +145,10 @@ class Proxy(Pipeline):
         return key
 
     def plan(
-        self, route: routes.Route, headers: Headers, body: bytes, admitted: KeyEntry | None
+        self, route: routes.Route, headers: Headers, body: bytes, exchange: Exchange
     ) -> EnginePlan | errors.ErrorResponse:
         """The body to send the engine and the model label (with adapters), or the error to answer;
-        `admitted`, the named key the request holds (admit)."""
+        the named key the request holds is `exchange.admitted` (admit)."""
         model = None
         if route.method == "POST":
             settings = self.settings
@@ -169,7 +169,7 @@ class Proxy(Pipeline):
             if adapters:
                 # Only with adapters: one more parse of the body, for usage per adapter.
                 model = self._model_label(request_model(body), adapters)
-        key = admitted if route.method == "POST" else None
+        key = exchange.admitted if route.method == "POST" else None
         return EnginePlan(route, body, filter_headers(headers, DROP_TO_ENGINE), model, key)
 
     def ready(self, plan: EnginePlan) -> bool:  # type: ignore[override]

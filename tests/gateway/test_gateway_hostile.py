@@ -5,9 +5,11 @@ against the sidecar (tests/http/test_hostile_clients.py)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 
+import httpx
 import pytest
 
 from harness.sidecar import (
@@ -19,11 +21,13 @@ from harness.sidecar import (
     stop_sidecar,
     wait_ready,
 )
+from modelserve.gateway.app import Dispatcher
 from modelserve.gateway.directory import Model
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
 from tests.helpers.hostile import (
+    KEYED,
     chat_head,
     connect,
     endless_headers,
@@ -32,36 +36,55 @@ from tests.helpers.hostile import (
     send_until_answered,
     still_serves,
 )
-from tests.helpers.in_process import serving_gateway
+from tests.helpers.in_process import serving_gateway_app
 
 DEADLINE_SECONDS = 1.5
 BUDGET_BYTES = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private sidecar before the replay engine: its address."""
     base = tmp_path_factory.mktemp("hostile-gateway")
     replay = start_replay()
     SecretDir(base / "keys").write({"api-key": API_KEY + "\n"})
     sidecar = launch_sidecar(base / "logs", replay.url, "tiny", {"MODELSERVE_KEYS_DIR": str(base / "keys")})
     try:
         wait_ready(sidecar)
-        replica = sidecar.url.removeprefix("http://")
-        model = Model("hostile", "tiny", False, replicas=(replica,), pods={replica: "pod-0"}, ring=Ring([replica]))
-        (port,) = free_ports(1)
-        settings = GatewaySettings.from_env(
-            {
-                "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
-                "MODELSERVE_GATEWAY_HEAD_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
-                "MODELSERVE_GATEWAY_BODY_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
-                "MODELSERVE_GATEWAY_BODY_BUDGET_BYTES": str(BUDGET_BYTES),
-            }
-        )
-        with serving_gateway(settings, FixedDiscovery([model])) as url:
-            yield url
+        yield sidecar.url.removeprefix("http://")
     finally:
         stop_sidecar(sidecar)
         replay.stop()
+
+
+@contextmanager
+def _gateway(replica: str, public: bool) -> Iterator[tuple[str, Dispatcher]]:
+    """The gateway before the private model `tiny` (and, with `public`, a public model `open` on the
+    same replica: a request without a key must then be read to know its model)."""
+    route = {"replicas": (replica,), "pods": {replica: "pod-0"}, "ring": Ring([replica])}
+    models = [Model("hostile", "tiny", False, **route)] + ([Model("hostile", "open", True, **route)] if public else [])
+    (port,) = free_ports(1)
+    settings = GatewaySettings.from_env(
+        {
+            "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
+            "MODELSERVE_GATEWAY_HEAD_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
+            "MODELSERVE_GATEWAY_BODY_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
+            "MODELSERVE_GATEWAY_BODY_BUDGET_BYTES": str(BUDGET_BYTES),
+        }
+    )
+    with serving_gateway_app(settings, FixedDiscovery(models)) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def gateway_app(replica: str) -> Iterator[tuple[str, Dispatcher]]:
+    with _gateway(replica, public=True) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def gateway(gateway_app: tuple[str, Dispatcher]) -> str:
+    return gateway_app[0]
 
 
 def test_a_header_section_sent_forever_gets_431(gateway: str) -> None:
@@ -112,3 +135,37 @@ def test_stalled_keyless_bodies_that_fill_the_budget_make_room_for_a_keyed_reque
         outcomes = [read_outcome(connection, 1) for connection in stalled]
     refused = [o for o in outcomes if o.answer is not None and o.answer.status == 503]
     assert refused and all(error_code(o.answer.body) == "server_busy" for o in refused), outcomes  # type: ignore[union-attr]
+
+
+def test_a_keyless_body_with_no_public_model_is_refused_from_its_head(replica: str) -> None:
+    """Issue 45 N8: with no public ModelServer a request without a key can only get its sidecar's
+    401: the gateway answers it from the head, before any of its body is held or read."""
+    with _gateway(replica, public=False) as (url, _), connect(url) as connection:
+        connection.sendall(chat_head(headers={"Content-Length": str(10 * 1024 * 1024)}) + b"\r\n" + b"[" * 1000)
+        outcome = read_outcome(connection, 10)
+    assert outcome.answer is not None and outcome.answer.status == 401, outcome
+    assert error_code(outcome.answer.body) == "missing_api_key"
+
+
+def _read_off_loop(app: Dispatcher, outcome: str) -> float:
+    return (
+        app.proxy.metrics.registry.get_sample_value(
+            "modelserve_gateway_bodies_read_off_loop_total", {"outcome": outcome}
+        )
+        or 0.0
+    )
+
+
+def test_a_body_of_very_many_values_is_read_off_the_event_loop(gateway_app: tuple[str, Dispatcher]) -> None:
+    """Issue 45 N8: a 10 MiB body of `[[],[],...]` took the gateway about a second of its event loop
+    to read (keyless bodies back to back took keyed requests from 2 ms to 555 ms at p90). Such a body
+    is read in a helper process; the request is routed and answered as any other."""
+    url, app = gateway_app
+    before = _read_off_loop(app, "read")
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    heavy = json.dumps({**request, "x": [[]] * 30_000})
+    answer = httpx.post(url + "/v1/chat/completions", content=heavy, headers=KEYED, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert _read_off_loop(app, "read") == before + 1
+    still_serves(url)  # a light body is read on the loop
+    assert _read_off_loop(app, "read") == before + 1

@@ -18,7 +18,8 @@ from modelserve.gateway.directory import Ambiguous, Directory, Model, model_of, 
 from modelserve.gateway.holding import Holding, Outcome
 from modelserve.gateway.keys import OPENED_MEMORY_SECONDS, Opened, Recent, client_bucket, digest, keyless, proof
 from modelserve.gateway.metrics import GatewayMetrics
-from modelserve.gateway.proxy import GatewayProxy, parse_request
+from modelserve.gateway.proxy import GatewayProxy
+from modelserve.gateway.request_read import parse_request
 from modelserve.gateway.routing import Ring, affinity_key, conversation_prefix, least_in_flight
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.http.downstream import Exchange

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.sidecar import ReplayEngine, SecretDir, Sidecar, launch_sidecar, stop_sidecar
+from harness.sidecar import ReplayEngine, SecretDir, Sidecar, launch_sidecar, stop_sidecar, wait_ready
 from modelserve.contracts.key_entries import hash_key
 from modelserve_sandbox.processes import wait_until
 
@@ -46,6 +46,7 @@ def keyed_sidecar(replay: ReplayEngine, tmp_path_factory: pytest.TempPathFactory
     env = {"MODELSERVE_KEYS_DIR": str(base / "keys"), "MODELSERVE_ENGINE_CONCURRENCY": "2"}
     sidecar = launch_sidecar(base / "logs", replay.url, "tiny", env)
     try:
+        wait_ready(sidecar)  # the flood's first requests must not find it starting
         yield sidecar
     finally:
         stop_sidecar(sidecar)

@@ -17,7 +17,7 @@ from harness.sidecar import (
 from modelserve.contracts import routes
 from modelserve.contracts.env import ConfigError
 from modelserve.contracts.sidecar import Settings
-from modelserve.http import errors
+from modelserve.http import errors, json_body
 from modelserve.http.downstream import Exchange
 from modelserve.http.json_body import NESTED_TOO_DEEPLY, BadJson, encode, parse
 from modelserve.http.usage import ResponseTail, usage_from_tail
@@ -450,3 +450,16 @@ def test_metrics_render_appends_the_engine_text_and_keeps_labels_bounded() -> No
     assert b"modelserve_sidecar_process_cpu_seconds_total" in text
     assert text.endswith(b"vllm:num_requests_running 0.0\n")
     assert b"\nprocess_" not in text  # the engine's unprefixed process series cannot collide
+
+
+@pytest.mark.parametrize(
+    ("body", "many"),
+    [
+        (b'{"model": "m", "messages": [{"role": "user", "content": "' + b"a" * 10_000_000 + b'"}]}', False),
+        (b'{"model": "m", "x": [' + b"[]," * 20_000 + b"[]]}", True),
+        (b'{"model": "m", "prompt": [' + b"1," * 19_000 + b"1]}", False),
+        (b"[" * 15_000, False),  # shorter than MANY_VALUES bytes: fewer values, whatever they are
+    ],
+)
+def test_a_body_of_many_json_values_is_told_from_a_large_one(body: bytes, many: bool) -> None:
+    assert json_body.many_values(body) is many
