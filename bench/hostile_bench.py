@@ -74,6 +74,7 @@ import yaml
 from bench.operator_scale import cpu_seconds, peak_rss_mib, rss_mib
 from bench.sidecar_bench import KEY, MODEL, PROXY_CPU, wait_http
 from harness.sidecar import SecretDir, launch_sidecar, wait_ready
+from modelserve.http.limits import ConnectionLimits
 from modelserve_sandbox.processes import free_ports, start_process, stop_process
 
 REPO = Path(__file__).resolve().parents[1]
@@ -712,28 +713,32 @@ async def fill(run: Run, conn: Conn, size: int) -> int:
 
 
 async def budget_fill(run: Run) -> str:
-    """N1: bodies of 10 MiB stalled a byte short, as many as fill the budget, each sent again once the
-    proxy cut it, until --pool-seconds are over."""
+    """N1: stalled bodies that fill the budget to its last byte (the issue's six of 10 MiB and "the
+    rest"), each sent again once the proxy cut it, until --pool-seconds are over: any request with a
+    body then crosses it."""
     key = LIMITED_KEY if run.target.kind == "sidecar" else MADE_UP_KEY
     declared = 10 * MiB
+    budget = ConnectionLimits().body_budget_bytes  # both proxies' default
+    sizes = [declared - 1] * (budget // (declared - 1))
+    sizes.append(budget - sum(sizes) - 1)
     deadline = time.monotonic() + run.knobs.pool_seconds
     run.loaded()
-    bodies = [0]
+    held = [0]
 
-    async def keep_one() -> None:
+    async def keep_one(size: int) -> None:
         while time.monotonic() < deadline and not run.capped:
             conns = await run.connect(1, keyed_head(declared, key))
             if not conns:
                 await asyncio.sleep(0.2)
                 continue
             conn = conns[0]
-            if await fill(run, conn, declared - 1) == declared - 1:
-                bodies[0] += 1
+            if await fill(run, conn, size) == size:
+                held[0] += 1
             while not (conn.ended or conn.status) and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
 
-    await asyncio.gather(*(keep_one() for _ in range(64 // 10 + 1)))
-    return f"{run.seen()}; {bodies[0]} bodies held whole but their last byte"
+    await asyncio.gather(*(keep_one(size) for size in sizes))
+    return f"{run.seen()}; {held[0]} bodies sent as far as they were meant to stall"
 
 
 async def pipelined_heads(run: Run) -> str:
@@ -958,7 +963,8 @@ def memory_limits() -> dict[str, float]:
         number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", quantity).groups()  # type: ignore[union-attr]
         return float(number) * units[unit]
 
-    sidecar = sidecar_container(model_server(), Settings.from_env({}))["resources"]["limits"]["memory"]
+    one_worker = model_server(sidecar={"workers": 1})  # the sidecar under test runs one
+    sidecar = sidecar_container(one_worker, Settings.from_env({}))["resources"]["limits"]["memory"]
     values = yaml.safe_load((REPO / "charts" / "modelserve" / "values.yaml").read_text())
     return {"sidecar": parse(sidecar), "gateway": parse(values["gateway"]["resources"]["limits"]["memory"])}
 

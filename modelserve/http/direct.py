@@ -425,6 +425,9 @@ class DirectProtocol(HttpToolsProtocol):
     # The connections with no complete request being served (idle, or a request still arriving), in
     # the order they became so: at the connection cap the first one makes room for a new one.
     evictable: ClassVar[dict[DirectProtocol, None]] = {}
+    # Those of the connections past the cap (`_own_only`), in the same order: one of them makes room
+    # only for another such (evicting one frees no place within the cap).
+    evictable_own: ClassVar[dict[DirectProtocol, None]] = {}
     running: DirectDownstream | None = None  # the fast-lane request answering now, if any
     # A request whose handler starts once its whole body is in (express first), and that handler.
     deferred: tuple[DirectDownstream, DirectHandler] | None = None
@@ -466,23 +469,30 @@ class DirectProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         now = self.loop.time()
         self.head_since = now
-        evictable = self.evictable
-        if len(self.connections) > self.max_connections:
-            if evictable:
-                next(iter(evictable)).evict()
-            elif len(self.connections) > self.max_connections + RESERVED_CONNECTIONS:
-                self._refuse(503, CONNECTIONS_MESSAGE, "too_many_connections", "too_many_connections", linger=False)
-                return
+        connections = len(self.connections)
+        if connections > self.max_connections:
+            if self.evictable:
+                next(iter(self.evictable)).evict()
             else:
                 self._own_only = True
-        evictable[self] = None
+                if connections > self.max_connections + RESERVED_CONNECTIONS:
+                    if not self.evictable_own:
+                        self._refuse(503, CONNECTIONS_MESSAGE, "too_many_connections", "too_many_connections", False)
+                        return
+                    next(iter(self.evictable_own)).evict()
+        self._order[self] = None
         self._arm(now + self.limits.head_seconds)
+
+    @property
+    def _order(self) -> dict[DirectProtocol, None]:
+        """The eviction order this connection is in."""
+        return self.evictable_own if self._own_only else self.evictable
 
     def evict(self, reason: str = "evicted") -> None:
         """Close without an answer, as an idle keep-alive connection is: one that serves nothing now
         (idle, or its request still arriving) to make room for a new one, or one that sent nothing
         of a request within the head's deadline."""
-        self.evictable.pop(self, None)
+        self._order.pop(self, None)
         cut(reason)
         self.transport.close()
 
@@ -521,7 +531,7 @@ class DirectProtocol(HttpToolsProtocol):
         if self.timeout_keep_alive_task is not None:
             self.timeout_keep_alive_task.cancel()
             self.timeout_keep_alive_task = None
-        self.evictable.pop(self, None)
+        self._order.pop(self, None)
         self._release_body()
 
     def _parse_without_upgrade(self, rest: bytes) -> None:
@@ -561,6 +571,10 @@ class DirectProtocol(HttpToolsProtocol):
         cycle = self.cycle  # the refused request's, once its head is in; else the one before it
         transport = self.transport
         answer = refusal(status, message, code, self.url.startswith(b"/api/"))
+        # Nothing more is parsed: the head received so far (the parser's partial field, the fields) is
+        # freed now, not when the connection goes after lingering.
+        self.parser = httptools.HttpRequestParser(self)
+        self.headers = []
         if self._in_body:
             in_front = bool(self.pipeline) or (cycle.response_started and not cycle.response_complete)  # type: ignore[truthy-function]
         else:
@@ -799,7 +813,7 @@ class DirectProtocol(HttpToolsProtocol):
         if cycle is None:
             return  # a WebSocket upgrade's (uvicorn's own)
         if not cycle.response_complete:
-            self.evictable.pop(self, None)  # a complete request being served: never made room with
+            self._order.pop(self, None)  # a complete request being served: never made room with
         elif not self.pipeline:  # answered before its body was in (a refusal): idle from now
             now = self.idle_since = self.loop.time()
             self._arm(now + self.timeout_keep_alive)
@@ -856,7 +870,7 @@ class DirectProtocol(HttpToolsProtocol):
             return
         # Last in the order (it left it when its request was complete), unless still receiving that
         # request's body after an early answer.
-        self.evictable[self] = None
+        self._order[self] = None
         if not self._in_body:
             now = self.idle_since = self.loop.time()
             due = now + self.timeout_keep_alive
@@ -940,5 +954,6 @@ def protocol_for(routes: DirectRoutes, limits: ConnectionLimits, max_connections
         "max_connections": max_connections,
         "budget": BodyBudget(limits.body_budget_bytes),
         "evictable": {},
+        "evictable_own": {},
     }
     return type("DirectProtocol", (DirectProtocol,), attributes)
