@@ -276,12 +276,12 @@ def main() -> None:
             Target("nginx", f"http://127.0.0.1:{nginx_port}", one),
             Target("sidecar", f"http://127.0.0.1:{sidecar_port}", sidecar),
             *([Target(several, f"http://127.0.0.1:{workers_port}", pool)] if args.workers > 1 else []),
-            *rendered_targets,
             Hops("nginx->nginx", f"http://127.0.0.1:{front_port}", front, back),
             Hops("gateway->sidecar", f"http://127.0.0.1:{gateway_port}", gateway, behind),
         ]
         if args.paths:
             targets = [t for t in targets if t.name == "direct" or t.name in args.paths]
+        targets += rendered_targets  # asked for by --rendered, whatever --paths says
         results: dict[tuple[int, str], dict[str, float]] = {}
         for streams in args.streams:
             for target in targets:
