@@ -144,6 +144,7 @@ def build_app(
             yield
         finally:
             discovery.stop()
+            proxy.off_loop_work.close()
             await proxy.pool.close()
             await proxy.session.close()
 
