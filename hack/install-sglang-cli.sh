@@ -3,25 +3,27 @@
 # generates for a group's pods (tests/realnode/test_group_command_lines_on_node.py). No SGLang
 # image is built here: the test runs the parser in the vLLM stand-in image's Python, which has
 # torch, transformers and the rest of SGLang's imports, with SGLang's wheel and the few pure
-# imports that image lacks unpacked into the cache and mounted into the pod. Cached: a stamp
-# of the pins skips it.
+# imports that image lacks unpacked into the cache and mounted into the pod. The same unpacked
+# wheel is the source the derived-facts test reads (tests/engines/test_engine_source.py). Cached: a
+# stamp of the pins skips it; each version has a directory of its own.
 set -euo pipefail
 
-SGLANG_VERSION=0.5.10  # the operator's pin (modelserve/engines/sglang.py)
+SGLANG_VERSION=0.5.23  # the operator's pin (modelserve/engines/sglang.py); a test keeps them equal
 # What importing sglang.srt.server_args needs beyond the vLLM image's packages (tried one by one).
 EXTRA="ipython==9.18.1 traitlets==5.16.1 orjson==3.13.0 triton==3.9.0"
 
 CACHE=${MODELSERVE_CACHE:-$HOME/.cache/modelserve}
-DIR=$CACHE/sglang-cli
+DIR=$CACHE/sglang-cli/$SGLANG_VERSION
 WANT="sglang=$SGLANG_VERSION $EXTRA"
 if [[ -f $DIR/.stamp && "$(cat "$DIR/.stamp")" == "$WANT" ]]; then
   echo "SGLang's parser up to date in $DIR"
   exit 0
 fi
 rm -rf "$DIR" && mkdir -p "$DIR/wheels" "$DIR/site"
-# For the image's Python (3.11, glibc 2.36), whatever Python runs this.
+# For the image's Python (3.11, glibc 2.36), whatever Python runs this (SGLang's wheel is cp311,
+# manylinux_2_34, since it carries Rust extensions).
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
-  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --implementation cp \
+  --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --implementation cp \
   -d "$DIR/wheels" "sglang==$SGLANG_VERSION" $EXTRA
 for wheel in "$DIR"/wheels/*.whl; do
   python3 -m zipfile -e "$wheel" "$DIR/site"
