@@ -170,7 +170,8 @@ class PythonSource:
                         module.imports[alias.asname or alias.name] = f"{source}.{alias.name}"
             elif isinstance(node, ast.Import):
                 for alias in node.names:
-                    module.imports[alias.asname or alias.name.split(".")[0]] = alias.asname and alias.name or alias.name
+                    # `import a.b` binds a (the package), `import a.b as c` binds c to a.b.
+                    module.imports[alias.asname or alias.name.split(".")[0]] = alias.name
         for node in _top_level(tree.body):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 module.functions[node.name] = node
@@ -267,7 +268,9 @@ class PythonSource:
                 for decorator in statement.decorator_list:
                     self._decorator(module, decorator, conditions, scope, router, "" in local)
             elif isinstance(statement, ast.For | ast.AsyncFor | ast.While | ast.With | ast.AsyncWith):
-                self._walk(module, [*statement.body, *getattr(statement, "orelse", [])], conditions, scope, router, local)
+                self._walk(
+                    module, [*statement.body, *getattr(statement, "orelse", [])], conditions, scope, router, local
+                )
             elif isinstance(statement, ast.Try):
                 inner = [*statement.body, *statement.orelse, *statement.finalbody]
                 for handler in statement.handlers:
@@ -321,7 +324,7 @@ class PythonSource:
             if target:
                 scope.calls.append((f"router:{target}", conditions))
             return
-        if name in ROUTE_CALLS and isinstance(node.func, ast.Attribute) or name in ROUTE_CLASSES:
+        if (name in ROUTE_CALLS and isinstance(node.func, ast.Attribute)) or name in ROUTE_CLASSES:
             method = ROUTE_CALLS.get(name) or ROUTE_CLASSES[name]
             methods = _methods(node, name) if method == "GET" else (method,)
             self._route(module, node, methods, conditions, scope, "")
@@ -358,7 +361,9 @@ class PythonSource:
             value = value.orelse if _is_none(value.body) else value.body
         if value is not None and _is_none(value):
             return None
-        path = value.value if isinstance(value, ast.Constant) and isinstance(value.value, str) else FASTAPI_DOCS[keyword]
+        path = (
+            value.value if isinstance(value, ast.Constant) and isinstance(value.value, str) else FASTAPI_DOCS[keyword]
+        )
         scope.routes.append(Route("GET", path, f"{module.path}:{node.lineno}", *self._gates(conditions)))
         return conditions
 
@@ -585,11 +590,16 @@ def _gate_names(condition: ast.expr, flags: frozenset[str]) -> set[str]:
                 flag = "--" + node.attr.replace("_", "-")
                 if flag in flags:
                     out.add(flag)
-        elif isinstance(node, ast.Call) and _call_name(node.func) == "getattr" and len(node.args) >= 2:
-            if _arguments(node.args[0]) and isinstance(node.args[1], ast.Constant):
-                flag = "--" + str(node.args[1].value).replace("_", "-")
-                if flag in flags:
-                    out.add(flag)
+        elif (
+            isinstance(node, ast.Call)
+            and _call_name(node.func) == "getattr"
+            and len(node.args) >= 2
+            and _arguments(node.args[0])
+            and isinstance(node.args[1], ast.Constant)
+        ):
+            flag = "--" + str(node.args[1].value).replace("_", "-")
+            if flag in flags:
+                out.add(flag)
     return out
 
 
@@ -641,11 +651,10 @@ def mentioned_env(files: Iterable[Path]) -> frozenset[str]:
 def dict_keys(path: Path, name: str) -> tuple[str, ...]:
     """The string keys of the dict literal assigned to `name` (module or class level) in `path`."""
     for node in ast.walk(ast.parse(path.read_text())):
-        value = None
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            value = node.value
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
-            value = node.value
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        value = node.value if any(isinstance(t, ast.Name) and t.id == name for t in targets) else None  # type: ignore[union-attr]
         if isinstance(value, ast.Dict):
             return tuple(k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
     raise LookupError(f"no dict literal {name} in {path}")
@@ -725,7 +734,11 @@ def cpp_args(arg_cpp: Path) -> list[CppArg]:
         flags = [s for s in literals if FLAG.match(s)]
         second = block.find("{", _closing(block, first, "{", "}") + 1) if first >= 0 else -1
         if second >= 0 and block[_closing(block, first, "{", "}") + 1 : second].strip() in (",", ""):
-            flags += [s for s in re.findall(r'"([^"]*)"', raw[second : _closing(block, second, "{", "}") + 1]) if FLAG.match(s)]
+            flags += [
+                s
+                for s in re.findall(r'"([^"]*)"', raw[second : _closing(block, second, "{", "}") + 1])
+                if FLAG.match(s)
+            ]
         env = re.search(r'set_env\s*\(\s*"([A-Z0-9_]+)"', raw)
         fields = frozenset(re.findall(r"\bparams\.([a-z_][a-z0-9_]*)", raw))
         out.append(CppArg(tuple(flags), env.group(1) if env else "", fields))

@@ -40,7 +40,8 @@ VLLM_FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32.0-cpu"  # how they were
 ENGINE_ROUTES = REPO / "tests" / "fixtures" / "engine_routes"  # one table per pinned engine
 # A test's requests carry it to the replay engine, which tells them from the sidecar's own probes.
 MARK_HEADER = "x-test-mark"
-ENGINE_TABLES = ("vllm-0.32.0", "sglang-0.5.10", "llama.cpp-b9093")
+# One table per pinned engine: `<title>-<version>` (tests/engines/test_engine_source.py derives each).
+ENGINE_TABLES = ("vllm-0.33.0", "sglang-0.5.23", "llama.cpp-b11434")
 SIDECAR_BIN = str(Path(sys.executable).parent / "modelserve-sidecar")
 API_KEY = "sk-test-3f9a1c"  # what the tests' Secret holds
 ENGINE_MODEL = "gemma-3-270m"  # the served name of the real engine

@@ -287,6 +287,35 @@ def admin_flag_rules(engines: Registry = ENGINES) -> tuple[Rule, ...]:
     )
 
 
+def removed_flag_rules(engines: Registry = ENGINES) -> tuple[Rule, ...]:
+    """engineArgs must not set a flag the pinned version removed (or renamed) when the ModelServer runs
+    the pinned image: the engine would exit at start, in a CrashLoop. Matched as written (or
+    --flag=value), not abbreviated: a prefix of a removed flag may abbreviate a current one. With
+    spec.image (an older release that has them) they pass."""
+    rules = []
+    for profile, engine in engines.items():
+        if not engine.removed_flags:
+            continue
+        names = tuple(switch.name for switch in engine.removed_flags)
+        rules.append(
+            Rule(
+                f"has(self.image) || self.profile != '{profile}' || !has(self.engineArgs) || "
+                f"!self.engineArgs.map(a, a.split('=')[0]).exists(n, n in {cel_list(names)})",
+                f"engineArgs must not set these flags with profile {profile} and the pinned image: "
+                f"{engine.title} {engine.version} no longer has them (it would exit at start), "
+                f"{engine.previous_version} had them (with spec.image of such a release they pass): "
+                + "; ".join(switch.describe() if switch.opens else switch.name for switch in engine.removed_flags),
+                "engineArgs",
+                lambda s, profile=profile, names=set(names): (
+                    s.image is not None
+                    or s.profile != profile
+                    or not any(a.split("=", 1)[0] in names for a in s.engine_args)
+                ),
+            )
+        )
+    return tuple(rules)
+
+
 def admin_env_rules(engines: Registry = ENGINES) -> tuple[Rule, ...]:
     """env must not name a variable that turns on an engine's administration routes. Refused with
     every profile, not only the engine's own: another engine ignores the name, so nobody needs it,

@@ -399,7 +399,7 @@ ADAPTER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
 ADAPTER_SOURCE_PATTERN = r"^(/\S+|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)$"
 MAX_ADAPTERS = 32
 ADAPTERS_NAMED = engine_rules.named(engine_rules.adapter_profiles())  # "profiles high-throughput and low-latency"
-# vLLM 0.32.0's --max-lora-rank choices (config/lora.py MaxLoRARanks); SGLang takes any rank.
+# vLLM 0.33.0's --max-lora-rank choices (config/lora.py MaxLoRARanks); SGLang takes any rank.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
@@ -421,7 +421,7 @@ class AdapterLimits(WireModel):
     max_rank: int = Field(
         view.DEFAULT_MAX_RANK,
         description="Largest adapter rank the engine accepts (vLLM --max-lora-rank, SGLang --max-lora-rank); "
-        f"vLLM 0.32.0 takes {', '.join(map(str, LORA_RANKS))}.",
+        f"vLLM 0.33.0 takes {', '.join(map(str, LORA_RANKS))}.",
     )
     max_per_batch: int = Field(
         view.DEFAULT_MAX_PER_BATCH,
@@ -434,7 +434,7 @@ class AdapterLimits(WireModel):
     rules = (
         Rule(
             f"self.maxRank in {list(LORA_RANKS)}",
-            f"adapterLimits.maxRank must be one of {', '.join(map(str, LORA_RANKS))} (vLLM 0.32.0's choices)",
+            f"adapterLimits.maxRank must be one of {', '.join(map(str, LORA_RANKS))} (vLLM 0.33.0's choices)",
             "maxRank",
             lambda a: a.max_rank in LORA_RANKS,
         ),
@@ -699,6 +699,7 @@ class ModelServerSpec(WireModel):
         *engine_rules.owned_flag_rules(),
         *engine_rules.group_flag_rules(),
         *engine_rules.admin_flag_rules(),
+        *engine_rules.removed_flag_rules(),
         *engine_rules.admin_env_rules(),
     )
 

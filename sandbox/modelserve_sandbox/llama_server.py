@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .cluster import default_cache
 
-LLAMA_BUILD = 9093  # keep in step with hack/build-llama-server.sh and the cpu engine's image tag
+LLAMA_BUILD = 11434  # keep in step with hack/build-llama-server.sh and the cpu engine's image tag
 
 
 def llama_server_binary() -> Path:

