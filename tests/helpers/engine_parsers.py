@@ -1,7 +1,9 @@
-"""The engines' own command-line parsers, run in a pod on the real node on the arguments we generate:
-vLLM's `vllm serve` entry point (its parser and serve validation; only the server start is replaced
-by printing what it parsed) in the vllm/vllm-openai:v0.32.0 stand-in image, and SGLang 0.5.10's
-`ServerArgs.add_cli_args` parser from its wheel (hack/install-sglang-cli.sh) in that image's Python."""
+"""The engines' own command-line parsers, at the versions the operator pins, run in a pod on the real
+node on the arguments we generate: vLLM's `vllm serve` entry point (its parser and serve validation;
+only the server start is replaced by printing what it parsed) and SGLang's `ServerArgs.add_cli_args`
+parser, each from its wheel unpacked into the cache (hack/install-vllm-cli.sh,
+hack/install-sglang-cli.sh) and run in the Python of the sandbox's vLLM image (vLLM's CPU build, which
+has torch, transformers and the rest of their imports; realnode.VLLM_IMAGE)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,16 @@ import uuid
 from typing import Any
 
 from modelserve.contracts.operator_settings import Settings
+from modelserve.engines import sglang, vllm
 from modelserve_sandbox import realnode
 from modelserve_sandbox.cluster import Cluster, default_cache
 from modelserve_sandbox.processes import wait_until
 
-SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
 SGLANG_SITE = "/opt/sglang-cli"
-VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
+VLLM_SITE = "/opt/vllm-cli"
+# What the operator generates pods with here: the node's vLLM image, as the sandbox's operators do.
+SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0", engine_images={"vllm": realnode.VLLM_IMAGE})
+VLLM_IMAGE = realnode.VLLM_IMAGE
 
 _VLLM = """
 import json, sys
@@ -43,8 +48,16 @@ print("PARSED " + json.dumps(out, default=sorted))
 
 
 def vllm_container(args: list[str], keys: tuple[str, ...], env: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    """A container that runs vLLM's CLI on `args` and prints the parsed values of `keys`."""
-    return {"command": ["python3", "-c", _VLLM.format(keys=keys)], "args": args, "env": env or []}
+    """A container that runs the pinned vLLM's CLI (ahead of the image's own vLLM on PYTHONPATH) on
+    `args` and prints the parsed values of `keys`. VLLM_TARGET_DEVICE=cpu: the unpacked CUDA release
+    would otherwise look for a GPU platform (vllm/platforms), as the image's CPU build does not."""
+    pinned = [{"name": "PYTHONPATH", "value": VLLM_SITE}, {"name": "VLLM_TARGET_DEVICE", "value": "cpu"}]
+    return {
+        "command": ["python3", "-c", _VLLM.format(keys=keys)],
+        "args": args,
+        "env": [*(env or []), *pinned],
+        "volumeMounts": [{"name": "vllm", "mountPath": VLLM_SITE, "readOnly": True}],
+    }
 
 
 def sglang_container(
@@ -62,9 +75,15 @@ def sglang_container(
 
 
 def sglang_volume() -> dict[str, Any]:
-    site = default_cache() / "sglang-cli" / "site"
+    site = default_cache() / "sglang-cli" / sglang.VERSION / "site"
     assert (site / "sglang" / "srt" / "server_args.py").is_file(), "run `bash hack/install-sglang-cli.sh`"
     return {"name": "sglang", "hostPath": {"path": str(site), "type": "Directory"}}
+
+
+def vllm_volume() -> dict[str, Any]:
+    site = default_cache() / "vllm-cli" / vllm.VERSION / "site"
+    assert (site / "vllm" / "entrypoints" / "cli" / "main.py").is_file(), "run `bash hack/install-vllm-cli.sh`"
+    return {"name": "vllm", "hostPath": {"path": str(site), "type": "Directory"}}
 
 
 def parsed(cluster: Cluster, name: str, container: dict[str, Any], volume: dict[str, Any] | None = None) -> Any:

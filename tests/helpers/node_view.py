@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from modelserve_sandbox import tiny_model
+from modelserve_sandbox import realnode, tiny_model
 from modelserve_sandbox.processes import wait_until
 from tests.helpers.operator_cluster import OperatorView
 
@@ -166,6 +166,8 @@ def install_chart(cluster: Any, release: str, namespace: str) -> None:
         "--create-namespace",
         "--set",
         f"hub.endpoint={cluster.hub_endpoint}",
+        "--set",
+        f"engines.vllm.image={realnode.VLLM_IMAGE}",  # the node's vLLM: the CPU build, tagged as such
         "--wait",
         "--timeout",
         "180s",

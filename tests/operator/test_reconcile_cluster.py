@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from harness.testdata import EXAMPLES_DIR, examples
+from modelserve.engines import vllm
 from tests.helpers.operator_cluster import RESYNC_SECONDS, OperatorView
 
 SMALL = {
@@ -126,7 +127,7 @@ def test_deleted_and_edited_children_are_restored(ops: OperatorView) -> None:
         return (
             bool(deployment)
             and deployment["spec"]["replicas"] == 1
-            and _engine(deployment)["image"] == ("vllm/vllm-openai:v0.32.0")
+            and _engine(deployment)["image"] == vllm.ENGINE.image
         )
 
     ops.wait(restored, "the edited Deployment to be restored")

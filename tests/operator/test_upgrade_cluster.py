@@ -23,6 +23,7 @@ import pytest
 
 from harness.testdata import CRD_PATH
 from modelserve import __version__
+from modelserve.engines import vllm
 from modelserve.kube.apply import Kube
 from modelserve.kube.lease import Elector, Timing
 from modelserve_sandbox.cluster import Cluster
@@ -32,7 +33,10 @@ from modelserve_sandbox.processes import free_ports, start_process, stop_process
 SELECTOR = "serving.modelserve.dev/modelserver"
 RESYNC_SECONDS = 2
 BUMPED_SIDECAR = f"ghcr.io/modelserve/modelserve:{__version__}-bumped"
-BUMPED_VLLM = "vllm/vllm-openai:v0.32.0-bumped"
+# This release's engine bump: the previous release's operator chose the vLLM it pinned, this one
+# chooses its own pin, by default.
+PREVIOUS_VLLM = f"vllm/vllm-openai:v{vllm.ENGINE.previous_version}"
+BUMPED_VLLM = vllm.ENGINE.image
 WAIT_SECONDS = 90
 
 
@@ -143,8 +147,10 @@ def test_an_operator_upgrade_restarts_no_model_pod_and_opting_in_rolls_that_mode
 ) -> None:
     namespace = "upgrade"
     cluster.create_namespace(namespace)
-    old_env = {**cluster.operator_env, "MODELSERVE_RESYNC_SECONDS": str(RESYNC_SECONDS)}
-    new_env = {**old_env, "MODELSERVE_SIDECAR_IMAGE": BUMPED_SIDECAR, "MODELSERVE_ENGINE_IMAGE_VLLM": BUMPED_VLLM}
+    new_env = {**cluster.operator_env, "MODELSERVE_RESYNC_SECONDS": str(RESYNC_SECONDS)}
+    new_env.pop("MODELSERVE_ENGINE_IMAGE_VLLM", None)  # the operator's own pin
+    old_env = {**new_env, "MODELSERVE_ENGINE_IMAGE_VLLM": PREVIOUS_VLLM}
+    new_env["MODELSERVE_SIDECAR_IMAGE"] = BUMPED_SIDECAR
     replicas = {"min": 2, "max": 2}
     with running_operator(old_env, tmp_path / "old") as (_, log):
         _apply(cluster, namespace, _vllm("kept", replicas=replicas), _vllm("opted", replicas=replicas))
@@ -180,6 +186,16 @@ def test_an_operator_upgrade_restarts_no_model_pod_and_opting_in_rolls_that_mode
             "sidecarWorkers": 1,  # one GPU of vLLM: the operator's default
         }
         assert (kept["upgrade"]["sidecar"], kept["upgrade"]["engine"]) == (BUMPED_SIDECAR, BUMPED_VLLM)
+        assert kept["versions"]["engine"] == PREVIOUS_VLLM  # the engine it runs, kept
+
+        # The Event names the new engine release too.
+        def upgrade_events() -> list[str]:
+            selector = "involvedObject.name=kept"
+            out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector", selector, "-o", "json")
+            return [e["message"] for e in json.loads(out.stdout)["items"] if e.get("reason") == "UpgradeAvailable"]
+
+        wait_until(lambda: bool(upgrade_events()), WAIT_SECONDS, "kept's UpgradeAvailable Event")
+        assert all(BUMPED_VLLM in message for message in upgrade_events()), upgrade_events()
         for name, pods in before.items():
             assert _pods(cluster, namespace, name) == pods, f"{name}'s pods were replaced by the upgrade"
             assert _get(cluster, namespace, "deployment", name)["metadata"]["generation"] == generations[name]

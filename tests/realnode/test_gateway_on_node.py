@@ -27,6 +27,7 @@ import openai
 import pytest
 
 from modelserve.contracts.sidecar import LISTEN_PORT
+from modelserve.engines import llamacpp
 from modelserve_sandbox.cluster import Cluster
 from tests.helpers.gateway_routing import gateway_replicas, routed_beside_long_streams
 from tests.helpers.in_cluster import client_calls
@@ -238,7 +239,9 @@ def _series(url: str, name: str, key: str, **labels: str) -> float:
 # /lora-adapters, the web UI, ...
 ENGINE_ROUTES = [
     (route["method"], route["path"])
-    for route in json.loads((REPO / "tests/fixtures/engine_routes/llama.cpp-b9093.json").read_text())["routes"]
+    for route in json.loads((REPO / f"tests/fixtures/engine_routes/llama.cpp-b{llamacpp.BUILD}.json").read_text())[
+        "routes"
+    ]
     if route["class"] != "consumer" and route["path"] != "/metrics"
 ] + [("GET", "/metrics/anything"), ("GET", "//slots"), ("GET", "/v1/../slots")]
 

@@ -1,10 +1,10 @@
 """A group's command lines read by the engines' own parsers, in pods on the real node, with the
 $(LWS_*) values the kubelet substitutes from what LeaderWorkerSet's webhook sets:
 
-- vLLM's: `vllm serve` as the leader runs it, through vLLM's CLI entry point (its parser and its
-  serve validation) in the vllm/vllm-openai:v0.32.0 stand-in image; only the server start is
-  replaced by printing what vLLM parsed;
-- SGLang's, for the leader and a worker: SGLang 0.5.10's own `ServerArgs.add_cli_args` parser
+- vLLM's: `vllm serve` as the leader runs it, through the pinned vLLM's CLI entry point (its parser
+  and its serve validation), from its wheel (hack/install-vllm-cli.sh) in the sandbox's vLLM image's
+  Python; only the server start is replaced by printing what vLLM parsed;
+- SGLang's, for the leader and a worker: the pinned SGLang's own `ServerArgs.add_cli_args` parser
   (what `prepare_server_args` runs before it looks for a GPU), from its wheel
   (hack/install-sglang-cli.sh) in the same image's Python, which has SGLang's heavy imports."""
 
@@ -16,7 +16,15 @@ from harness.testdata import examples
 from modelserve.api.manifests import workload
 from modelserve.api.spec import ModelServer
 from modelserve_sandbox.cluster import Cluster
-from tests.helpers.engine_parsers import SETTINGS, VLLM_IMAGE, parsed, sglang_container, sglang_volume, vllm_container
+from tests.helpers.engine_parsers import (
+    SETTINGS,
+    VLLM_IMAGE,
+    parsed,
+    sglang_container,
+    sglang_volume,
+    vllm_container,
+    vllm_volume,
+)
 
 VLLM_KEYS = (
     "model_tag",
@@ -47,7 +55,7 @@ def test_vllm_reads_the_leaders_command_line(node_cluster: Cluster) -> None:
     assert leader["image"] == VLLM_IMAGE
     # The image's Python runs vLLM's CLI on exactly the arguments `vllm serve "$@"` gets.
     container = vllm_container(leader["args"], VLLM_KEYS, _group_env(0))
-    assert parsed(node_cluster, "vllm-leader", container) == {
+    assert parsed(node_cluster, "vllm-leader", container, vllm_volume()) == {
         "model_tag": "LiquidAI/LFM2-24B-A2B",
         "tensor_parallel_size": 8,
         "pipeline_parallel_size": 2,

@@ -25,7 +25,14 @@ from modelserve.api.manifests import workload
 from modelserve.api.spec import ModelServer
 from modelserve_sandbox.cluster import SMOLLM2_HF_REPO, SMOLLM2_LORA_REPO, Cluster
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.engine_parsers import SETTINGS, parsed, sglang_container, sglang_volume, vllm_container
+from tests.helpers.engine_parsers import (
+    SETTINGS,
+    parsed,
+    sglang_container,
+    sglang_volume,
+    vllm_container,
+    vllm_volume,
+)
 from tests.helpers.node_view import (
     CAPITAL,
     QUESTION,
@@ -270,7 +277,7 @@ def test_the_engines_parsers_read_the_lora_command_lines(node_cluster: Cluster) 
     manifest = _manifest((ADAPTER, SOURCE))
     vllm = workload(ModelServer.from_manifest(manifest), SETTINGS)["spec"]["template"]["spec"]["containers"][0]
     container = vllm_container(vllm["args"], VLLM_LORA_KEYS)
-    assert parsed(node_cluster, f"vllm-lora-{uuid.uuid4().hex[:4]}", container) == {
+    assert parsed(node_cluster, f"vllm-lora-{uuid.uuid4().hex[:4]}", container, vllm_volume()) == {
         "model_tag": SMOLLM2_HF_REPO,
         "enable_lora": True,
         "max_loras": 2,

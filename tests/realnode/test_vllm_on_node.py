@@ -1,6 +1,7 @@
 """vLLM for real: the high-throughput example's pod, exactly as the operator generates it, lands on
-the real node (it advertises `nvidia.com/gpu`) and runs the vllm/vllm-openai:v0.32.0 stand-in
-(vLLM's CPU build), which downloads SmolLM2-135M-Instruct from the hub mirror through HF_ENDPOINT
+the real node (it advertises `nvidia.com/gpu`) and runs the sandbox's vLLM image (realnode.VLLM_IMAGE:
+vLLM's CPU build from PyPI at its own release, in place of the CUDA release the operator pins), which
+downloads SmolLM2-135M-Instruct from the hub mirror through HF_ENDPOINT
 into the hub-cache volume: the 4-bit GGUF the cpu example serves, dequantized by the sandbox
 (modelserve_sandbox.gguf_to_hf), so vLLM answers like an instruct model. Callers reach it through
 the Service and the gateway with the real openai SDK; it answers "Paris" at temperature 0 and stops
@@ -112,7 +113,8 @@ def test_the_generated_pod_runs_on_the_real_node_and_turns_ready_honestly(served
     (pod,) = view.ready_pods(NAME)
     assert pod["spec"]["nodeName"] == realnode.NODE_NAME
     engine = next(c for c in pod["spec"]["containers"] if c["name"] == "engine")
-    assert engine["image"] == "vllm/vllm-openai:v0.32.0" and engine["command"] == ["vllm", "serve"]
+    # The sandbox's vLLM: the CPU build, tagged as such, which its operators are told to use.
+    assert engine["image"] == realnode.VLLM_IMAGE and engine["command"] == ["vllm", "serve"]
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
     # Honest readiness: nothing listens while vLLM loads, then /health and /v1/models answer, and
     # only then does the ModelServer (from the sidecar's readiness) say Ready.
