@@ -140,7 +140,7 @@ def _python_type(annotation: object) -> object:
 
 
 def test_only_llama_cpp_reads_repetition_penalty_under_its_own_name() -> None:
-    # llama.cpp's server (b9093) ignores repetition_penalty and reads repeat_penalty.
+    # llama.cpp's server (b9093, b11434) ignores repetition_penalty and reads repeat_penalty.
     cpu = ModelServer.from_manifest(examples()["smollm2-135m-cpu"])
     assert _sidecar_env(cpu)["MODELSERVE_SAMPLING_ALIASES"] == '{"repetition_penalty":"repeat_penalty"}'
     gpu = ModelServer.from_manifest(examples()["lfm2-1.2b"])
