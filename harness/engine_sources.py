@@ -120,3 +120,23 @@ def exported_metrics(engine: str) -> frozenset[str]:
         if f'"{prefix}:' in text:
             out |= set(re.findall(rf'"({prefix}:[a-z_]+)"', text))
     return frozenset(out)
+
+
+def default_batch(engine: str) -> int:
+    """How many requests the pinned version runs at once when no flag says, at most, as its source
+    writes it: vLLM's largest `max_num_seqs` default for the API server (EngineArgs.get_batch_defaults,
+    by GPU), SGLang's upper clamp of the requests its KV cache holds (resolve_max_num_reqs),
+    llama-server's slots for `--parallel` auto."""
+    root = source_root(engine)
+    if engine == "vllm":
+        text = (root / "vllm/engine/arg_utils.py").read_text()
+        body = text.split("def get_batch_defaults", 1)[1].split("\n    def ", 1)[0]
+        seqs = re.findall(r"default_max_num_seqs = \{[^}]*UsageContext\.OPENAI_API_SERVER: (\d+)", body)
+        return max(map(int, seqs))
+    if engine == "sglang":
+        text = (root / "sglang/srt/mem_cache/kv_cache_configurator.py").read_text()
+        body = text.split("def resolve_max_num_reqs", 1)[1]
+        return int(re.search(r"max\(min\(estimated, (\d+)\), \d+\)", body).group(1))  # type: ignore[union-attr]
+    text = (root / "tools/server/server.cpp").read_text()
+    auto = text.split("params.n_parallel < 0", 1)[1]
+    return int(re.search(r"params\.n_parallel = (\d+);", auto).group(1))  # type: ignore[union-attr]

@@ -14,7 +14,7 @@ from functools import cache
 import pytest
 
 from harness.engine_source import Facts, fixture_rows
-from harness.engine_sources import derive, exported_metrics
+from harness.engine_sources import default_batch, derive, exported_metrics
 from modelserve.api.spec import LORA_RANKS
 from modelserve.contracts import routes
 from modelserve.engines import REGISTRY, llamacpp, sglang, vllm
@@ -151,8 +151,9 @@ def test_every_flag_and_variable_the_tables_name_is_one_the_version_reads(name: 
     e, module, found = engine(name), MODULES[name], facts(name)
     switches = [*e.admin_flags, *e.admin_env, *module.QUIET_SWITCHES]
     flags = [s.name for s in switches if s.name.startswith("-") and not s.before]
-    flags += [*e.owned_flags, *e.group_flags]
+    flags += [*e.owned_flags, *e.group_flags, *e.batch_flags]
     env = [s.name for s in switches if not s.name.startswith("-") and not s.before]
+    env += [e.batch_env] if e.batch_env else []
     stale = [f for f in flags if f not in found.flags] + [v for v in env if v not in found.env]
     assert not stale, f"{version(name)} reads none of {stale} (modelserve/engines/{name}.py)"
     # A name kept for older images only is one the pinned version indeed dropped.
@@ -167,8 +168,14 @@ def test_the_removed_flags_are_gone_from_the_version(name: str) -> None:
     found = facts(name)
     back = [s.name for s in engine(name).removed_flags if s.name in found.flags]
     assert not back, f"{version(name)} has {back} again: drop them from its REMOVED_FLAGS"
-    named = {word for s in engine(name).removed_flags for word in s.opens.split() if word.startswith("--")}
+    named = {w.strip(":,;()") for s in engine(name).removed_flags for w in s.opens.split() if w.startswith("--")}
     assert named <= found.flags, f"{version(name)} has no {sorted(named - found.flags)}"
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_the_default_batch_is_the_versions(name: str) -> None:
+    # What the sidecar lets reach the engine at once when neither engineArgs nor env sets the batch.
+    assert engine(name).default_batch == default_batch(name), f"{version(name)} batches {default_batch(name)}"
 
 
 @pytest.mark.parametrize("name", ENGINES)
