@@ -47,9 +47,10 @@ mkdir -p "$OUT.tmp"
 install -m 0755 "$work/build/bin/llama-server" "$OUT.tmp/llama-server"
 keep_source "$OUT.tmp/source"
 # Read the whole answer first: `| grep -q` would close the pipe early, and pipefail would count the
-# server's SIGPIPE as a failed build.
+# server's SIGPIPE as a failed build. Older builds say "version: N (commit)", newer ones
+# "version: 0.6.0-dev (build N, commit)".
 version=$("$OUT.tmp/llama-server" --version 2>&1)
-[[ $version == *"version: $LLAMA_BUILD "* ]] \
+[[ $version == *"version: $LLAMA_BUILD "* || $version == *"(build $LLAMA_BUILD,"* ]] \
   || { echo "built llama-server does not report build $LLAMA_BUILD: $version" >&2; exit 1; }
 rm -rf "$OUT" && mv "$OUT.tmp" "$OUT" && rm -rf "$work"
 echo "llama-server b$LLAMA_BUILD built in $(( $(date +%s) - start ))s into $OUT"
