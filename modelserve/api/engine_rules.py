@@ -302,7 +302,8 @@ def removed_flag_rules(engines: Registry = ENGINES) -> tuple[Rule, ...]:
                 f"has(self.image) || self.profile != '{profile}' || !has(self.engineArgs) || "
                 f"!self.engineArgs.map(a, a.split('=')[0]).exists(n, n in {cel_list(names)})",
                 f"engineArgs must not set these flags with profile {profile} and the pinned image: "
-                f"{engine.title} {engine.version} no longer has them (it would exit at start), "
+                f"{engine.title} {engine.version} no longer has them (it would exit at start: "
+                f"`{engine.unknown_flag_error}`), "
                 f"{engine.previous_version} had them (with spec.image of such a release they pass): "
                 + "; ".join(switch.describe() if switch.opens else switch.name for switch in engine.removed_flags),
                 "engineArgs",

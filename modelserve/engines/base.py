@@ -127,6 +127,7 @@ class Engine:
     # unless spec.image names another image (an older release that has them).
     removed_flags: tuple[Switch, ...] = ()
     previous_version: str = ""  # the version pinned before, which had removed_flags
+    unknown_flag_error: str = ""  # how its parser refuses a flag it lacks, for the refusal's message
     # Which administration API loads LoRA adapters at run time (the sidecar calls it); NONE: the
     # engine takes no adapters from this project.
     adapter_api: AdapterApi = AdapterApi.NONE

@@ -151,6 +151,7 @@ ENGINE = LlamaCpp(
     admin_env=ADMIN_ENV,
     removed_flags=REMOVED_FLAGS,
     previous_version="b9093",
+    unknown_flag_error="error: invalid argument: FLAG",
     # Its slots: -np/--parallel or LLAMA_ARG_N_PARALLEL; unset (or -1, "auto"), b11434's server takes 4
     # (tools/server/server.cpp, as b9093's). The autoscaler's default target is the slots too.
     batch_flags=("--parallel", "-np"),

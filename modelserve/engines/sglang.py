@@ -222,6 +222,7 @@ ENGINE = SGLang(
     admin_env=ADMIN_ENV,
     removed_flags=REMOVED_FLAGS,
     previous_version="0.5.10",
+    unknown_flag_error="error: unrecognized arguments: FLAG",
     adapter_api=AdapterApi.SGLANG,
     # --max-running-requests unset, SGLang 0.5.23 runs as many as its KV cache holds, between 2048 and
     # 4096 per data parallel worker (resolve_max_num_reqs, srt/mem_cache/kv_cache_configurator.py; 48

@@ -180,6 +180,7 @@ ENGINE = VLLM(
     admin_flags=ADMIN_FLAGS,
     admin_env=ADMIN_ENV,
     previous_version="0.32.0",  # it removed no flag of 0.32.0
+    unknown_flag_error="error: unrecognized arguments: FLAG",
     adapter_api=AdapterApi.VLLM,
     # --max-num-seqs unset, vLLM 0.33.0 batches 256 sequences on a GPU under 70 GiB (and on an A100 or,
     # new in 0.33.0, a GB10), 1024 on larger ones (H100, H200, B200): EngineArgs.get_batch_defaults,

@@ -64,8 +64,10 @@ def sglang_container(
     args: list[str], keys: tuple[str, ...], env: list[dict[str, str]] | None = None, lora_checks: bool = False
 ) -> dict[str, Any]:
     """A container that runs SGLang's parser on `args` (then, with `lora_checks`, its own LoRA checks,
-    ServerArgs.check_lora_server_args, which need no GPU) and prints the parsed values of `keys`."""
-    checks = "ServerArgs.check_lora_server_args(raw)" if lora_checks else ""
+    check_lora_server_args of srt/arg_groups/lora_hook.py since 0.5.23, which need no GPU) and prints
+    the parsed values of `keys`."""
+    checks = "from sglang.srt.arg_groups.lora_hook import check_lora_server_args\ncheck_lora_server_args(raw)"
+    checks = checks if lora_checks else ""
     return {
         "command": ["python3", "-c", _SGLANG.format(keys=keys, checks=checks)],
         "args": args,

@@ -34,7 +34,8 @@ VLLM_KEYS = (
     "host",
     "port",
 )
-SGLANG_KEYS = ("model_path", "tensor_parallel_size", "pipeline_parallel_size", "nnodes", "node_rank", "dist_init_addr")
+# SGLang 0.5.23's names (srt/arg_groups/fields/parallel.py: tp_size, with --tensor-parallel-size an alias).
+SGLANG_KEYS = ("model_path", "tp_size", "pp_size", "nnodes", "node_rank", "dist_init_addr")
 
 
 def _group_env(worker_index: int) -> list[dict[str, str]]:
@@ -74,8 +75,8 @@ def test_sglang_reads_the_leaders_and_a_workers_command_lines(node_cluster: Clus
         container = sglang_container(engine["args"], SGLANG_KEYS, _group_env(index))
         assert parsed(node_cluster, f"sglang-{index}", container, volume) == {
             "model_path": "LiquidAI/LFM2-8B-A1B",
-            "tensor_parallel_size": 8,
-            "pipeline_parallel_size": 2,
+            "tp_size": 8,
+            "pp_size": 2,
             "nnodes": 2,
             "node_rank": index,
             "dist_init_addr": "m-0.m-0.ns:20000",

@@ -291,4 +291,6 @@ def test_the_engines_parsers_read_the_lora_command_lines(node_cluster: Cluster) 
     container = sglang_container(engine["args"], SGLANG_LORA_KEYS, lora_checks=True)
     read = parsed(node_cluster, f"sglang-lora-{uuid.uuid4().hex[:4]}", container, sglang_volume())
     assert read["enable_lora"] is True and read["max_lora_rank"] == 8 and read["max_loras_per_batch"] == 3
-    assert {"q_proj", "down_proj"} <= set(read["lora_target_modules"]), read
+    # SGLang 0.5.23's checks pass (check_lora_server_args) and keep `all` as the sentinel its LoRA
+    # manager resolves against the model's modules when it loads it (0.5.10 expanded it here).
+    assert read["lora_target_modules"] == ["all"], read

@@ -61,7 +61,8 @@ def test_quickstart_serves_the_real_model(node: NodeView, port_forward) -> None:
     assert pod["spec"]["nodeName"] == realnode.NODE_NAME
     ready_at = next(c["lastTransitionTime"] for c in pod["status"]["conditions"] if c["type"] == "Ready")
     engine_log = node.kubectl("logs", pod["metadata"]["name"], "-c", "engine", "--timestamps").stdout
-    listening = next(line.split()[0] for line in engine_log.splitlines() if "server is listening" in line)
+    # "main: server is listening on http://..." until b9093, "llama_server: listening on http://..." since.
+    listening = next(line.split()[0] for line in engine_log.splitlines() if "listening on http" in line)
     assert listening[:19] <= ready_at[:19], (listening, ready_at)
 
     # Steps 4 and 5: the generated key, a port-forward to the Service, curl-like calls and the SDK.
