@@ -28,7 +28,9 @@ own on its port (`/metrics`, no key), and the operator on `operator.metricsPort`
 
 The engines' own series follow the sidecar's: vLLM `vllm:*` (e.g. `vllm:kv_cache_usage_perc`,
 `vllm:num_requests_waiting`), SGLang `sglang:*` (`sglang:token_usage`, `sglang:num_queue_reqs`),
-llama.cpp `llamacpp:*` (`llamacpp:kv_cache_usage_ratio`, `llamacpp:requests_deferred`).
+llama.cpp `llamacpp:*` (`llamacpp:requests_processing`, `llamacpp:requests_deferred`; llama.cpp
+exports no KV-cache gauge). `tests/engines/test_engine_source.py` holds every engine series the
+dashboard and this page name to the pinned release's source.
 
 A counter's series end in `_total`; a histogram's are `_bucket`, `_sum` and `_count`. Usage by
 key: [Keys](../concepts/keys.md); the connection bounds' cuts:

@@ -207,10 +207,10 @@ def test_vllms_lora_ranks_are_the_versions() -> None:
     assert tuple(int(rank) for rank in literal.split(",")) == LORA_RANKS
 
 
-def test_every_engine_series_the_dashboard_and_the_readme_name_is_one_the_pinned_version_exports() -> None:
+def test_every_engine_series_the_dashboard_and_the_metrics_page_name_is_one_the_pinned_version_exports() -> None:
     dashboard = json.loads((REPO / "charts" / "modelserve" / "dashboards" / "modelserve.json").read_text())
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
-    exprs.append((REPO / "README.md").read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0])
+    exprs.append((REPO / "docs" / "reference" / "metrics.md").read_text())
     wrong = []
     for name in ENGINES:
         prefix = engine(name).metric_prefix

@@ -12,6 +12,7 @@ from modelserve_sandbox import llama_server, lws, realnode
 from tests.helpers.chart import REPO
 
 ENGINES_PAGE = (REPO / "docs" / "concepts" / "engines.md").read_text()
+README = (REPO / "README.md").read_text()
 
 
 def _script_default(script: str, variable: str = "LLAMA_BUILD") -> str:
@@ -52,9 +53,10 @@ def test_the_sandbox_builds_the_leader_worker_set_release_it_names() -> None:
     assert re.search(r"^LWS_VERSION=(\S+)", text, re.M).group(1) == lws.VERSION  # type: ignore[union-attr]
 
 
-def test_the_engines_page_names_each_pinned_image() -> None:
+def test_the_engines_page_and_the_readme_name_each_pinned_image() -> None:
     for engine in ENGINES.values():
         assert f"`{engine.image}`" in ENGINES_PAGE, engine.image
+        assert f"`{engine.image}` |" in README, engine.image
 
 
 def test_the_chart_has_each_engine_with_its_pinned_image() -> None:
