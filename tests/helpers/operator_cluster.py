@@ -48,14 +48,14 @@ class OperatorView:
             on_timeout=lambda: f"\noperator log:\n{tail(self.operator_log, 40)}",
         )
 
-    def wait_ready(self, name: str, generation: int | None = None) -> dict[str, Any]:
+    def wait_ready(self, name: str, generation: int | None = None, timeout: float = WAIT_SECONDS) -> dict[str, Any]:
         def ready() -> bool:
             ms = self.get("modelserver", name) or {}
             status = ms.get("status", {})
             current = generation or ms.get("metadata", {}).get("generation")
             return status.get("phase") == "Ready" and status.get("observedGeneration") == current
 
-        self.wait(ready, f"ModelServer {name} Ready")
+        self.wait(ready, f"ModelServer {name} Ready", timeout)
         return self.get("modelserver", name) or {}
 
     def wait_reason(

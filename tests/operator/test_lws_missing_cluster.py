@@ -23,6 +23,9 @@ def bare_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
 
 
+LWS_START_SECONDS = 180
+
+
 def test_without_leader_worker_set_the_model_says_what_to_install_then_runs_once_it_is(
     bare_cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -41,6 +44,8 @@ def test_without_leader_worker_set_the_model_says_what_to_install_then_runs_once
         assert ops.get("deployment", name) is None and ops.get("service", name) is None
 
         cluster.start_lws()
-        ms = ops.wait_ready(name)
+        # LeaderWorkerSet's controller starts now and makes the group's worker pods through its own
+        # StatefulSet: on two busy cores the worker came more than 60 s after the leader.
+        ms = ops.wait_ready(name, timeout=LWS_START_SECONDS)
         assert ms["status"]["readyReplicas"] == 1 and ops.get("leaderworkerset", name)
         assert process.poll() is None
