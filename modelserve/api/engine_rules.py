@@ -305,7 +305,7 @@ def removed_flag_rules(engines: Registry = ENGINES) -> tuple[Rule, ...]:
                 f"{engine.title} {engine.version} no longer has them (it would exit at start: "
                 f"`{engine.unknown_flag_error}`), "
                 f"{engine.previous_version} had them (with spec.image of such a release they pass): "
-                + "; ".join(switch.describe() if switch.opens else switch.name for switch in engine.removed_flags),
+                + "; ".join(switch.describe() for switch in engine.removed_flags),
                 "engineArgs",
                 lambda s, profile=profile, names=set(names): (
                     s.image is not None

@@ -69,7 +69,8 @@ class Switch:
     before: str = ""
 
     def describe(self) -> str:
-        return f"{self.name} ({self.opens})"
+        """The name, with what it opens (or, for a removed flag, what replaced it) when there is any."""
+        return f"{self.name} ({self.opens})" if self.opens else self.name
 
 
 @dataclass(frozen=True)
