@@ -12,22 +12,9 @@ SGLANG_VERSION=0.5.23  # the operator's pin (modelserve/engines/sglang.py); a te
 # What importing sglang.srt.server_args needs beyond the vLLM image's packages (tried one by one).
 EXTRA="ipython==9.18.1 traitlets==5.16.1 orjson==3.13.0 triton==3.9.0"
 
+source "$(dirname "$0")/unpack-wheels.sh"
 CACHE=${MODELSERVE_CACHE:-$HOME/.cache/modelserve}
-DIR=$CACHE/sglang-cli/$SGLANG_VERSION
-WANT="sglang=$SGLANG_VERSION $EXTRA"
-if [[ -f $DIR/.stamp && "$(cat "$DIR/.stamp")" == "$WANT" ]]; then
-  echo "SGLang's parser up to date in $DIR"
-  exit 0
-fi
-rm -rf "$DIR" && mkdir -p "$DIR/wheels" "$DIR/site"
 # For the image's Python (3.11, glibc 2.36), whatever Python runs this (SGLang's wheel is cp311,
 # manylinux_2_34, since it carries Rust extensions).
-python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
-  --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --implementation cp \
-  -d "$DIR/wheels" "sglang==$SGLANG_VERSION" $EXTRA
-for wheel in "$DIR"/wheels/*.whl; do
-  python3 -m zipfile -e "$wheel" "$DIR/site"
-done
-rm -rf "$DIR/wheels"
-echo "$WANT" > "$DIR/.stamp"
-echo "SGLang $SGLANG_VERSION's parser unpacked into $DIR/site"
+unpack_wheels "SGLang $SGLANG_VERSION's parser" "$CACHE/sglang-cli/$SGLANG_VERSION" "sglang=$SGLANG_VERSION $EXTRA" \
+  "manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux2014_x86_64" "" "sglang==$SGLANG_VERSION" $EXTRA

@@ -13,27 +13,8 @@ VLLM_VERSION=0.33.0  # the operator's pin (modelserve/engines/vllm.py); a test k
 # orjson to its requirements (tried in that image's Python).
 EXTRA="orjson==3.13.0"
 
+source "$(dirname "$0")/unpack-wheels.sh"
 CACHE=${MODELSERVE_CACHE:-$HOME/.cache/modelserve}
-DIR=$CACHE/vllm-cli/$VLLM_VERSION
-WANT="vllm=$VLLM_VERSION $EXTRA"
-if [[ -f $DIR/.stamp && "$(cat "$DIR/.stamp")" == "$WANT" ]]; then
-  echo "vLLM $VLLM_VERSION's source up to date in $DIR"
-  exit 0
-fi
-rm -rf "$DIR" && mkdir -p "$DIR/wheels" "$DIR/site"
-python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
-  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --implementation cp \
-  -d "$DIR/wheels" "vllm==$VLLM_VERSION" $EXTRA
-# vLLM's: everything but its shared objects (CUDA kernels, 630 MB of the wheel's 800); the others whole.
-python3 - "$DIR/site" "$DIR"/wheels/*.whl <<'PY'
-import sys, zipfile
-for path in sys.argv[2:]:
-    with zipfile.ZipFile(path) as wheel:
-        names = wheel.namelist()
-        if path.rsplit("/", 1)[-1].startswith("vllm-"):
-            names = [name for name in names if not name.endswith(".so")]
-        wheel.extractall(sys.argv[1], names)
-PY
-rm -rf "$DIR/wheels"
-echo "$WANT" > "$DIR/.stamp"
-echo "vLLM $VLLM_VERSION's source unpacked into $DIR/site"
+# vLLM's wheel without its shared objects (CUDA kernels, 630 MB of the wheel's 800); the others whole.
+unpack_wheels "vLLM $VLLM_VERSION's source" "$CACHE/vllm-cli/$VLLM_VERSION" "vllm=$VLLM_VERSION $EXTRA" \
+  "manylinux_2_28_x86_64 manylinux2014_x86_64" vllm "vllm==$VLLM_VERSION" $EXTRA
