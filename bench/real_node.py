@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from modelserve_sandbox.cluster import Cluster, hub_files
+from modelserve_sandbox.cluster import SMOLLM2_REPO, Cluster, hub_files
 from modelserve_sandbox.hoststate import kubepods_cgroups
 from modelserve_sandbox.llama_server import llama_server_binary
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, wait_until
@@ -120,7 +120,7 @@ def measure_pause_pod(cluster: Cluster, namespace: str) -> float:
 
 
 def measure_engine_alone(workdir: Path, name: str) -> float:
-    (model,) = [f.path for f in hub_files(workdir) if f.name.endswith(".gguf")]
+    (model,) = [f.path for f in hub_files(workdir) if f.repo == SMOLLM2_REPO]
     port = free_ports(1)[0]
     argv = [
         str(llama_server_binary()),

