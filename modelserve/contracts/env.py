@@ -94,6 +94,31 @@ def non_negative_float(raw: str) -> float:
     return value
 
 
+_BYTE_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+
+
+def byte_quantity(raw: str) -> int:
+    """Bytes from a Kubernetes quantity in bytes' units (`50Gi`, `500M`, `1073741824`)."""
+    number_text = raw.rstrip("kKMGTi")
+    unit = raw[len(number_text) :]
+    if unit not in _BYTE_UNITS or not number_text:
+        raise ValueError("must be a number of bytes such as 50Gi, 500M or 1073741824")
+    value = number(number_text, float) * _BYTE_UNITS[unit]
+    if value <= 0:
+        raise ValueError("must be more than 0 bytes")
+    return int(value)
+
+
 def path(raw: str) -> Path:
     return Path(non_empty(raw))
 

@@ -1,0 +1,396 @@
+"""The node agent: a pull-through cache of the hub's download routes for the pods of one node.
+
+`GET /<repo>/resolve/<revision>/<path>` with the pod's own token:
+1. the hub is asked first, every time (a HEAD with that token): its refusal (401, 403, 404) goes back
+   as it is, so a cached gated file is never a way around the hub's access check; its answer names
+   the file's hash and size;
+2. a file held here (named by that hash) is served, hashed as it is read: the last bytes go only once
+   the whole matched, so a file corrupted on disk is never served whole (it is deleted, the client
+   sees a short answer and asks the hub);
+3. else one download per file (single-flight): it writes to a partial file and every requester reads
+   that file as it grows, the first as fast as the hub sends; it becomes the file only once its size
+   and hash match the hub's, and its last bytes reach the readers only then;
+4. a file that does not fit (over the size limit, or no room once models no pod uses are evicted)
+   passes through uncached.
+`/api/models/...` passes through to the hub (listings, never cached). `POST /v1/fetched` records a
+model a fetch found whole here, for the node's labels and eviction. Nothing else: no route changes
+what is cached. Answers carry X-Modelserve-Source (node: held here; hub: this request fetched it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from modelserve.contracts.nodecache import model_key
+
+from .hub import FETCHED_ROUTE, HUB_STATUS_HEADER, SOURCE_HEADER, Digest, hub_oid, hub_size, is_oid, safe_path
+from .store import ModelRecord, Store
+
+log = logging.getLogger(__name__)
+
+CHUNK = 256 * 1024
+HOLDBACK = 64 * 1024  # the bytes kept back until a file's hash is known to match
+STALL_SECONDS = 120.0  # a reader waits this long for a download's next bytes before giving up
+HUB_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=15, sock_connect=15, sock_read=120)
+PASSED_ON = ("Content-Type", "X-Error-Code", "X-Error-Message", "Link")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.served = Counter(
+            "modelserve_nodecache_served_bytes", "Bytes of model files sent to pods, by where they came from",
+            ["source"], registry=self.registry,
+        )  # fmt: skip
+        self.hub = Counter("modelserve_nodecache_hub_bytes", "Bytes downloaded from the hub", registry=self.registry)
+        self.uncached = Counter(
+            "modelserve_nodecache_uncached_files", "Files passed through without caching, by why",
+            ["reason"], registry=self.registry,
+        )  # fmt: skip
+        self.corrupt = Counter(
+            "modelserve_nodecache_corrupt_files",
+            "Files whose bytes did not match the hub's hash",
+            registry=self.registry,
+        )
+        self.refused = Counter(
+            "modelserve_nodecache_hub_refusals",
+            "Hub refusals passed on to a pod (401, 403, 404)",
+            registry=self.registry,
+        )
+        self.evicted = Counter("modelserve_nodecache_evicted_models", "Models evicted", registry=self.registry)
+        self.store_bytes = Gauge("modelserve_nodecache_store_bytes", "Bytes held", registry=self.registry)
+        self.limit_bytes = Gauge("modelserve_nodecache_limit_bytes", "The store's size limit", registry=self.registry)
+        self.models = Gauge("modelserve_nodecache_models", "Models held whole", registry=self.registry)
+
+
+class Transfer:
+    """One file on its way from the hub into the store; readers follow its partial file."""
+
+    def __init__(self, oid: str, size: int, path: Path) -> None:
+        self.oid, self.size, self.path = oid, size, path
+        self.written = 0
+        self.verified = False
+        self.failed: str | None = None
+        self._changed = asyncio.Event()
+
+    def notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def changed(self) -> None:
+        await asyncio.wait_for(self._changed.wait(), STALL_SECONDS)
+
+
+class Refused(Exception):
+    """The hub's own answer to a file request that is not 200: passed on."""
+
+    def __init__(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        super().__init__(status)
+        self.status, self.body, self.headers = status, body, headers
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    oid: str
+    size: int
+    commit: str
+
+
+class Agent:
+    def __init__(
+        self,
+        store: Store,
+        hub: str,
+        session: aiohttp.ClientSession,
+        in_use: Callable[[], Awaitable[set[str] | None]],
+        changed: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.store = store
+        self.hub = hub
+        self.session = session
+        self.in_use = in_use  # the models pods on this node use now (None: unknown)
+        self.changed = changed  # what the store holds changed: the node's labels follow
+        self.metrics = Metrics()
+        self.transfers: dict[str, Transfer] = {}
+        self._tasks: set[asyncio.Task] = set()  # downloads outlive their first reader
+        self.reading: dict[str, int] = {}  # files being served: never evicted meanwhile
+        self.metrics.limit_bytes.set(store.limit)
+        self._gauges()
+
+    def _gauges(self) -> None:
+        self.metrics.store_bytes.set(self.store.used)
+        self.metrics.models.set(len(self.store.held()))
+
+    # --- the hub ------------------------------------------------------------------------
+    def _auth(self, request: web.Request) -> dict[str, str]:
+        auth = request.headers.get("Authorization")
+        return {"Authorization": auth} if auth else {}
+
+    async def file_info(self, repo: str, revision: str, path: str, auth: dict[str, str]) -> FileInfo:
+        """The hub's HEAD of the file with the requester's token: its hash, size and commit, or its
+        refusal (Refused). A relative redirect (a renamed repository) is followed, as huggingface_hub does."""
+        url = f"{self.hub}/{repo}/resolve/{revision}/{path}"
+        for _ in range(3):
+            async with self.session.head(url, headers=auth, allow_redirects=False, timeout=HUB_TIMEOUT) as answer:
+                oid, size = hub_oid(answer.headers), hub_size(answer.headers)
+                if 300 <= answer.status < 400 and oid is None and answer.headers.get("Location", "").startswith("/"):
+                    url = self.hub + answer.headers["Location"]
+                    continue
+                if answer.status >= 400:
+                    # A HEAD has no body: the hub's words are in X-Error-Message.
+                    said = (
+                        answer.headers.get("X-Error-Message") or f"the hub answered {answer.status} for {repo}/{path}"
+                    )
+                    headers = {name: answer.headers[name] for name in PASSED_ON if name in answer.headers}
+                    raise Refused(answer.status, json.dumps({"error": said}).encode(), headers)
+                if oid is None or size is None:
+                    raise Refused(502, f"the hub named no hash or size for {repo}/{path}".encode(), {})
+                commit = answer.headers.get("X-Repo-Commit", "")
+                return FileInfo(oid, size, commit)
+        raise Refused(502, f"the hub redirected {repo}/{path} too often".encode(), {})
+
+    # --- routes -------------------------------------------------------------------------
+    async def resolve(self, request: web.Request) -> web.StreamResponse:
+        repo = f"{request.match_info['org']}/{request.match_info['name']}"
+        revision, path = request.match_info["revision"], request.match_info["file"]
+        if not safe_path(path):
+            raise web.HTTPNotFound(text='{"error": "Entry not found"}', content_type="application/json")
+        auth = self._auth(request)
+        try:
+            info = await self.file_info(repo, revision, path, auth)
+        except Refused as refusal:
+            self.metrics.refused.inc()
+            headers = {**refusal.headers, HUB_STATUS_HEADER: str(refusal.status)}
+            return web.Response(status=refusal.status, body=refusal.body, headers=headers)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise web.HTTPBadGateway(text=f"the hub is unreachable from the node cache: {error!r}") from None
+        headers = {
+            "X-Linked-Etag": f'"{info.oid}"',
+            "X-Linked-Size": str(info.size),
+            "X-Repo-Commit": info.commit,
+            "ETag": f'"{info.oid}"',
+        }
+        if request.method == "HEAD":
+            return web.Response(headers={**headers, "Content-Length": str(info.size)})
+        url = f"{self.hub}/{repo}/resolve/{info.commit or revision}/{path}"
+        if self.store.has(info.oid, info.size):
+            return await self._serve_held(request, info, headers)
+        transfer = self.transfers.get(info.oid)
+        source = "node"
+        if transfer is None:
+            reason = await self._no_room(info)
+            if reason:
+                self.metrics.uncached.labels(reason).inc()
+                return await self._pass_through(request, url, auth, info, headers)
+            transfer = self._start(info, url, auth)
+            source = "hub"
+        return await self._serve_transfer(request, transfer, headers, source)
+
+    async def api(self, request: web.Request) -> web.Response:
+        """A listing or model info, from the hub as it answers (with the requester's token)."""
+        url = f"{self.hub}{request.path_qs}"
+        try:
+            async with self.session.get(url, headers=self._auth(request), timeout=HUB_TIMEOUT) as answer:
+                body = await answer.read()
+                headers = {name: answer.headers[name] for name in PASSED_ON if name in answer.headers}
+                return web.Response(status=answer.status, body=body, headers=headers)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise web.HTTPBadGateway(text=f"the hub is unreachable from the node cache: {error!r}") from None
+
+    async def fetched(self, request: web.Request) -> web.Response:
+        """A fetch found this model whole here: record it (only if every file is here, as stated)."""
+        try:
+            body = await request.json()
+            files = tuple((str(f["oid"]), int(f["size"])) for f in body["files"])
+            model, revision, commit = str(body["model"]), str(body.get("revision", "main")), str(body["commit"])
+        except (ValueError, KeyError, TypeError):
+            raise web.HTTPBadRequest(text="expected {model, revision, commit, files: [{oid, size}]}") from None
+        if not files or not all(is_oid(oid) for oid, _ in files):
+            raise web.HTTPBadRequest(text="files must name hub hashes")
+        record = ModelRecord(model_key(model, revision), model, revision, commit, files)
+        if not self.store.record(record):
+            return web.json_response({"recorded": False}, status=409)
+        self.changed()
+        self._gauges()
+        return web.json_response({"recorded": True, "key": record.key})
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def metrics_route(self, _: web.Request) -> web.Response:
+        self._gauges()
+        return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
+
+    # --- downloads ------------------------------------------------------------------------
+    async def _no_room(self, info: FileInfo) -> str:
+        """Why the file cannot be cached ("" when it can, after evicting what no pod uses)."""
+        if info.size > self.store.limit:
+            return "too_large"
+        if info.size <= self.store.room():
+            return ""
+        busy = set(self.transfers) | {oid for oid, readers in self.reading.items() if readers}
+        before = set(self.store.models)
+        fits = self.store.make_room(info.size, await self.in_use(), busy)
+        gone = before - set(self.store.models)
+        if gone:
+            self.metrics.evicted.inc(len(gone))
+            self.changed()
+        return "" if fits else "no_room"
+
+    def _start(self, info: FileInfo, url: str, auth: dict[str, str]) -> Transfer:
+        transfer = Transfer(info.oid, info.size, self.store.partial(info.oid))
+        out = transfer.path.open("wb", buffering=0)  # made now: its readers open it before any byte
+        self.transfers[info.oid] = transfer
+        task = asyncio.get_running_loop().create_task(self._download(transfer, out, url, auth))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return transfer
+
+    async def _download(self, transfer: Transfer, out: BinaryIO, url: str, auth: dict[str, str]) -> None:
+        digest = Digest(transfer.oid, transfer.size)
+        try:
+            async with self.session.get(url, headers=auth, timeout=HUB_TIMEOUT) as answer:
+                if answer.status != 200:
+                    raise OSError(f"the hub answered {answer.status}")
+                with out:
+                    async for chunk in answer.content.iter_chunked(CHUNK):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        transfer.written += len(chunk)
+                        self.metrics.hub.inc(len(chunk))
+                        transfer.notify()
+            if transfer.written != transfer.size or not digest.matches():
+                self.metrics.corrupt.inc()
+                raise OSError(f"{transfer.written} bytes from the hub did not match its size {transfer.size} and hash")
+            transfer.path = self.store.added(transfer.oid, transfer.path)
+            transfer.verified = True
+            self.changed()
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            transfer.failed = str(error) or repr(error)
+            log.warning("download of %s failed: %s", transfer.oid, transfer.failed)
+            with contextlib.suppress(OSError):
+                transfer.path.unlink()
+        finally:
+            out.close()
+            self.transfers.pop(transfer.oid, None)
+            transfer.notify()
+
+    # --- serving --------------------------------------------------------------------------
+    async def _prepare(
+        self, request: web.Request, headers: dict[str, str], size: int, source: str
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={**headers, SOURCE_HEADER: source})
+        response.content_type = "application/octet-stream"
+        response.content_length = size
+        await response.prepare(request)
+        return response
+
+    async def _serve_transfer(
+        self, request: web.Request, transfer: Transfer, headers: dict[str, str], source: str
+    ) -> web.StreamResponse:
+        file = transfer.path.open("rb")  # now, in this tick: the same inode once it is renamed
+        self.reading[transfer.oid] = self.reading.get(transfer.oid, 0) + 1
+        try:
+            response = await self._prepare(request, headers, transfer.size, source)
+            sent = 0
+            while sent < transfer.size:
+                limit = transfer.size if transfer.verified else max(0, min(transfer.written, transfer.size - HOLDBACK))
+                if sent < limit:
+                    chunk = file.read(min(CHUNK, limit - sent))
+                    if not chunk:
+                        raise ConnectionAbortedError(f"{transfer.oid} ended early")
+                    await response.write(chunk)
+                    self.metrics.served.labels(source).inc(len(chunk))
+                    sent += len(chunk)
+                elif transfer.failed is not None:
+                    raise ConnectionAbortedError(f"download of {transfer.oid} failed: {transfer.failed}")
+                else:
+                    await transfer.changed()
+            await response.write_eof()
+            return response
+        finally:
+            file.close()
+            self._done_reading(transfer.oid)
+
+    async def _serve_held(self, request: web.Request, info: FileInfo, headers: dict[str, str]) -> web.StreamResponse:
+        """A file held here, hashed as it is read; its last bytes only once the hash matched."""
+        self.reading[info.oid] = self.reading.get(info.oid, 0) + 1
+        try:
+            response = await self._prepare(request, headers, info.size, "node")
+            digest = Digest(info.oid, info.size)
+            read = 0
+            pending = b""
+            with self.store.blob(info.oid).open("rb") as file:
+                while chunk := file.read(CHUNK):
+                    digest.update(chunk)
+                    read += len(chunk)
+                    pending += chunk
+                    if len(pending) > HOLDBACK:
+                        send, pending = pending[:-HOLDBACK], pending[-HOLDBACK:]
+                        await response.write(send)
+                        self.metrics.served.labels("node").inc(len(send))
+            if read != info.size or not digest.matches():
+                self.metrics.corrupt.inc()
+                log.warning("held file %s no longer matches its hash: deleted, the pod fetches it again", info.oid)
+                self.store.discard(info.oid)
+                self.changed()
+                raise ConnectionAbortedError(f"{info.oid} was corrupt")
+            await response.write(pending)
+            self.metrics.served.labels("node").inc(len(pending))
+            self.store.touched(info.oid)
+            await response.write_eof()
+            return response
+        finally:
+            self._done_reading(info.oid)
+
+    async def _pass_through(
+        self, request: web.Request, url: str, auth: dict[str, str], info: FileInfo, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        async with self.session.get(url, headers=auth, timeout=HUB_TIMEOUT) as answer:
+            if answer.status != 200:
+                raise web.HTTPBadGateway(text=f"the hub answered {answer.status}")
+            response = await self._prepare(request, headers, info.size, "hub")
+            async for chunk in answer.content.iter_chunked(CHUNK):
+                await response.write(chunk)
+                self.metrics.hub.inc(len(chunk))
+                self.metrics.served.labels("hub").inc(len(chunk))
+            await response.write_eof()
+            return response
+
+    def _done_reading(self, oid: str) -> None:
+        self.reading[oid] -= 1
+        if not self.reading[oid]:
+            del self.reading[oid]
+
+
+def build_app(agent: Agent) -> web.Application:
+    app = web.Application()
+    app.router.add_get("/healthz", agent.health)
+    app.router.add_get("/metrics", agent.metrics_route)
+    app.router.add_post(FETCHED_ROUTE, agent.fetched)
+    app.router.add_get("/api/models/{tail:.+}", agent.api)
+    app.router.add_get("/{org}/{name}/resolve/{revision}/{file:.+}", agent.resolve)  # GET also answers HEAD
+    return app
+
+
+async def sync_forever(
+    agent: Agent, label: Callable[[set[str]], Awaitable[None]], changed: asyncio.Event, every: float
+) -> None:
+    """Keep the node's labels on what the store holds whole: at once after a change, and every
+    `every` seconds (a label someone removed comes back)."""
+    while True:
+        changed.clear()
+        await label(agent.store.held())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), every)

@@ -1,0 +1,170 @@
+"""The node cache's decisions, as pure functions: which files an engine reads, what to evict, which
+labels a node gets, and the fetch's settings and result as the operator renders and reads them."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from modelserve.contracts.env import byte_quantity
+from modelserve.contracts.nodecache import (
+    NODE_LABEL_PREFIX,
+    FetchResult,
+    FetchSettings,
+    Layout,
+    Source,
+    model_key,
+    node_label,
+)
+from modelserve.nodecache.fetch import snapshot_link
+from modelserve.nodecache.hub import Digest, RepoFile, gguf_files, next_page, select, tree_files, weight_files
+from modelserve.nodecache.node import label_changes
+from modelserve.nodecache.store import ModelRecord, plan_eviction
+
+
+def _files(*paths: str) -> list[RepoFile]:
+    return [RepoFile(path, 10, hashlib.sha256(path.encode()).hexdigest(), True) for path in paths]
+
+
+def _paths(files: list[RepoFile]) -> list[str]:
+    return [f.path for f in files]
+
+
+def test_a_gguf_tag_picks_the_file_llama_cpp_loads() -> None:
+    repo = _files("README.md", "m.Q4_K_M.gguf", "m.Q4_1.gguf", "m-q8_0.gguf", "m.Q4_1.imatrix.gguf")
+    assert _paths(gguf_files(repo, "Q4_1")) == ["m.Q4_1.gguf"]
+    assert _paths(gguf_files(repo, "Q8_0")) == ["m-q8_0.gguf"]  # case-insensitive, '-' before the tag
+    assert _paths(gguf_files(repo, "")) == ["m.Q4_K_M.gguf"]  # llama.cpp's default tag first
+    assert gguf_files(repo, "Q2_K") == []
+
+
+def test_a_split_gguf_comes_whole_with_its_nearest_projector() -> None:
+    repo = _files(
+        "Q8_0/m-Q8_0-00002-of-00002.gguf",
+        "Q8_0/m-Q8_0-00001-of-00002.gguf",
+        "m-Q4_K_M.gguf",
+        "mmproj-m-f16.gguf",
+        "Q8_0/mmproj-m-Q8_0.gguf",
+    )
+    assert _paths(gguf_files(repo, "Q8_0")) == [
+        "Q8_0/m-Q8_0-00002-of-00002.gguf",
+        "Q8_0/m-Q8_0-00001-of-00002.gguf",
+        "Q8_0/mmproj-m-Q8_0.gguf",  # in the model's own directory: deeper wins
+    ]
+    assert _paths(gguf_files(repo, "Q4_K_M")) == ["m-Q4_K_M.gguf", "mmproj-m-f16.gguf"]
+
+
+def test_vllm_reads_one_weight_format() -> None:
+    repo = _files("config.json", "model.safetensors", "pytorch_model.bin", "original/consolidated.pth", "tok.json")
+    assert _paths(weight_files(repo)) == ["config.json", "model.safetensors", "tok.json"]
+    bins = _files("config.json", "pytorch_model.bin")
+    assert _paths(weight_files(bins)) == ["config.json", "pytorch_model.bin"]  # no safetensors: what there is
+    assert _paths(select(repo, Layout.ALL, "")) == _paths(repo)
+
+
+def test_the_hubs_listing_and_hashes_as_the_cache_names_files() -> None:
+    listing = [
+        {"type": "directory", "path": "sub"},
+        {"type": "file", "path": "w.gguf", "size": 134, "oid": "a" * 40, "lfs": {"oid": "B" * 64, "size": 999}},
+        {"type": "file", "path": "config.json", "size": 2, "oid": "c" * 40},
+        {"type": "file", "path": "bad", "size": 2, "oid": "not-a-hash"},
+    ]
+    assert tree_files(listing) == [
+        RepoFile("w.gguf", 999, "b" * 64, True),
+        RepoFile("config.json", 2, "c" * 40, False),
+    ]
+    # A small file is named by git's blob sha1, as the hub's ETag names it.
+    content = b"{}"
+    git_oid = hashlib.sha1(b"blob 2\0" + content).hexdigest()
+    digest = Digest(git_oid, len(content))
+    digest.update(content)
+    assert digest.matches()
+    assert (
+        next_page('<https://hub/api/models/a/b/tree/c?cursor=x>; rel="next"')
+        == "https://hub/api/models/a/b/tree/c?cursor=x"
+    )
+    assert next_page(None) is None
+
+
+def test_snapshot_links_point_at_the_blob_from_any_depth() -> None:
+    assert snapshot_link("model.gguf", "x") == "../../blobs/x"
+    assert snapshot_link("Q8_0/part.gguf", "x") == "../../../blobs/x"
+
+
+def _record(key: str, *oids: str) -> ModelRecord:
+    return ModelRecord(key, f"acme/{key}", "main", "c" * 40, tuple((oid, 10) for oid in oids))
+
+
+def test_eviction_takes_whole_models_no_pod_uses_least_recently_used_first() -> None:
+    blobs = {"a": (10, 1.0), "b": (10, 2.0), "c": (10, 3.0), "orphan": (10, 5.0)}
+    models = {"old": _record("old", "a"), "new": _record("new", "b"), "used": _record("used", "c")}
+    plan = plan_eviction(blobs, models, in_use={"used"}, busy=set(), need=15, room=0)
+    assert plan is not None and plan.oids == ("orphan", "a") and plan.models == ("old",)
+    plan = plan_eviction(blobs, models, in_use={"used"}, busy=set(), need=25, room=0)
+    assert plan is not None and set(plan.models) == {"old", "new"}
+    # Not enough even so: nothing is cached, nothing evicted for it.
+    assert plan_eviction(blobs, models, in_use={"used"}, busy=set(), need=35, room=0) is None
+    # Unknown pods (the API server unreachable): keep everything.
+    assert plan_eviction(blobs, models, in_use=None, busy=set(), need=5, room=0) is None
+    # A file being served or written stays.
+    plan = plan_eviction(blobs, models, in_use=set(), busy={"orphan"}, need=5, room=0)
+    assert plan is not None and plan.oids == ("a",)
+
+
+def test_a_file_two_models_share_goes_only_with_the_last_of_them() -> None:
+    blobs = {"shared": (10, 1.0), "own": (10, 1.0)}
+    models = {"one": _record("one", "shared", "own"), "two": _record("two", "shared")}
+    plan = plan_eviction(blobs, models, in_use={"two"}, busy=set(), need=10, room=0)
+    assert plan is not None and plan.oids == ("own",) and plan.models == ("one",)
+
+
+def test_a_nodes_labels_follow_what_it_holds_and_leave_the_rest() -> None:
+    current = {"kubernetes.io/hostname": "n", f"{NODE_LABEL_PREFIX}/m-old": "true", f"{NODE_LABEL_PREFIX}/m-k": "true"}
+    assert label_changes(current, {"k", "new"}) == {
+        f"{NODE_LABEL_PREFIX}/m-new": "true",
+        f"{NODE_LABEL_PREFIX}/m-old": None,
+    }
+    assert label_changes(current, {"k", "old"}) == {}
+    assert node_label("acme/m:Q4_1") == f"{NODE_LABEL_PREFIX}/m-{model_key('acme/m:Q4_1')}"
+    assert len(node_label("acme/m:Q4_1").split("/")[1]) <= 63  # a label key's name
+
+
+def test_the_fetch_result_goes_through_a_termination_message() -> None:
+    result = FetchResult("acme/m", 1.23456, hub_bytes=5, node_bytes=0, files=2, node_cache="unreachable")
+    back = FetchResult.parse(result.to_json())
+    assert back == FetchResult("acme/m", 1.235, hub_bytes=5, files=2, node_cache="unreachable")
+    assert back.source == Source.HUB
+    assert FetchResult("m", 1, node_bytes=3).source == Source.NODE
+    assert FetchResult("m", 1, node_bytes=3, hub_bytes=1).source == Source.MIXED
+    for garbage in ("", "not json", "[]", '{"seconds": 1}', "llama-server: error: unknown argument"):
+        assert FetchResult.parse(garbage) is None
+
+
+def test_the_fetch_settings_as_the_operator_renders_them() -> None:
+    settings = FetchSettings(
+        model="acme/m:Q4_1", layout=Layout.GGUF, adapters=("acme/a", "acme/b"), node_cache="http://agent:8090"
+    )
+    env = settings.to_env()
+    assert env == {
+        "MODELSERVE_FETCH_MODEL": "acme/m:Q4_1",
+        "MODELSERVE_FETCH_LAYOUT": "gguf",
+        "MODELSERVE_FETCH_ADAPTERS": "acme/a,acme/b",
+        "MODELSERVE_FETCH_NODE_CACHE": "http://agent:8090",
+    }
+    assert FetchSettings.from_env(env) == settings
+    assert FetchSettings.from_env({"MODELSERVE_FETCH_MODEL": "a/b"}).cache_dir == Path("/root/.cache/huggingface/hub")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("50Gi", 50 * 2**30), ("500M", 500_000_000), ("1073741824", 2**30), ("1.5Ki", 1536)]
+)
+def test_sizes_read_as_kubernetes_quantities(text: str, value: int) -> None:
+    assert byte_quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "Gi", "-1Gi", "0", "5 GB", "5m"])
+def test_a_bad_size_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        byte_quantity(text)

@@ -1,0 +1,243 @@
+"""The node cache with its real processes: the sandbox's hub mirror (its bytes counted), the node agent
+(`modelserve-nodecache`) and the fetch client (`modelserve-fetch`) a model pod runs, as the operator
+renders it. A second pod gets the model with no byte from the hub; pods starting together fetch it
+once; what is served is whole and matches the hub's hash; a token the hub refuses gets nothing; and
+when the agent is down, killed mid-download or holds a corrupt file, the pod's fetch still ends with
+the model, from the hub."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from huggingface_hub import snapshot_download
+
+from modelserve.contracts.nodecache import Source
+from modelserve_sandbox.hub_mirror import HubFile, HubMirror, parse_bandwidth
+from modelserve_sandbox.processes import free_ports, wait_until
+from tests.helpers.node_cache import (
+    finish,
+    hub_file_bytes,
+    run_fetch,
+    running_agent,
+    start_fetch,
+)
+
+GGUF = "acme/tiny-GGUF"
+HF = "acme/tiny-hf"
+GATED = "acme/tiny-gated-GGUF"
+OTHER = "acme/other-GGUF"
+TOKEN = "hf_" + "a" * 40
+MB = 1_000_000
+
+
+def _write(path: Path, size: int, seed: int) -> Path:
+    block = hashlib.sha256(str(seed).encode()).digest() * (size // 32 + 1)
+    path.write_bytes(block[:size])
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> list[HubFile]:
+    d = tmp_path_factory.mktemp("hub")
+    return [
+        HubFile(GGUF, "tiny.Q4_1.gguf", _write(d / "q4", 3 * MB, 1)),
+        HubFile(GGUF, "tiny.Q8_0.gguf", _write(d / "q8", MB, 2)),
+        HubFile(HF, "model.safetensors", _write(d / "st", 2 * MB, 3)),
+        HubFile(HF, "pytorch_model.bin", _write(d / "bin", 2 * MB, 4)),
+        HubFile(HF, "config.json", _write(d / "config", 100, 5)),
+        HubFile(GATED, "tiny.Q4_1.gguf", d / "q4"),
+        HubFile(OTHER, "other.Q4_1.gguf", _write(d / "other", 2 * MB, 6)),
+    ]
+
+
+@pytest.fixture
+def hub(files: list[HubFile]) -> Iterator[HubMirror]:
+    (port,) = free_ports(1)
+    mirror = HubMirror(files, "127.0.0.1", port, gated={GATED: frozenset({TOKEN})}).start()
+    yield mirror
+    mirror.stop()
+
+
+@pytest.fixture
+def slow_hub(files: list[HubFile]) -> Iterator[HubMirror]:
+    """The same hub behind a 16 Mbit/s uplink: a 3 MB file takes about 1.5 s."""
+    (port,) = free_ports(1)
+    mirror = HubMirror(files, "127.0.0.1", port, bandwidth=parse_bandwidth("16M")).start()
+    yield mirror
+    mirror.stop()
+
+
+def _size(files: list[HubFile], repo: str, name: str) -> int:
+    return next(f.path.stat().st_size for f in files if f.repo == repo and f.name == name)
+
+
+def test_the_second_pod_on_a_node_gets_the_model_with_no_byte_from_the_hub(
+    hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    size = _size(files, GGUF, "tiny.Q4_1.gguf")
+    with running_agent(hub.url, tmp_path / "store", tmp_path) as agent:
+        first = run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod-1", hub.url, agent.url, layout="gguf")
+        assert first.returncode == 0, first.output
+        assert first.result and first.result.source == Source.HUB and first.result.hub_bytes == size
+        assert hub_file_bytes(hub) == size  # only the tag's file: not the Q8_0 beside it
+        second = run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod-2", hub.url, agent.url, layout="gguf")
+        assert second.returncode == 0, second.output
+        assert second.result and second.result.source == Source.NODE and second.result.node_bytes == size
+        assert not second.result.node_cache
+        assert hub_file_bytes(hub) == size, hub.bytes_by_client()
+        assert agent.metrics()['modelserve_nodecache_served_bytes_total{source="node"}'] == size
+    # The pod's volume holds the file in huggingface_hub's layout, whole, which llama.cpp b9093 reads.
+    (snapshot,) = (tmp_path / "pod-2" / "models--acme--tiny-GGUF" / "snapshots").iterdir()
+    assert (snapshot / "tiny.Q4_1.gguf").read_bytes() == next(
+        f.path for f in files if f.name == "tiny.Q4_1.gguf"
+    ).read_bytes()
+    assert (tmp_path / "pod-2" / "models--acme--tiny-GGUF" / "refs" / "main").read_text() == snapshot.name
+
+
+def test_vllm_and_sglang_get_their_weights_in_huggingface_hubs_own_layout(
+    hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    with running_agent(hub.url, tmp_path / "store", tmp_path) as agent:
+        fetched = run_fetch(HF, tmp_path / "pod", hub.url, agent.url, layout="safetensors")
+    assert fetched.returncode == 0, fetched.output
+    # huggingface_hub itself, offline as the engine runs with HF_HUB_OFFLINE, finds the snapshot.
+    snapshot = Path(snapshot_download(HF, cache_dir=tmp_path / "pod", local_files_only=True))
+    assert sorted(p.name for p in snapshot.iterdir()) == ["config.json", "model.safetensors"]  # no .bin
+    original = next(f.path for f in files if f.name == "model.safetensors")
+    assert (snapshot / "model.safetensors").read_bytes() == original.read_bytes()
+    assert fetched.result and fetched.result.files == 2
+
+
+def test_pods_starting_together_on_a_node_fetch_the_model_once(
+    slow_hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    size = _size(files, GGUF, "tiny.Q4_1.gguf")
+    with running_agent(slow_hub.url, tmp_path / "store", tmp_path) as agent:
+        started = [
+            start_fetch(f"{GGUF}:Q4_1", tmp_path / f"pod-{i}", slow_hub.url, agent.url, layout="gguf") for i in range(3)
+        ]
+        done = [finish(process, result, tmp_path / f"pod-{i}") for i, (process, result) in enumerate(started)]
+    assert all(d.returncode == 0 for d in done), [d.output for d in done]
+    assert hub_file_bytes(slow_hub) == size  # one download, three pods
+    assert sum(d.result.hub_bytes for d in done if d.result) == size
+    assert sorted(d.result.source for d in done if d.result) == [Source.HUB, Source.NODE, Source.NODE]
+
+
+def test_a_gated_model_held_on_the_node_goes_only_to_a_token_the_hub_accepts(
+    hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    size = _size(files, GATED, "tiny.Q4_1.gguf")
+    with running_agent(hub.url, tmp_path / "store", tmp_path) as agent:
+        granted = run_fetch(f"{GATED}:Q4_1", tmp_path / "granted", hub.url, agent.url, TOKEN, layout="gguf")
+        assert granted.returncode == 0, granted.output
+        assert hub_file_bytes(hub) == size
+        for token, status in (("hf_" + "b" * 40, "403"), ("", "401")):
+            refused = run_fetch(
+                f"{GATED}:Q4_1", tmp_path / f"refused{status}", hub.url, agent.url, token, layout="gguf"
+            )
+            assert refused.returncode == 1, refused.output
+            assert refused.result and f"answered {status}" in refused.result.error, refused.result
+            assert not list((tmp_path / f"refused{status}").rglob("*.gguf")), "a refused token got the file"
+        assert agent.metrics()["modelserve_nodecache_hub_refusals_total"] == 2
+        assert hub_file_bytes(hub) == size
+
+
+def test_a_corrupt_file_on_the_node_is_never_served_whole_and_the_pod_still_gets_the_model(
+    hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    size = _size(files, GGUF, "tiny.Q4_1.gguf")
+    with running_agent(hub.url, tmp_path / "store", tmp_path) as agent:
+        assert run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod-1", hub.url, agent.url, layout="gguf").returncode == 0
+        (blob,) = (tmp_path / "store" / "blobs").iterdir()
+        with blob.open("r+b") as f:  # one flipped byte in the middle
+            f.seek(size // 2)
+            byte = f.read(1)
+            f.seek(size // 2)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        again = run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod-2", hub.url, agent.url, layout="gguf")
+        assert again.returncode == 0, again.output
+        assert again.result and again.result.source == Source.HUB and "node cache" in again.result.node_cache
+        assert agent.metrics()["modelserve_nodecache_corrupt_files_total"] == 1
+        assert not blob.exists()  # deleted: the next pod's fetch caches it again
+    (snapshot,) = (tmp_path / "pod-2" / "models--acme--tiny-GGUF" / "snapshots").iterdir()
+    original = next(f.path for f in files if f.name == "tiny.Q4_1.gguf")
+    assert (snapshot / "tiny.Q4_1.gguf").read_bytes() == original.read_bytes()
+
+
+def test_with_the_node_agent_down_the_pod_gets_the_model_from_the_hub_and_says_why(
+    hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    (closed,) = free_ports(1)
+    fetched = run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod", hub.url, f"http://127.0.0.1:{closed}", layout="gguf")
+    assert fetched.returncode == 0, fetched.output
+    assert fetched.result and fetched.result.source == Source.HUB
+    assert "node cache is unreachable" in fetched.result.node_cache
+    assert hub_file_bytes(hub) == _size(files, GGUF, "tiny.Q4_1.gguf")
+
+
+def test_a_node_agent_killed_mid_download_leaves_no_half_file_and_the_pod_gets_the_model(
+    slow_hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    with running_agent(slow_hub.url, store, tmp_path) as agent:
+        process, result = start_fetch(f"{GGUF}:Q4_1", tmp_path / "pod", slow_hub.url, agent.url, layout="gguf")
+        wait_until(
+            lambda: any(p.stat().st_size > 0 for p in (store / "partial").iterdir()),
+            30,
+            "the agent's download under way",
+            interval=0.05,
+        )
+        os.kill(agent.process.pid, signal.SIGKILL)
+        fetched = finish(process, result, tmp_path / "pod")
+    assert fetched.returncode == 0, fetched.output
+    assert fetched.result and fetched.result.source == Source.HUB and "node cache" in fetched.result.node_cache
+    (snapshot,) = (tmp_path / "pod" / "models--acme--tiny-GGUF" / "snapshots").iterdir()
+    original = next(f.path for f in files if f.name == "tiny.Q4_1.gguf")
+    assert (snapshot / "tiny.Q4_1.gguf").read_bytes() == original.read_bytes()
+    assert not list((store / "blobs").iterdir())  # the partial never became a file
+    with running_agent(slow_hub.url, store, tmp_path):  # a restarted agent removes what was left
+        assert not list((store / "partial").iterdir())
+
+
+def test_a_full_node_evicts_the_least_recently_used_model_no_pod_uses(
+    hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    first, second = _size(files, GGUF, "tiny.Q4_1.gguf"), _size(files, OTHER, "other.Q4_1.gguf")
+    # Room for either model, not both (no node here: no pod uses either).
+    with running_agent(hub.url, tmp_path / "store", tmp_path, size_limit="4M") as agent:
+        assert run_fetch(f"{GGUF}:Q4_1", tmp_path / "a", hub.url, agent.url, layout="gguf").returncode == 0
+        assert run_fetch(f"{OTHER}:Q4_1", tmp_path / "b", hub.url, agent.url, layout="gguf").returncode == 0
+        assert agent.metrics()["modelserve_nodecache_evicted_models_total"] == 1
+        held = {p.stat().st_size for p in (tmp_path / "store" / "blobs").iterdir()}
+        assert held == {second}
+        again = run_fetch(f"{OTHER}:Q4_1", tmp_path / "c", hub.url, agent.url, layout="gguf")
+        assert again.result and again.result.source == Source.NODE
+        assert hub_file_bytes(hub) == first + second
+
+
+def test_a_model_larger_than_the_cache_passes_through_uncached(
+    hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    with running_agent(hub.url, tmp_path / "store", tmp_path, size_limit="1M") as agent:
+        fetched = run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod", hub.url, agent.url, layout="gguf")
+        assert fetched.returncode == 0, fetched.output
+        assert fetched.result and fetched.result.source == Source.HUB
+        assert agent.metrics()['modelserve_nodecache_uncached_files_total{reason="too_large"}'] == 1
+        assert not list((tmp_path / "store" / "blobs").iterdir())
+
+
+def test_warming_a_node_writes_nothing_in_the_pod_and_the_next_pod_reads_the_node(
+    hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    with running_agent(hub.url, tmp_path / "store", tmp_path) as agent:
+        warmed = run_fetch(f"{GGUF}:Q4_1", tmp_path / "warm", hub.url, agent.url, layout="gguf", warm_only="true")
+        assert warmed.returncode == 0, warmed.output
+        assert not (tmp_path / "warm").exists()
+        pod = run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod", hub.url, agent.url, layout="gguf")
+        assert pod.result and pod.result.source == Source.NODE
+        assert hub_file_bytes(hub) == _size(files, GGUF, "tiny.Q4_1.gguf")
