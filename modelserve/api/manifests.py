@@ -27,6 +27,15 @@ from modelserve.contracts.names import (
     SELECTOR_LABEL,
     SIDECAR_NAME,
 )
+from modelserve.contracts.nodecache import (
+    DEFAULT_HUB,
+    FETCH_COMMAND,
+    FETCH_CONTAINER,
+    POD_MODEL_LABEL,
+    FetchSettings,
+    model_key,
+    node_label,
+)
 from modelserve.contracts.operator_settings import Settings
 from modelserve.engines import engine_for, external
 from modelserve.engines.base import (
@@ -34,6 +43,7 @@ from modelserve.engines.base import (
     CHAT_TEMPLATE_KEY,
     CHAT_TEMPLATE_VOLUME,
     GPU_RESOURCE,
+    HUB_CACHE_PATH,
     SHM_VOLUME,
     Engine,
     Role,
@@ -69,6 +79,21 @@ KEYS_VERSION_ANNOTATION = f"{GROUP}/keys-version"
 ADAPTERS_HASH_ANNOTATION = f"{GROUP}/adapters-sha256"
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 NONROOT_UID = 65532
+# A node that holds the model is preferred (never required: any node can fetch it).
+NODE_CACHE_WEIGHT = 100
+
+
+def nonroot_security_context() -> dict[str, Any]:
+    """Our own containers (the sidecar, the fetch): non-root, nothing to gain, a read-only image."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NONROOT_UID,
+        "runAsGroup": NONROOT_UID,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def generated_secret_name(ms: ModelServer) -> str | None:
@@ -215,15 +240,7 @@ def sidecar_container(ms: ModelServer, settings: Settings) -> dict[str, Any]:
         "livenessProbe": _http_probe(contract.HEALTH_ROUTE, PROBE_PERIOD_SECONDS, 3),
         "resources": sidecar_resources(sidecar.workers),
         "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_PROPAGATION_SECONDS}}},
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": NONROOT_UID,
-            "runAsGroup": NONROOT_UID,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": nonroot_security_context(),
     }
     mounts = []
     if not sidecar.auth_public:
@@ -289,7 +306,8 @@ def _containers(ms: ModelServer, settings: Settings) -> tuple[list[dict[str, Any
         return [sidecar], None, done_seconds + external.SHUTDOWN_SECONDS
     engine = engine_for(ms.spec.profile)
     engine_image = settings.engine_image(engine.name, engine.image)
-    engine_container = engine.container(ms, engine_image, done_seconds, settings.hub_endpoint)
+    fetched = versions.node_cache(ms, settings)
+    engine_container = engine.container(ms, engine_image, done_seconds, settings.hub_endpoint, fetched=fetched)
     return [engine_container, sidecar], engine, done_seconds + ENGINE_SHUTDOWN_SECONDS
 
 
@@ -320,9 +338,55 @@ def _pod_spec(
     return pod
 
 
-def _pod_template(ms: ModelServer, pod: dict[str, Any]) -> dict[str, Any]:
+def fetch_container(ms: ModelServer, settings: Settings, engine: Engine) -> dict[str, Any]:
+    """The init container that puts the model (and its hub adapters) into the hub cache volume through
+    the node cache (modelserve-fetch): our image, non-root, no ServiceAccount token, the hub token only
+    where the engine has it too; its result in its termination message, which the operator reads."""
+    spec = ms.spec
+    adapters = tuple(a.source for a in spec.adapters or () if not a.source.startswith("/"))
+    fetch = FetchSettings(
+        model=spec.model,
+        layout=engine.model_layout,
+        adapters=adapters,
+        hub=settings.hub_endpoint or DEFAULT_HUB,
+        node_cache=settings.node_cache_url,
+    )
+    env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in fetch.to_env().items()]
+    if spec.hf_token_secret_ref:
+        ref = spec.hf_token_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     return {
-        "metadata": {"labels": labels(ms), "annotations": _pod_annotations(ms, pod["containers"][0]["name"])},
+        "name": FETCH_CONTAINER,
+        "image": settings.sidecar_image,
+        "command": [FETCH_COMMAND],
+        "env": env,
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": HUB_CACHE_PATH}],
+        "securityContext": nonroot_security_context(),
+    }
+
+
+def _with_node_cache(ms: ModelServer, settings: Settings, engine: Engine | None, pod: dict[str, Any]) -> None:
+    """The node cache's part of a pod that fetches its model through it: the fetch init container, and
+    a preference for nodes that hold the model already (their label, kept by the node agent)."""
+    if engine is None or not versions.node_cache(ms, settings):
+        return
+    pod["initContainers"] = [fetch_container(ms, settings, engine)]
+    preferred = {
+        "weight": NODE_CACHE_WEIGHT,
+        "preference": {"matchExpressions": [{"key": node_label(ms.spec.model), "operator": "Exists"}]},
+    }
+    affinity = pod.setdefault("affinity", {})
+    affinity["nodeAffinity"] = {"preferredDuringSchedulingIgnoredDuringExecution": [preferred]}
+
+
+def _pod_template(ms: ModelServer, pod: dict[str, Any]) -> dict[str, Any]:
+    pod_labels = labels(ms)
+    if pod.get("initContainers"):
+        # The node agent keeps a model while a pod on its node carries its key.
+        pod_labels[POD_MODEL_LABEL] = model_key(ms.spec.model)
+    return {
+        "metadata": {"labels": pod_labels, "annotations": _pod_annotations(ms, pod["containers"][0]["name"])},
         "spec": pod,
     }
 
@@ -340,6 +404,7 @@ def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None)
     spec = ms.spec
     containers, engine, grace_seconds = _containers(ms, settings)
     pod = _pod_spec(ms, containers, engine, grace_seconds, with_keys=True)
+    _with_node_cache(ms, settings, engine, pod)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -381,13 +446,16 @@ def leader_worker_set(ms: ModelServer, settings: Settings, replicas: int | None 
     done_seconds = sidecar_done_seconds(settings)
     grace_seconds = done_seconds + ENGINE_SHUTDOWN_SECONDS
 
+    fetched = versions.node_cache(ms, settings)
+
     def pod(role: Role) -> dict[str, Any]:
-        engine_container = engine.container(ms, image, done_seconds, settings.hub_endpoint, role)
+        engine_container = engine.container(ms, image, done_seconds, settings.hub_endpoint, role, fetched)
         leader = role == Role.LEADER
         containers = [engine_container, sidecar_container(ms, settings)] if leader else [engine_container]
         # Workers keep running until their leader's drain is over: the same grace period.
         pod = _pod_spec(ms, containers, engine, grace_seconds, with_keys=leader)
         pod["affinity"] = _one_pod_per_node(ms)
+        _with_node_cache(ms, settings, engine, pod)  # every pod of a group loads the weights
         return _pod_template(ms, pod)
 
     return {
@@ -435,7 +503,7 @@ def image_versions(ms: ModelServer, settings: Settings, live: dict[str, Any] | N
     the `live` workload of the same kind (None: none yet). See versions.py."""
     current = versions.operator_versions(ms, settings)
     spec_hash = versions.template_hash(
-        pod_templates(_workload(*versions.rendering(settings, ms, versions.placeholder(ms))))
+        pod_templates(_workload(*versions.rendering(settings, ms, versions.placeholder(ms)))) + versions.hashed(ms)
     )
     running = versions.recorded(live, serving_pod_template(live) if live else None)
     return current, versions.in_use(ms, current, live, running, spec_hash), spec_hash

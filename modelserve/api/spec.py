@@ -304,25 +304,63 @@ class SecretKeyRef(WireModel):
     )
 
 
+class Prefetch(WireModel):
+    """Nodes to place the model on before any pod needs it (a fetch Job per node, in this namespace)."""
+
+    node_selector: Annotated[dict[str, LabelValue], Field(min_length=1, max_length=32)] = Field(
+        description="Labels of the nodes to warm; every matching node gets the model in its node cache."
+    )
+
+
 class Cache(WireModel):
     claim_name: ObjectName | None = Field(None, description="Existing PersistentVolumeClaim to use as the hub cache.")
     size: Quantity | None = Field(
         None, description="Size of a new PersistentVolumeClaim `<name>-hub-cache` the operator creates and owns."
     )
     storage_class_name: ObjectName | None = Field(None, description="Storage class of the new claim (with size).")
+    node: bool | None = Field(
+        None,
+        description="Fetch the model through the node's model cache (the chart's nodeCache): each pod's init "
+        "container fetches it from the agent on its node, which holds it after the first pod there, so later "
+        "pods on the node read no byte from the hub. false: the engine downloads as it starts. Unset: the node "
+        "cache where the operator has one (a ModelServer made before it takes it when its pods are replaced "
+        "anyway, or when this is set).",
+    )
+    prefetch: Prefetch | None = Field(
+        None, description="Place the model in the node cache of these nodes before any pod needs it."
+    )
 
     rules = (
         Rule(
-            "has(self.claimName) != has(self.size)",
-            "cache needs exactly one of cache.claimName and cache.size",
+            "!(has(self.claimName) && has(self.size))",
+            "cache.claimName and cache.size are exclusive: one names a claim, the other makes one",
             "size",
-            lambda c: (c.claim_name is None) != (c.size is None),
+            lambda c: c.claim_name is None or c.size is None,
+        ),
+        Rule(
+            "has(self.claimName) || has(self.size) || has(self.node) || has(self.prefetch)",
+            "cache needs one of cache.claimName, cache.size, cache.node and cache.prefetch",
+            "size",
+            lambda c: any(v is not None for v in (c.claim_name, c.size, c.node, c.prefetch)),
         ),
         Rule(
             "!has(self.storageClassName) || has(self.size)",
             "cache.storageClassName only applies with cache.size",
             "storageClassName",
             lambda c: c.storage_class_name is None or c.size is not None,
+        ),
+        Rule(
+            "!has(self.prefetch) || !(has(self.claimName) || has(self.size))",
+            "cache.prefetch warms the nodes' caches, which a claim does not read from: with cache.claimName or "
+            "cache.size the model is on the claim",
+            "prefetch",
+            lambda c: c.prefetch is None or (c.claim_name is None and c.size is None),
+        ),
+        Rule(
+            "!has(self.prefetch) || !has(self.node) || self.node",
+            "cache.prefetch needs the node cache: cache.node is false",
+            "prefetch",
+            lambda c: c.prefetch is None or c.node is not False,
         ),
     )
 
@@ -682,6 +720,18 @@ class ModelServerSpec(WireModel):
             lambda s: s.profile == Profile.EXTERNAL or s.model.startswith("/") or re.match(HUB_ID_PATTERN, s.model),
         ),
         *engine_rules.tagged_model_rules(),
+        Rule(
+            "!has(self.cache) || !self.model.startsWith('/') || !(has(self.cache.prefetch) || "
+            "(has(self.cache.node) && self.cache.node))",
+            "cache.node and cache.prefetch fetch a hub model: a model given as an absolute path is read from the "
+            "cache volume as it is",
+            "cache",
+            lambda s: (
+                s.cache is None
+                or not s.model.startswith("/")
+                or (s.cache.prefetch is None and s.cache.node is not True)
+            ),
+        ),
         Rule(
             f"(self.profile == '{Profile.EXTERNAL}') == has(self.external)",
             "external (the server's url) is required with profile external and only applies to it",

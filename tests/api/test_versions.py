@@ -4,6 +4,7 @@ old operator made is the `live` one the new operator renders against."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from typing import Any
 
@@ -132,3 +133,46 @@ def test_rollout_strategy_surge_or_replace() -> None:
     assert (surge, replace) == ({"maxSurge": 1, "maxUnavailable": 0}, {"maxSurge": 0, "maxUnavailable": 1})
     group = manifests.workload(model_server(gpus=16, nodes=2, rolloutStrategy="Replace"), NEW)
     assert group["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+CACHED = dataclasses.replace(OLD, node_cache_url="http://modelserve-nodecache.modelserve.svc.cluster.local:8090")
+
+
+def _fetches(workload: dict[str, Any]) -> bool:
+    return "initContainers" in manifests.serving_pod_template(workload)["spec"]
+
+
+@pytest.mark.parametrize("annotated", [True, False], ids=["annotation-without-node-cache", "no-annotation"])
+def test_pods_made_before_the_node_cache_keep_starting_without_it_until_they_roll_anyway(annotated: bool) -> None:
+    """An operator without the node cache made this workload; one with it leaves its pods alone (a new
+    init container would roll them) and says the node cache is kept back, until the spec changes."""
+    ms = model_server()
+    live = manifests.workload(ms, OLD)
+    annotations = live["metadata"]["annotations"]
+    if annotated:  # what an operator before the node cache recorded
+        recorded = json.loads(annotations[versions.VERSIONS_ANNOTATION])
+        del recorded["nodeCache"]
+        annotations[versions.VERSIONS_ANNOTATION] = json.dumps(recorded)
+    else:
+        del live["metadata"]["annotations"]
+    after = manifests.workload(ms, CACHED, live=live)
+    assert after["spec"]["template"] == live["spec"]["template"] and not _fetches(after)
+    current, used, _ = manifests.image_versions(ms, CACHED, live)
+    assert (current.node_cache, used.node_cache) == (True, False)
+    upgrade = versions.upgrade(current, used)
+    assert upgrade.available == "Yes" and upgrade.node_cache is True
+    assert upgrade.message.startswith("the node's model cache is kept back")
+    rolled = manifests.workload(model_server(maxModelLen=4096), CACHED, live=after)
+    if not annotated:  # no recorded hash: the first change records one, the next rolls
+        rolled = manifests.workload(model_server(maxModelLen=8192), CACHED, live=rolled)
+    assert _fetches(rolled)
+
+
+def test_the_owner_moves_a_modelserver_onto_the_node_cache_on_purpose() -> None:
+    live = manifests.workload(model_server(), OLD)
+    assert _fetches(manifests.workload(model_server(cache={"node": True}), CACHED, live=live))
+    assert _fetches(manifests.workload(model_server(upgradePolicy="Automatic"), CACHED, live=live))
+    # And off it: the pods roll without the fetch.
+    on = manifests.workload(model_server(), CACHED)
+    assert _fetches(on)
+    assert not _fetches(manifests.workload(model_server(cache={"node": False}), CACHED, live=on))
