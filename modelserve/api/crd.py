@@ -138,6 +138,9 @@ PRINTER_COLUMNS = [
         "jsonPath": '.status.conditions[?(@.type=="TrafficGuard")].reason',
         "priority": 1,
     },
+    # -o wide: the latest replica start's seconds and where its weights came from (node, hub).
+    {"name": "Start-S", "type": "number", "jsonPath": ".status.lastStart.seconds", "priority": 1},
+    {"name": "Weights-From", "type": "string", "jsonPath": ".status.lastStart.source", "priority": 1},
 ]
 
 

@@ -126,6 +126,39 @@ class GuardStatus(BaseModel):
     since: str | None = Field(None, description="When it tripped (RFC 3339).")
 
 
+class StartPhases(BaseModel):
+    """Seconds of one replica start, phase by phase (operator/starts.py says where each is read)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    schedule: float | None = Field(None, description="Created -> scheduled to a node.")
+    image: float | None = Field(None, description="Image pulls and container creation.")
+    weights: float | None = Field(None, description="The model's files fetched into the pod (the node cache's fetch).")
+    engine: float | None = Field(
+        None, description="The engine started -> the pod Ready (load, first answer, warm-up, readiness probe)."
+    )
+
+
+class LastStart(BaseModel):
+    """The latest replica start: where its time went and where its weights came from."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    pod: str = Field(description="The pod that started.")
+    node: str = Field("", description="Its node.")
+    ready_at: str = Field(description="When it turned Ready (RFC 3339).")
+    seconds: float = Field(description="Created -> Ready, in seconds.")
+    phases: StartPhases = Field(description="The seconds by phase.")
+    source: Literal["node", "hub", "mixed", "local"] | None = Field(
+        None, description="Where the weights came from: the node's cache, the hub, both, or the pod's own volume."
+    )
+    hub_bytes: int | None = Field(None, description="Bytes of the model read from the hub for this start.")
+    node_bytes: int | None = Field(None, description="Bytes of the model read from the node's cache.")
+    node_cache: str = Field(
+        "", description="Why the node's cache was not used (it was down, full, or failed a file); empty when it was."
+    )
+
+
 class ModelServerStatus(BaseModel):
     """What the operator observed, written to the status subresource."""
 
@@ -173,6 +206,7 @@ class ModelServerStatus(BaseModel):
         "engine's message).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+    last_start: LastStart | None = Field(None, description="The latest replica start, phase by phase.")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from modelserve.api import manifests
 from modelserve.api.spec import AuthMode, ModelServer
-from modelserve.api.status import GuardStatus, utc_now
+from modelserve.api.status import GuardStatus, LastStart, Transition, utc_now
 from modelserve.api.validation import explain
 from modelserve.api.versions import upgrade
 from modelserve.contracts.api_keys import new_api_key
@@ -30,9 +30,11 @@ from modelserve.kube.pods import pod_ready, readable
 from modelserve.kube.watch_cache import MODELSERVERS, WatchCache, Watched
 from modelserve.kube.workqueue import WorkQueue
 
+from . import metrics
 from .adapters import adapter_statuses, pods_to_nudge, read_pod_adapters
 from .autoscaling import Autoscaling
 from .key_share import pods_to_tell, sharing_replicas
+from .starts import new_starts
 from .status import (
     Observed,
     Reported,
@@ -121,6 +123,8 @@ class Reconciler:
         self._matched_guard = threading.Lock()
         self._lws_guard = threading.Lock()
         self._lws_probed_at = float("-inf")
+        # Per ModelServer, the pods whose start this process has reported (pruned to the live pods).
+        self._started: dict[Key, set[str]] = {}
 
     def reconcile(self, key: Key) -> None:
         namespace, name = key
@@ -137,6 +141,7 @@ class Reconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             with self._matched_guard:
                 self._matched.pop((namespace, name), None)
+                self._started.pop((namespace, name), None)
             self.autoscaling.forget((namespace, name))
             return  # the garbage collector removes the children through their owner references
         previous = body.get("status") or {}
@@ -172,6 +177,7 @@ class Reconciler:
                 version = secret["metadata"]["resourceVersion"]
                 told = pods_to_tell(pods, version, manifests.KEYS_VERSION_ANNOTATION)
                 self._annotate(ms, told, manifests.KEYS_VERSION_ANNOTATION, version)
+        last_start = self._report_starts(ms, body, pods, previous, now)
         status = compute_status(
             ms,
             Observed(generation, workload, pods, previous, apply_error),
@@ -185,6 +191,7 @@ class Reconciler:
                 versions=used,
                 upgrade=upgrade(current, used),
                 guard=self._guard(ms, body, previous, now),
+                last_start=last_start,
             ),
         )
         if ms.spec.adapters is not None:
@@ -197,6 +204,39 @@ class Reconciler:
                 adapter.model_dump(mode="json", by_alias=True, exclude_none=True) for adapter in adapters
             ]
         self._report(body, previous, status, now)
+
+    def _report_starts(
+        self, ms: ModelServer, body: dict[str, Any], pods: list[dict[str, Any]], previous: dict[str, Any], now: str
+    ) -> LastStart | None:
+        """Each replica start not reported yet: its phases to the metrics and an Event (a Warning too when
+        its fetch could not use the node's cache); the latest for the status (else the one it has)."""
+        with self._matched_guard:
+            seen = self._started.setdefault((ms.namespace, ms.name), set())
+            seen &= {pod["metadata"].get("uid") for pod in pods}
+        reported = previous.get("lastStart") or {}
+        starts = new_starts(pods, seen, reported.get("readyAt"))
+        engine = manifests.component(ms)
+        for start in starts:
+            seen.add(start.uid)
+            metrics.observe_start(start, engine)
+            log.info("%s/%s: %s", ms.namespace, ms.name, start.describe())
+            events = [Transition("Normal", "Started", start.describe())]
+            if start.fetch is not None and start.fetch.node_cache:
+                why = f"pod {start.pod} read its model from the hub, not the node's cache: {start.fetch.node_cache}"
+                events.append(Transition("Warning", "NodeCacheUnavailable", why))
+            for event in events:
+                try:
+                    self.kube.create(manifests.event(body, event, now, socket.gethostname()))
+                except ApiException as error:
+                    if is_gone(error):
+                        raise
+                    log.warning("%s/%s: event %s: %s", ms.namespace, ms.name, event.reason, error_message(error))
+        if starts:
+            return starts[-1].status()
+        try:
+            return LastStart.model_validate(reported) if reported else None
+        except ValueError:
+            return None
 
     def _guard(self, ms: ModelServer, body: dict[str, Any], previous: dict[str, Any], now: str) -> GuardStatus | None:
         """spec.traffic.guard's verdict: the gateways' trips, kept until the reset annotation changes."""

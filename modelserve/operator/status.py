@@ -16,6 +16,7 @@ from modelserve.api.status import (
     Condition,
     GuardStatus,
     KeySecretStatus,
+    LastStart,
     ModelServerStatus,
     Scaling,
     Transition,
@@ -25,6 +26,7 @@ from modelserve.api.status import (
 )
 from modelserve.contracts.gateway import TRAFFIC_GUARD_CONDITION
 from modelserve.contracts.names import LWS_GROUP_INDEX_LABEL, LWS_WORKER_INDEX_LABEL, SELECTOR_LABEL
+from modelserve.contracts.nodecache import FETCH_CONTAINER, FetchResult
 from modelserve.kube.pods import pod_ready
 
 from .traffic_guard import guard_condition_parts
@@ -118,7 +120,18 @@ def pod_problem(pod: dict[str, Any], gpus: int) -> Problem | None:
         scheduled = (condition.get("type"), condition.get("status"), condition.get("reason"))
         if scheduled == ("PodScheduled", "False", "Unschedulable"):
             return unschedulable_problem(name, condition.get("message", ""), gpus)
-    for container in status.get("containerStatuses") or []:
+    for container in status.get("initContainerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        last = (container.get("lastState") or {}).get("terminated") or {}
+        if container.get("name") == FETCH_CONTAINER and waiting.get("reason") == "CrashLoopBackOff":
+            # The fetch failed more than once: the hub refused the model, or it is not there.
+            result = FetchResult.parse(last.get("message"))
+            said = result.error if result and result.error else last_words(last.get("message", ""))
+            return Problem(
+                "FetchFailed",
+                f"pod {name} could not fetch its model (tried {container.get('restartCount', 0) + 1} times): {said}",
+            )
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         waiting = (container.get("state") or {}).get("waiting") or {}
         reason = waiting.get("reason", "")
         detail = waiting.get("message") or reason
@@ -294,6 +307,7 @@ class Reported:
     versions: Versions | None = None
     upgrade: Upgrade | None = None
     guard: GuardStatus | None = None  # spec.traffic.guard's verdict (traffic_guard.py)
+    last_start: LastStart | None = None  # the latest replica start, phase by phase (starts.py)
 
 
 @dataclass(frozen=True)
@@ -334,6 +348,7 @@ def compute_status(ms: ModelServer, seen: Observed, reported: Reported) -> dict[
         versions=reported.versions,
         upgrade=reported.upgrade,
         guard=reported.guard,
+        last_start=reported.last_start,
     )
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 

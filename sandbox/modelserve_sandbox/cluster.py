@@ -36,6 +36,13 @@ from .processes import (
     wait_until,
 )
 
+REPO = Path(__file__).resolve().parents[2]  # the sandbox runs from a checkout of the repository
+CHART = REPO / "charts" / "modelserve"
+# The node cache beside a real node: the chart's own DaemonSet, Service and RBAC (its other parts are
+# the host's programs), in a namespace of its own, its store under the sandbox's directory.
+NODE_CACHE_NAMESPACE = "modelserve-node-cache"
+NODE_CACHE_RELEASE = "sandbox"
+NODE_CACHE_NAME = f"{NODE_CACHE_RELEASE}-modelserve-nodecache"
 SERVICE_CIDR = "10.0.0.0/16"  # 65,534 Services: room for thousands of ModelServers
 API_SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service: the first address of SERVICE_CIDR
 # The operator's own user (cluster-admin like the rest): the API server's audit log records its
@@ -198,11 +205,20 @@ class Cluster:
             pods_per_node=pods_per_node,
         )
         self.hub_endpoint = f"http://{realnode.GATEWAY}:{self.ports.hub}" if self.has_real_node else None
+        # The node agent's Service, which every model pod's fetch asks (beside a real node).
+        self.node_cache_url = (
+            f"http://{NODE_CACHE_NAME}.{NODE_CACHE_NAMESPACE}.svc.{cluster_dns.CLUSTER_DOMAIN}:8090"
+            if self.has_real_node
+            else None
+        )
+        self.node_cache_dir = self.workdir / "node" / "model-cache"
         extra = {"KUBECONFIG": str(self.kubeconfig)}
         if self.hub_endpoint:
             extra["MODELSERVE_HUB_ENDPOINT"] = self.hub_endpoint  # the operator points engines at it
             # The node's vLLM is the CPU build under its own tag, not the CUDA release the operator pins.
             extra["MODELSERVE_ENGINE_IMAGE_VLLM"] = realnode.VLLM_IMAGE
+        if self.node_cache_url:
+            extra["MODELSERVE_NODE_CACHE_URL"] = self.node_cache_url
         self.env = environ_with_path(self.bin_dir, extra)
         # What the operator runs with: its own user, audited.
         self.operator_env = {**self.env, "KUBECONFIG": str(self.operator_kubeconfig)}
@@ -616,6 +632,43 @@ class Cluster:
             f"the real node's {realnode.GPUS} nvidia.com/gpu allocatable",
             on_timeout=self._real_node.check_alive,
         )
+        self._start_node_cache()
+
+    def _start_node_cache(self) -> None:
+        """The node agent on the real node, as the chart runs it (its nodeCache part alone)."""
+        self.create_namespace(NODE_CACHE_NAMESPACE)
+        rendered = self.helm(
+            "template",
+            NODE_CACHE_RELEASE,
+            str(CHART),
+            "--namespace",
+            NODE_CACHE_NAMESPACE,
+            "--kube-version",
+            "1.33.0",
+            "--api-versions",
+            "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+            "--show-only",
+            "templates/nodecache.yaml",
+            "--set",
+            f"nodeCache.hostPath={self.node_cache_dir}",
+            "--set",
+            f"hub.endpoint={self.hub_endpoint}",
+        ).stdout
+        self.kubectl("apply", "-f", "-", input=rendered)
+        wait_until(
+            self._node_cache_ready,
+            120,
+            "the node cache agent Ready on the real node",
+            on_timeout=lambda: "\n"
+            + self.kubectl("get", "pods", "-n", NODE_CACHE_NAMESPACE, "-o", "wide", check=False).stdout,
+        )
+
+    def _node_cache_ready(self) -> bool:
+        out = self.kubectl("get", "daemonset", NODE_CACHE_NAME, "-n", NODE_CACHE_NAMESPACE, "-o", "json", check=False)
+        if out.returncode != 0:
+            return False
+        status = json.loads(out.stdout).get("status") or {}
+        return status.get("desiredNumberScheduled", 0) >= 1 and status.get("numberReady", 0) >= 1
 
     def _start_cluster_dns(self) -> None:
         """CoreDNS on the bridge's address and the `kube-dns` Service in front of it (cluster_dns.py),

@@ -168,6 +168,9 @@ def install_chart(cluster: Any, release: str, namespace: str) -> None:
         f"hub.endpoint={cluster.hub_endpoint}",
         "--set",
         f"engines.vllm.image={realnode.VLLM_IMAGE}",  # the node's vLLM: the CPU build, tagged as such
+        # Its node cache's store under the sandbox's directory, never the host's /var/lib.
+        "--set",
+        f"nodeCache.hostPath={cluster.workdir / 'node' / f'model-cache-{release}'}",
         "--wait",
         "--timeout",
         "180s",

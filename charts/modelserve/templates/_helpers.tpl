@@ -139,3 +139,25 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   resources: ["pods"]
   verbs: ["list", "watch"]
 {{- end -}}
+
+{{- define "modelserve.nodeCacheName" -}}
+{{- printf "%s-nodecache" (include "modelserve.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "modelserve.nodeCacheSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: nodecache
+{{- end -}}
+
+{{- define "modelserve.nodeCacheLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "modelserve.nodeCacheSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* The node agents' Service, which every model pod's fetch asks (MODELSERVE_NODE_CACHE_URL). */}}
+{{- define "modelserve.nodeCacheURL" -}}
+{{- printf "http://%s.%s.svc.%s:%d" (include "modelserve.nodeCacheName" .) .Release.Namespace .Values.operator.clusterDomain (int .Values.nodeCache.port) -}}
+{{- end -}}
