@@ -7,7 +7,9 @@ model's go with it), and a client turned away while the model wakes (429 `hold_q
 
     Retry-After = the recent median wake - how long this wake has lasted; once past the median,
                   the recent longest - how long it has lasted; at least 1 s.
-    With no wake seen yet, or a wake already longer than every recent one: the fixed value.
+    With no wake seen yet: the model's last replica start as the operator measured it (its status'
+    lastStart), less how long this wake has lasted. Without either, or a wake already longer than
+    every estimate: the fixed value.
 
 A wake nobody waits for (its held requests all left) is given up after `give_up_after` seconds
 without one: the gateway cannot tell a pod still loading from one that never started, and a stale
@@ -25,14 +27,17 @@ from dataclasses import dataclass
 from modelserve.contracts.names import Key
 
 
-def retry_after_seconds(observed: Sequence[float], waking_for: float | None, fallback: float) -> int:
-    """Whole seconds until the model should be up, by its recent wakes `observed` and how long this
-    one has lasted (`waking_for`; None: none is in progress), or `fallback` without an estimate (pure)."""
-    if observed:
-        waited = waking_for or 0.0
-        for estimate in (statistics.median(observed), max(observed)):
-            if estimate > waited:
-                return max(1, math.ceil(estimate - waited))
+def retry_after_seconds(
+    observed: Sequence[float], waking_for: float | None, fallback: float, last_start: float | None = None
+) -> int:
+    """Whole seconds until the model should be up, by its recent wakes `observed` (else its last start
+    as the operator measured it, `last_start`) and how long this one has lasted (`waking_for`; None:
+    none is in progress), or `fallback` without an estimate (pure)."""
+    estimates = (statistics.median(observed), max(observed)) if observed else (last_start,) if last_start else ()
+    waited = waking_for or 0.0
+    for estimate in estimates:
+        if estimate > waited:
+            return max(1, math.ceil(estimate - waited))
     return max(1, math.ceil(fallback))
 
 
@@ -91,8 +96,8 @@ class ColdStarts:
             return None
         return now - wake.since
 
-    def retry_after(self, key: Key, now: float, fallback: float) -> int:
-        return retry_after_seconds(self.observed(key), self.waking_for(key, now), fallback)
+    def retry_after(self, key: Key, now: float, fallback: float, last_start: float | None = None) -> int:
+        return retry_after_seconds(self.observed(key), self.waking_for(key, now), fallback, last_start)
 
     def _given_up(self, wake: _Wake, now: float) -> bool:
         return wake.left is not None and now - wake.left > self.give_up_after

@@ -32,6 +32,8 @@ class Model:
     guard: Guard | None = None  # spec.traffic.guard
     guard_reset: str = ""  # the reset annotation's value: a new one clears a tripped guard
     tripped_in_status: bool = False  # the status says its guard tripped (since guard_reset was set)
+    # status.lastStart.seconds: the operator's measure of its latest replica start (what a wake costs)
+    last_start: float | None = field(default=None, compare=False)
 
     @property
     def key(self) -> Key:
@@ -73,7 +75,13 @@ def model_of(modelserver: dict[str, Any], pods: Iterable[dict[str, Any]]) -> Mod
         guard=Guard.of(traffic.get("guard")),
         guard_reset=reset,
         tripped_in_status=tripped_in_status(modelserver.get("status") or {}, reset),
+        last_start=_last_start(modelserver.get("status") or {}),
     )
+
+
+def _last_start(status: dict[str, Any]) -> float | None:
+    seconds = (status.get("lastStart") or {}).get("seconds")
+    return float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None
 
 
 def _epoch(timestamp: str | None) -> int:

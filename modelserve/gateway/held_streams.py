@@ -6,7 +6,9 @@ An OpenAI stream (`"stream": true` on /v1/chat/completions or /v1/completions) s
 keep-alive interval gets the head of its answer (200, text/event-stream), and from then on an SSE
 comment every interval:
 
-    : waiting for tiny to start (6 s so far)
+    : waiting for tiny to start (6 s so far; its last start took 12 s)
+
+(the second part where the ModelServer's status says how long its last replica start took).
 
 SSE clients skip comment lines (the openai SDK's decoder drops every line that starts with ':').
 The stream's first event is the model's first chunk. Its status cannot change once sent: any answer
@@ -40,9 +42,16 @@ SSE_HEADERS: Headers = [
 ERROR_BODY_LIMIT = 64 * 1024
 
 
-def comment(name: str, waited: float) -> bytes:
+def comment(name: str, waited: float, expected: float | None = None) -> bytes:
     """One keep-alive: an SSE comment line and the blank line after it (pure). `name`: the
-    ModelServer's (a Kubernetes name: no line break)."""
+    ModelServer's (a Kubernetes name: no line break); `expected`: its last start's seconds, as the
+    operator measured it (status.lastStart), when known."""
+    if expected:
+        return b": waiting for %s to start (%d s so far; its last start took %d s)\n\n" % (
+            name.encode(),
+            int(waited),
+            round(expected),
+        )
     return b": waiting for %s to start (%d s so far)\n\n" % (name.encode(), int(waited))
 
 

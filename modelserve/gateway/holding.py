@@ -94,9 +94,9 @@ class Holding:
         self.cold_starts.forget(key)
         self._release(key)
 
-    def retry_after(self, key: Key, fallback: float) -> int:
+    def retry_after(self, key: Key, fallback: float, last_start: float | None = None) -> int:
         """When a client turned away should come back (cold_starts.retry_after_seconds)."""
-        return self.cold_starts.retry_after(key, self.clock(), fallback)
+        return self.cold_starts.retry_after(key, self.clock(), fallback, last_start)
 
     def _release(self, key: Key) -> None:
         future = self._wake.pop(key, None)

@@ -261,15 +261,15 @@ class GatewayProxy(Pipeline):
                 model.name,
                 settings.max_held_unverified,
                 settings.max_held_unverified_per_client,
-                self.holding.retry_after(key, gateway_errors.FULL_RETRY_AFTER_SECONDS),
+                self.holding.retry_after(key, gateway_errors.FULL_RETRY_AFTER_SECONDS, model.last_start),
             )
             exchange.status = await answer(client, full)
         elif outcome is Outcome.FULL:
-            retry = self.holding.retry_after(key, gateway_errors.FULL_RETRY_AFTER_SECONDS)
+            retry = self.holding.retry_after(key, gateway_errors.FULL_RETRY_AFTER_SECONDS, model.last_start)
             full = gateway_errors.hold_queue_full(model.name, self.settings.max_held, retry)
             exchange.status = await answer(client, full)
         else:
-            retry = self.holding.retry_after(key, gateway_errors.HOLD_RETRY_AFTER_SECONDS)
+            retry = self.holding.retry_after(key, gateway_errors.HOLD_RETRY_AFTER_SECONDS, model.last_start)
             timeout = gateway_errors.hold_timeout(model.name, self.settings.hold_seconds, retry)
             exchange.status = await answer(client, timeout)
         return False
@@ -346,9 +346,11 @@ class GatewayProxy(Pipeline):
         interval = self.settings.hold_keepalive_seconds
         if not plan.sse or not interval:
             return None
-        key, name = plan.model.key, plan.model.name
+        key, name, expected = plan.model.key, plan.model.name, plan.model.last_start
         counter = self.metrics.keepalives.labels(*key)
-        return KeepAlive(client, interval, lambda: comment(name, perf_counter() - exchange.start), counter.inc)
+        return KeepAlive(
+            client, interval, lambda: comment(name, perf_counter() - exchange.start, expected), counter.inc
+        )
 
     def _judge(self, plan: ReplicaPlan, exchange: Exchange) -> None:
         """A version's answer, for its guard (versions.py): failed at 5xx or with no answer."""

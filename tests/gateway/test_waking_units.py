@@ -254,3 +254,17 @@ def test_with_workers_the_bound_per_model_is_the_pods() -> None:
         never.cancel()
 
     asyncio.run(scenario())
+
+
+def test_before_any_wake_it_counts_on_the_last_start_the_operator_measured() -> None:
+    # No wake seen by this gateway: the status' lastStart (30 s) less how long this wake has lasted.
+    assert retry_after_seconds([], 12.0, HOLD_RETRY_AFTER_SECONDS, last_start=30.0) == 18
+    assert retry_after_seconds([], None, HOLD_RETRY_AFTER_SECONDS, last_start=7.2) == 8
+    # Past it: the fixed value, as past every recent wake; the wakes it saw win over the status.
+    assert retry_after_seconds([], 40.0, FULL_RETRY_AFTER_SECONDS, last_start=30.0) == FULL_RETRY_AFTER_SECONDS
+    assert retry_after_seconds([20.0], 0.0, 5, last_start=90.0) == 20
+
+
+def test_a_held_streams_keep_alive_says_how_long_the_last_start_took() -> None:
+    assert comment("tiny", 6.4) == b": waiting for tiny to start (6 s so far)\n\n"
+    assert comment("tiny", 6.4, 12.3) == b": waiting for tiny to start (6 s so far; its last start took 12 s)\n\n"
