@@ -102,6 +102,9 @@ def test_with_the_node_cache_each_pod_fetches_its_model_first_and_prefers_nodes_
     (preferred,) = template["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert preferred["preference"]["matchExpressions"] == [{"key": node_label(ms.spec.model), "operator": "Exists"}]
     assert template["metadata"]["labels"][POD_MODEL_LABEL] == model_key(ms.spec.model)
+    # A start of seconds is seen within 2 s, not 10 (the same budget of startup_seconds).
+    sidecar = next(c for c in template["spec"]["containers"] if c["name"] == "sidecar")
+    assert (sidecar["startupProbe"]["periodSeconds"], sidecar["startupProbe"]["failureThreshold"]) == (2, 1800)
     # vLLM reads its snapshot offline, with the adapters' too; with adapters it stays online for the new ones.
     vllm = _example("smollm2-135m-vllm")
     assert _env(_pod(vllm, NODE_CACHE)["spec"]["containers"][0])["HF_HUB_OFFLINE"] == "1"
