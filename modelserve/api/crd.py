@@ -141,6 +141,8 @@ PRINTER_COLUMNS = [
     # -o wide: the latest replica start's seconds and where its weights came from (node, hub).
     {"name": "Start-S", "type": "number", "jsonPath": ".status.lastStart.seconds", "priority": 1},
     {"name": "Weights-From", "type": "string", "jsonPath": ".status.lastStart.source", "priority": 1},
+    # -o wide: spec.cache.prefetch's nodes that hold the model, of those selected.
+    {"name": "Warm", "type": "string", "jsonPath": ".status.cache.warm", "priority": 1},
 ]
 
 

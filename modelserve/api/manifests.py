@@ -85,6 +85,8 @@ GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedu
 NONROOT_UID = 65532
 # A node that holds the model is preferred (never required: any node can fetch it).
 NODE_CACHE_WEIGHT = 100
+# On a prefetch Job: the node it warms.
+PREFETCH_NODE_LABEL = f"{GROUP}/prefetch-node"
 
 
 def nonroot_security_context() -> dict[str, Any]:
@@ -381,6 +383,52 @@ def _with_node_cache(ms: ModelServer, settings: Settings, engine: Engine | None,
     }
     affinity = pod.setdefault("affinity", {})
     affinity["nodeAffinity"] = {"preferredDuringSchedulingIgnoredDuringExecution": [preferred]}
+
+
+def prefetch_job_name(ms: ModelServer, node: str) -> str:
+    """`<name>-prefetch-<8 hex of the node>`: one per node, within a name's 63 characters."""
+    return f"{ms.name[:45]}-prefetch-{hashlib.sha256(node.encode()).hexdigest()[:8]}"
+
+
+def prefetch_job(ms: ModelServer, settings: Settings, node: str) -> dict[str, Any]:
+    """A Job that places the model in `node`'s node cache (spec.cache.prefetch): the model pods' own
+    fetch, warm-only (nothing written in the pod), on that node, in the ModelServer's namespace, so
+    the hub token never leaves it. Its pod tolerates what the model's pods tolerate: a node they
+    cannot run on is not worth warming."""
+    engine = engine_for(ms.spec.profile)
+    fetch = fetch_container(ms, settings, engine)
+    fetch["env"].append({"name": "MODELSERVE_FETCH_WARM_ONLY", "value": "true"})
+    fetch.pop("volumeMounts")
+    node_term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [fetch],
+        "affinity": {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [node_term]}}
+        },
+    }
+    tolerations = [GPU_TOLERATION] if ms.spec.gpu_count else []
+    tolerations += [toleration.to_wire() for toleration in ms.spec.tolerations]
+    if tolerations:
+        pod["tolerations"] = tolerations
+    metadata = _metadata(ms, prefetch_job_name(ms, node))
+    metadata["labels"][PREFETCH_NODE_LABEL] = node
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "backoffLimit": 2,
+            "activeDeadlineSeconds": settings.startup_seconds,
+            # Gone a while after it ends: the node's label says from then on whether it holds the model.
+            "ttlSecondsAfterFinished": 600,
+            # Not the ModelServer's selector label: its pods are no replicas.
+            "template": {"metadata": {"labels": {"app.kubernetes.io/component": "prefetch"}}, "spec": pod},
+        },
+    }
 
 
 def _pod_template(ms: ModelServer, pod: dict[str, Any]) -> dict[str, Any]:

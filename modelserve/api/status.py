@@ -159,6 +159,32 @@ class LastStart(BaseModel):
     )
 
 
+class NodeWarmth(BaseModel):
+    """One node spec.cache.prefetch selects: whether its node cache holds the model."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    node: str = Field(description="The node.")
+    state: Literal["Held", "Fetching", "Failed"] = Field(
+        description="Held: its node cache holds the model whole; Fetching: its prefetch Job runs; Failed: it failed."
+    )
+    message: str = Field("", description="Why it failed.")
+
+
+class CacheStatus(BaseModel):
+    """spec.cache.prefetch, node by node."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    warm: str = Field(description="Nodes holding the model of those selected, e.g. 2/3.")
+    nodes: list[NodeWarmth] = Field(
+        default_factory=list,
+        description="Each selected node.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["node"]},
+    )
+    message: str = Field("", description="What keeps a node from holding it.")
+
+
 class ModelServerStatus(BaseModel):
     """What the operator observed, written to the status subresource."""
 
@@ -207,6 +233,7 @@ class ModelServerStatus(BaseModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     last_start: LastStart | None = Field(None, description="The latest replica start, phase by phase.")
+    cache: CacheStatus | None = Field(None, description="spec.cache.prefetch: which selected nodes hold the model.")
 
 
 @dataclass(frozen=True)

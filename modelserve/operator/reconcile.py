@@ -17,7 +17,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from modelserve.api import manifests
+from modelserve.api import manifests, versions
 from modelserve.api.spec import AuthMode, ModelServer
 from modelserve.api.status import GuardStatus, LastStart, Transition, utc_now
 from modelserve.api.validation import explain
@@ -30,7 +30,7 @@ from modelserve.kube.pods import pod_ready, readable
 from modelserve.kube.watch_cache import MODELSERVERS, WatchCache, Watched
 from modelserve.kube.workqueue import WorkQueue
 
-from . import metrics
+from . import metrics, prefetch
 from .adapters import adapter_statuses, pods_to_nudge, read_pod_adapters
 from .autoscaling import Autoscaling
 from .key_share import pods_to_tell, sharing_replicas
@@ -57,8 +57,11 @@ CHILDREN = tuple(
         ("v1", "PersistentVolumeClaim"),
         ("v1", "ConfigMap"),
         ("v1", "Pod"),
+        ("batch/v1", "Job"),  # spec.cache.prefetch's, one per node
     )
 )
+# Nodes, watched only once a ModelServer asks to prefetch: their labels say which hold which model.
+NODES = Watched("v1", "Node", metadata_only=True)
 # Watched so a deleted key Secret is re-created at once; metadata only, so no key is ever read.
 SECRETS = Watched("v1", "Secret", SELECTOR_LABEL, metadata_only=True)
 # Watched only where the API server serves it: LeaderWorkerSet is installed apart from the operator.
@@ -77,6 +80,7 @@ class Caches:
     modelservers: WatchCache
     by_kind: dict[str, WatchCache]  # children and Secrets
     make: Any = None  # Watched -> a new WatchCache like the others (for a kind served later)
+    make_nodes: Any = None  # () -> a WatchCache of every Node, queueing the ModelServers that prefetch
 
     def all(self) -> list[WatchCache]:
         return [self.modelservers, *self.by_kind.values()]
@@ -100,13 +104,21 @@ def watch_caches(
     def queue_itself(body: dict[str, Any]) -> None:
         queue.add((body["metadata"]["namespace"], body["metadata"]["name"]))
 
+    modelservers = WatchCache(kube, MODELSERVERS, scopes, queue_itself, backoffs)
+
+    def queue_prefetching(_: dict[str, Any]) -> None:
+        for body in modelservers.items():
+            if ((body.get("spec") or {}).get("cache") or {}).get("prefetch"):
+                queue_itself(body)
+
     return Caches(
-        modelservers=WatchCache(kube, MODELSERVERS, scopes, queue_itself, backoffs),
+        modelservers=modelservers,
         by_kind={
             watched.kind: WatchCache(kube, watched, scopes, queue_owner(watched), backoffs)
             for watched in (*CHILDREN, SECRETS, *([LEADER_WORKER_SETS] if lws else []))
         },
         make=lambda watched: WatchCache(kube, watched, scopes, queue_owner(watched), backoffs),
+        make_nodes=lambda: WatchCache(kube, NODES, (None,), queue_prefetching, backoffs),
     )
 
 
@@ -125,6 +137,7 @@ class Reconciler:
         self._lws_probed_at = float("-inf")
         # Per ModelServer, the pods whose start this process has reported (pruned to the live pods).
         self._started: dict[Key, set[str]] = {}
+        self._nodes: WatchCache | None = None
 
     def reconcile(self, key: Key) -> None:
         namespace, name = key
@@ -178,6 +191,7 @@ class Reconciler:
                 told = pods_to_tell(pods, version, manifests.KEYS_VERSION_ANNOTATION)
                 self._annotate(ms, told, manifests.KEYS_VERSION_ANNOTATION, version)
         last_start = self._report_starts(ms, body, pods, previous, now)
+        prefetched = self._prefetch(ms)
         status = compute_status(
             ms,
             Observed(generation, workload, pods, previous, apply_error),
@@ -192,6 +206,7 @@ class Reconciler:
                 upgrade=upgrade(current, used),
                 guard=self._guard(ms, body, previous, now),
                 last_start=last_start,
+                prefetch=prefetched,
             ),
         )
         if ms.spec.adapters is not None:
@@ -237,6 +252,48 @@ class Reconciler:
             return LastStart.model_validate(reported) if reported else None
         except ValueError:
             return None
+
+    def _prefetch(self, ms: ModelServer) -> prefetch.Plan | None:
+        """spec.cache.prefetch: a fetch Job for each selected node that does not hold the model (applied
+        here), and the nodes' state for the status. None without prefetch, or without the node cache."""
+        if ms.spec.cache is None or ms.spec.cache.prefetch is None or not versions.node_cache(ms, self.settings):
+            return None
+        nodes = self.nodes_cache()
+        if nodes is None:
+            return None
+        jobs = self.caches.by_kind["Job"].owned_by(ms.namespace, ms.name)
+        planned = prefetch.plan(ms, self.settings, nodes.items(), jobs)
+        with self._matched_guard:
+            matched = self._matched.setdefault((ms.namespace, ms.name), {})
+        for job in planned.jobs:
+            child = f"Job {job['metadata']['name']}"
+            live = self.caches.by_kind["Job"].get(ms.namespace, job["metadata"]["name"])
+            desired = fingerprint(job)
+            if live is not None and _matches(matched.get(child), desired, job, live):
+                continue
+            try:
+                outcome, resource_version = self.kube.apply(job, live)
+            except ApiException as error:
+                if is_gone(error):
+                    raise
+                log.warning("%s/%s: %s: %s", ms.namespace, ms.name, child, error_message(error))
+                continue
+            matched[child] = (desired, resource_version)
+            if outcome != "unchanged":
+                log.info("%s/%s: %s %s", ms.namespace, ms.name, child, outcome)
+        return planned
+
+    def nodes_cache(self) -> WatchCache | None:
+        """Every node's labels, watched from the first ModelServer that prefetches on."""
+        with self._lws_guard:
+            if self._nodes is None:
+                cache = self.caches.make_nodes()
+                cache.start()
+                if not cache.wait_listed(LWS_LIST_SECONDS):
+                    cache.stop()
+                    return None
+                self._nodes = cache
+            return self._nodes
 
     def _guard(self, ms: ModelServer, body: dict[str, Any], previous: dict[str, Any], now: str) -> GuardStatus | None:
         """spec.traffic.guard's verdict: the gateways' trips, kept until the reset annotation changes."""

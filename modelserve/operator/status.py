@@ -31,6 +31,8 @@ from modelserve.kube.pods import pod_ready
 
 from .traffic_guard import guard_condition_parts
 
+PREFETCHED_CONDITION = "Prefetched"  # with spec.cache.prefetch: every selected node holds the model
+
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError"}
 
@@ -308,6 +310,7 @@ class Reported:
     upgrade: Upgrade | None = None
     guard: GuardStatus | None = None  # spec.traffic.guard's verdict (traffic_guard.py)
     last_start: LastStart | None = None  # the latest replica start, phase by phase (starts.py)
+    prefetch: Any = None  # prefetch.Plan: spec.cache.prefetch's nodes and condition (prefetch.py)
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,8 @@ def compute_status(ms: ModelServer, seen: Observed, reported: Reported) -> dict[
     ]
     if reported.guard is not None:
         conditions.append(_condition(TRAFFIC_GUARD_CONDITION, *guard_condition_parts(reported.guard), generation))
+    if reported.prefetch is not None:
+        conditions.append(_condition(PREFETCHED_CONDITION, *reported.prefetch.condition, generation))
     status = ModelServerStatus(
         observed_generation=generation,
         phase=_phase(progress, seen.workload),
@@ -349,6 +354,7 @@ def compute_status(ms: ModelServer, seen: Observed, reported: Reported) -> dict[
         upgrade=reported.upgrade,
         guard=reported.guard,
         last_start=reported.last_start,
+        cache=reported.prefetch.status if reported.prefetch is not None else None,
     )
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -518,6 +524,10 @@ def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> lis
         if (old.get("status"), old.get("reason")) == (condition["status"], condition["reason"]):
             continue
         warning = (condition["type"], condition["status"]) in (("Degraded", "True"), (TRAFFIC_GUARD_CONDITION, "False"))
+        # A prefetch that cannot happen (no node matches, a Job failed) is worth a Warning; one under way not.
+        warning |= (condition["type"], condition["status"]) == (PREFETCHED_CONDITION, "False") and condition[
+            "reason"
+        ] != "Fetching"
         message = f"{condition['type']} is {condition['status']}"
         if condition["message"]:
             message += f": {condition['message']}"

@@ -88,6 +88,10 @@ collector removes children through their owner references).
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims", "configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "update"]
+# spec.cache.prefetch: a Job per selected node that fetches the model into its node cache.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "patch", "update"]
 # The generated API-key Secret: created once, never changed or deleted. Its own Secrets (by label)
 # are listed and watched as metadata only, to re-create a deleted one at once; the operator asks
 # for no Secret's data. (Creating Deployments already lets it mount any Secret of the namespace.)
