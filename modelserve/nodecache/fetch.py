@@ -260,10 +260,14 @@ async def fetch(settings: FetchSettings, token: str) -> FetchResult:
         error = ""
         try:
             await fetcher.repository(settings.model, settings.layout)
-            for adapter in settings.adapters:
-                await fetcher.repository(adapter, Layout.ALL)
         except HubRefused as refusal:
             error = str(refusal)
+        for adapter in settings.adapters if not error else ():
+            try:
+                await fetcher.repository(adapter, Layout.ALL)
+            except HubRefused as refusal:
+                # Not the pod's end: the engine tries it itself, and its refusal shows on the adapter.
+                log.warning("adapter %s not fetched: %s", adapter, refusal)
     tally = fetcher.tally
     return FetchResult(
         model=settings.model,
