@@ -656,14 +656,15 @@ class Cluster:
         ).stdout
         self.kubectl("apply", "-f", "-", input=rendered)
         wait_until(
-            self._node_cache_ready,
+            self.node_cache_ready,
             120,
             "the node cache agent Ready on the real node",
             on_timeout=lambda: "\n"
             + self.kubectl("get", "pods", "-n", NODE_CACHE_NAMESPACE, "-o", "wide", check=False).stdout,
         )
 
-    def _node_cache_ready(self) -> bool:
+    def node_cache_ready(self) -> bool:
+        """The node agent's DaemonSet has its pod on the real node, Ready."""
         out = self.kubectl("get", "daemonset", NODE_CACHE_NAME, "-n", NODE_CACHE_NAMESPACE, "-o", "json", check=False)
         if out.returncode != 0:
             return False

@@ -79,6 +79,26 @@ class NodeView(OperatorView):
         return ip
 
 
+def hub_file_bytes(cluster: Any) -> int:
+    """Bytes of model files the sandbox's hub has sent so far, to every client (its own count)."""
+    return sum(client["files"] for client in cluster.hub.bytes_by_client().values())
+
+
+def hub_model_size(cluster: Any, repo: str, name: str | None = None) -> int:
+    """The bytes of `repo` a fetch reads from the hub (its GGUF `name`, or every file)."""
+    return sum(f.path.stat().st_size for f in cluster.hub_files if f.repo == repo and name in (None, f.name))
+
+
+def start_phases_seen(exported: str, engine: str) -> dict[str, float]:
+    """Per phase, the count of starts the operator's /metrics histogram has for `engine`."""
+    counts = {}
+    for line in exported.splitlines():
+        if line.startswith("modelserve_operator_start_phase_seconds_count{") and f'engine="{engine}"' in line:
+            phase = line.split('phase="', 1)[1].split('"', 1)[0]
+            counts[phase] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
 class Timeline:
     """What was seen when, printed when an assertion about order fails."""
 

@@ -1,6 +1,8 @@
 """Replicas follow real load: real sidecars in front of the real llama.cpp engine report their
 requests in flight, the operator scales 1 -> 2 under load and back to 1 when it eases, and the
-streams running through the scale-down all finish."""
+streams running through the scale-down all finish. The second replica, on the node the first fetched
+the model to, reads no byte of it from the hub, and each start's phases reach the status, an Event
+and the operator's metrics."""
 
 from __future__ import annotations
 
@@ -10,7 +12,19 @@ import time
 
 import httpx
 
-from tests.helpers.node_view import GREEDY, NO_END, PROMPT, NodeView, Timeline, cpu_server
+from modelserve.operator.starts import fetch_result
+from modelserve_sandbox.cluster import SMOLLM2_FILE, SMOLLM2_REPO
+from tests.helpers.node_view import (
+    GREEDY,
+    NO_END,
+    PROMPT,
+    NodeView,
+    Timeline,
+    cpu_server,
+    hub_file_bytes,
+    hub_model_size,
+    start_phases_seen,
+)
 
 # One request in flight per replica: three concurrent streams want three, capped at max 2.
 REPLICAS = {
@@ -91,6 +105,7 @@ def _state(node: NodeView) -> str:
 
 
 def test_replicas_follow_real_load_up_and_back_down(node: NodeView, operator_metrics_port: int) -> None:
+    hub_before = hub_file_bytes(node.cluster)
     node.apply(cpu_server("elastic", public=True, replicas=REPLICAS))
     node.wait_phase("elastic", "Ready")
     base = f"http://{node.cluster_ip('elastic')}"
@@ -109,6 +124,15 @@ def test_replicas_follow_real_load_up_and_back_down(node: NodeView, operator_met
         load.start()
         node.wait(lambda: len(node.ready_pods("elastic")) == 2, f"two ready replicas under load\n{timeline}", 200)
         timeline.add("two replicas ready")
+        # The node's model cache: the model crossed from the hub once at most (not at all when an
+        # earlier test left it on the node), and the second replica read every byte from the node.
+        first, second = sorted(node.ready_pods("elastic"), key=lambda pod: pod["metadata"]["creationTimestamp"])
+        size = hub_model_size(node.cluster, SMOLLM2_REPO, SMOLLM2_FILE)
+        fetched = {pod["metadata"]["name"]: fetch_result(pod) for pod in (first, second)}
+        assert all(fetched.values()), fetched
+        assert fetched[second["metadata"]["name"]].hub_bytes == 0, fetched
+        assert fetched[second["metadata"]["name"]].node_bytes == size, fetched
+        assert hub_file_bytes(node.cluster) - hub_before <= size, fetched
         # One stream goes on through the scale-down: it must not be cut.
         load.ease_to(1)
         timeline.add("load: 1 stream")
@@ -133,8 +157,14 @@ def test_replicas_follow_real_load_up_and_back_down(node: NodeView, operator_met
     assert "ScaleUp" in reasons and "ScaleDown" in reasons, reasons
     status = (node.get("modelserver", "elastic") or {})["status"]
     assert status["scaling"]["reason"] == "ScaleDown" and status["desiredReplicas"] == 1, json.dumps(status)
+    # Each start's phases: an Event for each replica, the status' last one, the operator's histograms.
+    started = [e["message"] for e in node.events("elastic") if e["reason"] == "Started"]
+    assert len(started) >= 2 and all("weights" in m and "from the node" in m for m in started), started
+    assert set(status["lastStart"]["phases"]) == {"schedule", "image", "weights", "engine"}, status["lastStart"]
     # The operator's own metrics say the same.
     exported = httpx.get(f"http://127.0.0.1:{operator_metrics_port}/metrics", timeout=10).text
+    seen = start_phases_seen(exported, "llamacpp")
+    assert all(seen.get(phase, 0) >= 2 for phase in ("schedule", "image", "weights", "engine", "total")), seen
     labels = f'modelserver="elastic",namespace="{node.namespace}"'
     ours = [line for line in exported.splitlines() if line.startswith("modelserve_operator_")]
     assert f"modelserve_operator_desired_replicas{{{labels}}} 1.0" in ours, ours

@@ -1,5 +1,6 @@
-"""What only a kubelet shows: key rotation through the Secret volume, drain on pod deletion, a
-crashing engine, and the generated securityContext as it runs."""
+"""What only a kubelet shows: key rotation through the Secret volume, drain on pod deletion (and the
+replacement's model from the node's cache), a crashing engine, the generated securityContext as it
+runs, and a pod that starts from the hub while its node's cache is down."""
 
 from __future__ import annotations
 
@@ -9,8 +10,20 @@ import time
 
 import httpx
 
+from modelserve.operator.starts import fetch_result
 from modelserve_sandbox import realnode
-from tests.helpers.node_view import GREEDY, NO_END, PROMPT, NodeView, Timeline, cpu_server, image_writes
+from modelserve_sandbox.cluster import NODE_CACHE_NAME, NODE_CACHE_NAMESPACE, SMOLLM2_FILE, SMOLLM2_REPO
+from tests.helpers.node_view import (
+    GREEDY,
+    NO_END,
+    PROMPT,
+    NodeView,
+    Timeline,
+    cpu_server,
+    hub_file_bytes,
+    hub_model_size,
+    image_writes,
+)
 
 
 def _chat(base: str, key: str | None, name: str) -> httpx.Response:
@@ -102,6 +115,20 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
     assert body.rstrip().endswith(b"data: [DONE]"), f"stream cut:\n{body[-300:]!r}\n{timeline}"
     assert failures == [], f"{failures}\n{timeline}"
     assert answered >= 10
+    # The deleted pod's replacement reads the whole model from the node's cache, no byte from the hub.
+    hub_before = hub_file_bytes(node.cluster)
+    node.wait(
+        lambda: len([p for p in node.ready_pods("draining") if p["metadata"]["name"] != serving]) == 2,
+        "the replacement replica Ready",
+        timeout=180,
+    )
+    (replacement,) = [
+        p for p in node.ready_pods("draining") if p["metadata"]["name"] not in {x["metadata"]["name"] for x in pods}
+    ]
+    result = fetch_result(replacement)
+    assert result and (result.hub_bytes, result.source) == (0, "node"), result
+    assert result.node_bytes == hub_model_size(node.cluster, SMOLLM2_REPO, SMOLLM2_FILE)
+    assert hub_file_bytes(node.cluster) == hub_before
 
 
 def test_a_bad_engine_flag_shows_as_crash_loop(node: NodeView) -> None:
@@ -161,3 +188,32 @@ def test_node_and_host_facts(node_cluster) -> None:
     assert not real["spec"].get("taints")
     # The fake CPU node is kept for pods that ask for it; the real one takes everything else.
     assert by_name["cpu-0"]["spec"]["taints"][0]["key"] == "kwok.x-k8s.io/node"
+
+
+def test_with_its_nodes_cache_down_a_pod_starts_from_the_hub_and_says_so(node: NodeView) -> None:
+    """The node agent gone from the node (its DaemonSet kept off it): the Service's Local policy has no
+    endpoint there, the fetch's connection times out, and the pod starts from the hub, no restart,
+    with a Warning Event and the reason in the status."""
+    patch = {"spec": {"template": {"spec": {"nodeSelector": {"modelserve.dev/node-cache-test": "nowhere"}}}}}
+    daemonset = ("daemonset", NODE_CACHE_NAME, "-n", NODE_CACHE_NAMESPACE)
+    cluster = node.cluster
+    cluster.kubectl("patch", *daemonset, "--type=merge", "-p", json.dumps(patch))
+    try:
+        node.wait(
+            lambda: not cluster.kubectl("get", "pods", "-n", NODE_CACHE_NAMESPACE, "-o", "name").stdout.strip(),
+            "the node agent gone",
+            timeout=90,
+        )
+        node.apply(cpu_server("uncached", public=True))
+        ready = node.wait_phase("uncached", "Ready")
+        (pod,) = node.ready_pods("uncached")
+        result = fetch_result(pod)
+        assert result and result.source == "hub" and "node cache is unreachable" in result.node_cache, result
+        assert all(s.get("restartCount", 0) == 0 for s in pod["status"]["initContainerStatuses"]), pod["status"]
+        warnings = [e["message"] for e in node.events("uncached") if e["reason"] == "NodeCacheUnavailable"]
+        assert warnings and "read its model from the hub" in warnings[0], warnings
+        assert "unreachable" in ready["status"]["lastStart"]["nodeCache"], ready["status"]["lastStart"]
+    finally:
+        restore = {"spec": {"template": {"spec": {"nodeSelector": None}}}}
+        cluster.kubectl("patch", *daemonset, "--type=merge", "-p", json.dumps(restore))
+        node.wait(cluster.node_cache_ready, "the node agent back", timeout=120)

@@ -1,7 +1,8 @@
 """The engines really run where Pod Security `restricted` is enforced: admitted, serving, as the
 non-root user with their caches on volumes. The cpu engine on a read-only root, its admin routes
 off; the vLLM example (vLLM's CPU build in the stand-in image, with the official image's layout) on a
-root filesystem left to root (engines/base.py says why), which vLLM writes nothing to."""
+root filesystem left to root (engines/base.py says why), which vLLM writes nothing to. A gated model
+held on the node goes only to pods whose token the hub accepts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import time
 
 import httpx
 
+from modelserve.operator.starts import fetch_result
+from modelserve_sandbox.cluster import SMOLLM2_GATED_REPO
 from tests.helpers.node_view import VLLM_READY_SECONDS, NodeView, cpu_server, image_writes, vllm_example
 
 NAME = "restricted"
@@ -143,3 +146,25 @@ def test_vllm_example_serves_in_a_restricted_namespace(node: NodeView) -> None:
     assert found("/tmp", "-maxdepth", "1", "-name", "torchinductor_modelserve")
     # Serving wrote nothing to the image's filesystem either: a read-only root would do for vLLM itself.
     assert image_writes(node.cluster, pod) == {"engine": [], "sidecar": []}
+
+
+def test_a_gated_model_on_the_node_goes_only_to_pods_whose_token_the_hub_accepts(node: NodeView) -> None:
+    """The hub's gated copy of SmolLM2: a pod with a granted token starts (the node's cache then holds
+    the file); one with another token, and one with none, are refused by the hub's own check, which
+    the node's cache asks before it serves a byte: they never start, and say why."""
+    _restricted(node)
+    cluster = node.cluster
+    model = f"{SMOLLM2_GATED_REPO}:Q4_1"
+    for secret, token in (("granted", cluster.gated_token), ("other", "hf_" + "0" * 40)):
+        node.kubectl("create", "secret", "generic", secret, f"--from-literal=token={token}")
+    node.apply(cpu_server("gated", public=True, model=model, hfTokenSecretRef={"name": "granted"}))
+    node.wait_phase("gated", "Ready")
+    (pod,) = node.ready_pods("gated")
+    assert fetch_result(pod) is not None
+    for name, spec in (("refused", {"hfTokenSecretRef": {"name": "other"}}), ("anonymous", {})):
+        node.apply(cpu_server(name, public=True, model=model, **spec))
+    for name, status in (("refused", "403"), ("anonymous", "401")):
+        condition = node.wait_reason(name, "Degraded", "True", "FetchFailed", timeout=180)
+        assert f"answered {status}" in condition["message"], condition
+        assert not node.ready_pods(name)
+    assert not _failed_creates(node)

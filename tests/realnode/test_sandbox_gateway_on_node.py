@@ -2,6 +2,8 @@
 (started by the sandbox's host_programs, as its main does), a `min: 0` cpu ModelServer on the real
 node, and one request held at that host gateway waking it. The chart's in-cluster gateway is
 tested in test_gateway_on_node.py; this one is found by address (MODELSERVE_GATEWAY_ADDRESSES).
+The model is placed on the node before any pod needs it (spec.cache.prefetch), so the wake reads
+no byte from the hub.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import time
 import httpx
 import openai
 
+from modelserve.operator.starts import fetch_result
+from modelserve_sandbox import realnode
 from modelserve_sandbox.host_programs import HostPrograms
-from tests.helpers.node_view import NodeView, Timeline, cpu_server
+from tests.helpers.node_view import NodeView, Timeline, cpu_server, hub_file_bytes
 
 HELLO = [{"role": "user", "content": "Say hello"}]
 WAKE_SECONDS_AT_MOST = 240
@@ -21,10 +25,19 @@ AT_ZERO = {"min": 0, "max": 1, "buffer": 0, "scaleDownDelaySeconds": 600, "idleW
 
 
 def test_the_host_gateway_wakes_a_model_at_zero(sandbox: HostPrograms, view: NodeView) -> None:
-    view.apply(cpu_server("sleeper", public=True, replicas=AT_ZERO))
+    prefetch = {"prefetch": {"nodeSelector": {"type": realnode.NODE_LABELS["type"]}}}
+    view.apply(cpu_server("sleeper", public=True, replicas=AT_ZERO, cache=prefetch))
     idle = view.wait_phase("sleeper", "Idle")
     assert idle["status"]["replicas"] == 0 and not view.pods("sleeper")
     assert idle["status"]["gatewayEndpoint"] == sandbox.gateway_url
+    view.wait(
+        lambda: view.condition("sleeper", "Prefetched").get("status") == "True",
+        "the real node's cache holds the model (Prefetched)",
+        180,
+    )
+    cache = (view.get("modelserver", "sleeper") or {})["status"]["cache"]
+    assert cache["warm"] == "1/1" and cache["nodes"] == [{"node": realnode.NODE_NAME, "state": "Held"}], cache
+    hub_before = hub_file_bytes(view.cluster)
     client = openai.OpenAI(base_url=sandbox.gateway_url, api_key="none", timeout=WAKE_SECONDS_AT_MOST, max_retries=0)
     answer: dict[str, str] = {}
     timeline = Timeline()
@@ -56,3 +69,9 @@ def test_the_host_gateway_wakes_a_model_at_zero(sandbox: HostPrograms, view: Nod
     )
     scaled = view.get("modelserver", "sleeper") or {}
     assert "held" in scaled["status"]["scaling"]["message"], scaled["status"]["scaling"]
+    # The wake read the model from the node it was placed on: no byte from the hub.
+    (pod,) = view.ready_pods("sleeper")
+    result = fetch_result(pod)
+    assert result and (result.hub_bytes, result.source) == (0, "node"), result
+    assert hub_file_bytes(view.cluster) == hub_before
+    view.wait(lambda: ((view.get("modelserver", "sleeper") or {}).get("status") or {}).get("lastStart"), "lastStart")

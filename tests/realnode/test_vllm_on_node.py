@@ -1,12 +1,14 @@
 """vLLM for real: the high-throughput example's pod, exactly as the operator generates it, lands on
 the real node (it advertises `nvidia.com/gpu`) and runs the sandbox's vLLM image (realnode.VLLM_IMAGE:
-vLLM's CPU build from PyPI at its own release, in place of the CUDA release the operator pins), which
-downloads SmolLM2-135M-Instruct from the hub mirror through HF_ENDPOINT
-into the hub-cache volume: the 4-bit GGUF the cpu example serves, dequantized by the sandbox
-(modelserve_sandbox.gguf_to_hf), so vLLM answers like an instruct model. Callers reach it through
+vLLM's CPU build from PyPI at its own release, in place of the CUDA release the operator pins), whose
+fetch init container puts SmolLM2-135M-Instruct into the hub-cache volume through the node's cache
+(from the hub mirror the first time), where vLLM reads it offline: the 4-bit GGUF the cpu example
+serves, dequantized by the sandbox (modelserve_sandbox.gguf_to_hf), so vLLM answers like an instruct
+model. Callers reach it through
 the Service and the gateway with the real openai SDK; it answers "Paris" at temperature 0 and stops
 where asked; the sidecar serves vLLM's own metrics; the spec's chat template, sampling defaults and
-tool-call parser reach vLLM and change its answers as configured; a deleted pod finishes its stream.
+tool-call parser reach vLLM and change its answers as configured; a deleted pod finishes its stream,
+and its replacement reads the weights from the node, no byte from the hub.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import httpx
 import openai
 import pytest
 
+from modelserve.operator.starts import fetch_result
 from modelserve_sandbox import realnode
 from modelserve_sandbox.cluster import SMOLLM2_HF_REPO, Cluster
 from modelserve_sandbox.processes import wait_until
@@ -34,6 +37,8 @@ from tests.helpers.node_view import (
     VLLM_READY_SECONDS,
     NodeView,
     Timeline,
+    hub_file_bytes,
+    hub_model_size,
     remove_namespace,
     vllm_example,
 )
@@ -286,8 +291,14 @@ def test_deleting_the_pod_mid_stream_finishes_the_stream(served) -> None:
     assert outcome["body"].rstrip().endswith(b"data: [DONE]"), outcome["body"][-300:]
     last = json.loads(events[-1][len(b"data: ") :])
     assert last["choices"][0]["finish_reason"] == "length", last
-    # The Deployment replaces the pod; the example serves again.
+    # The Deployment replaces the pod; the example serves again, its weights from the node's cache.
+    hub_before = hub_file_bytes(view.cluster)
     view.wait(lambda: len(view.ready_pods(NAME)) == 1, "a replacement pod Ready", VLLM_READY_SECONDS)
+    (replacement,) = view.ready_pods(NAME)
+    result = fetch_result(replacement)
+    assert result and (result.hub_bytes, result.source) == (0, "node"), result
+    assert result.node_bytes == hub_model_size(view.cluster, SMOLLM2_HF_REPO), result
+    assert hub_file_bytes(view.cluster) == hub_before
 
 
 # The model's ChatML with a fixed system turn first: what vLLM counts as the prompt shows it used it.

@@ -1,8 +1,10 @@
 """vLLM's real load drives the autoscaler: concurrent streams on the example's one replica make the
 operator add a second (the real node advertises two `nvidia.com/gpu`), and the gateway sends new
 requests to the replica with the fewest in flight; a flag vLLM refuses shows as a CrashLoop carrying
-vLLM's own words. Runs after test_vllm_on_node.py has freed the GPUs. On the sandbox's tiny
-random-weight model: here vLLM's start and speed on two shared cores matter, its answers do not."""
+vLLM's own words. The second replica reads its weights from the node's cache, none from the hub, and
+vLLM loads them offline from the layout the fetch wrote. Runs after test_vllm_on_node.py has freed
+the GPUs. On the sandbox's tiny random-weight model: here vLLM's start and speed on two shared cores
+matter, its answers do not."""
 
 from __future__ import annotations
 
@@ -11,10 +13,20 @@ import time
 
 import httpx
 
-from modelserve_sandbox import realnode
+from modelserve.operator.starts import fetch_result
+from modelserve_sandbox import realnode, tiny_model
 from modelserve_sandbox.processes import wait_until
 from tests.helpers.gateway_routing import gateway_replicas, routed_beside_long_streams
-from tests.helpers.node_view import QUESTION, VLLM_READY_SECONDS, NodeView, Timeline, restart_counts, tiny_vllm
+from tests.helpers.node_view import (
+    QUESTION,
+    VLLM_READY_SECONDS,
+    NodeView,
+    Timeline,
+    hub_file_bytes,
+    hub_model_size,
+    restart_counts,
+    tiny_vllm,
+)
 
 # One request in flight per replica: three concurrent streams want three, capped at max 2.
 REPLICAS = {"min": 1, "buffer": 0, "max": 2, "targetPerReplica": 1, "scaleDownDelaySeconds": 600}
@@ -30,6 +42,7 @@ ROUNDS = 24
 
 def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView, host_gateway: str) -> None:
     name = "tiny-elastic"
+    hub_before = hub_file_bytes(node.cluster)
     node.apply(tiny_vllm(name, replicas=REPLICAS, auth={"mode": "public"}, maxModelLen=LONG_TOKENS + 100))
     node.wait_phase(name, "Ready", VLLM_READY_SECONDS)
     base = f"http://{node.cluster_ip(name)}"
@@ -70,6 +83,12 @@ def test_concurrent_streams_scale_vllm_from_one_replica_to_two(node: NodeView, h
             thread.join(timeout=320)
     print(f"\nvLLM autoscaling:\n{timeline}")
     assert failures == [], failures
+    first, second = sorted(node.ready_pods(name), key=lambda pod: pod["metadata"]["creationTimestamp"])
+    fetched = [fetch_result(pod) for pod in (first, second)]
+    assert fetched[0] and fetched[1], fetched
+    # Its weights from the node's cache: the tiny model crossed from the hub once at most.
+    assert (fetched[1].hub_bytes, fetched[1].source) == (0, "node"), fetched
+    assert hub_file_bytes(node.cluster) - hub_before <= hub_model_size(node.cluster, tiny_model.REPO), fetched
     assert finished[0] >= 1
     assert "ScaleUp" in [e["reason"] for e in node.events(name)]
     assert {pod["spec"]["nodeName"] for pod in node.ready_pods(name)} == {realnode.NODE_NAME}
