@@ -1,4 +1,5 @@
-# One image for the modelserve operator, the per-pod sidecar, the gateway and the `modelserve` CLI.
+# One image for the modelserve operator, the per-pod sidecar, the gateway, the `modelserve` CLI and the
+# node cache (its agent, `modelserve-nodecache`, and each model pod's fetch, `modelserve-fetch`).
 # Kubernetes probes check health (the operator's /healthz, the sidecar's /healthz and
 # /readyz), so the image has no HEALTHCHECK. Build: docker build -t modelserve:0.1.0 .
 

@@ -1,6 +1,6 @@
 """modelserve: a Kubernetes operator that serves LLMs, as one layered package.
 
-Four programs ship in this package (and in one image); each imports the layers below it and never
+Five programs ship in this package (and in one image); each imports the layers below it and never
 another program. Lowest layer first (`make lint` checks the rule with import-linter's contracts in pyproject.toml):
 
     contracts   names (group, kind, labels, Key), the sidecar's, gateway's and operator's settings
@@ -13,7 +13,8 @@ another program. Lowest layer first (`make lint` checks the rule with import-lin
     kube | http the Kubernetes layer (client, watch cache, work queue, pod predicates) and the
                 proxies' HTTP core (relay, upstream session, serve, errors, Ollama translation),
                 independent of each other
-    operator | sidecar | gateway | cli   the programs
+    operator | sidecar | gateway | cli | nodecache   the programs (nodecache: the node's model cache,
+                its agent and each model pod's fetch; of these layers it imports contracts only)
 
 An engine is one module. The engines sit below the API because the spec's rules are made from the
 registry (`api/engine_rules.py`: GPUs, nodes, dtypes, adapters, parsers, the flags each refuses),
