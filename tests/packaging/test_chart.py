@@ -239,6 +239,7 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
         metrics_port=9100,
         gateway_url="http://ms-modelserve-gateway.modelserve-system.svc.example.internal/v1",
         gateway_pod_namespace="modelserve-system",
+        node_cache_url="http://ms-modelserve-nodecache.modelserve-system.svc.example.internal:8090",
         leader_election_lease="modelserve-system/ms-modelserve",
         lease_seconds=20.0,
         sidecar_max_head_bytes=16384,

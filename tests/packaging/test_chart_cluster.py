@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.processes import wait_until
 from tests.helpers.chart import CHART, by_kind, objects, template_args
 
 
@@ -34,7 +35,10 @@ def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str,
     else:
         sets.append(f"networkPolicy.namespaces={{{namespace}}}")
     rendered = cluster.helm(
-        *template_args("dry", namespace, *sets, kube_version=server_version(cluster)), "--include-crds"
+        *template_args("dry", namespace, *sets, kube_version=server_version(cluster)),
+        "--include-crds",
+        "--api-versions",
+        "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",  # the API server compiles its CEL
     ).stdout
     kinds = sorted({doc["kind"] for doc in objects(rendered)})
     expected = {
@@ -42,13 +46,16 @@ def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str,
         "ClusterRoleBinding",
         "ConfigMap",
         "CustomResourceDefinition",
+        "DaemonSet",  # the node cache's agents
         "Deployment",
         "NetworkPolicy",
         "PodDisruptionBudget",  # the operator's two pods
         "Role",  # leader election's, in the release namespace
         "RoleBinding",
-        "Service",  # the gateway's
+        "Service",  # the gateway's, the node cache's
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",  # the node cache agent changes only its labels of a node
+        "ValidatingAdmissionPolicyBinding",
     }
     assert set(kinds) == expected
     result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
@@ -70,6 +77,24 @@ def test_install_and_uninstall(cluster: Cluster, namespace: str) -> None:
         for kind in ("clusterrole", "clusterrolebinding"):
             cluster.kubectl("get", kind, release)
         cluster.kubectl("get", "crd", "modelservers.serving.modelserve.dev")
+        # The node cache's agent may patch nodes (RBAC cannot say which labels), and its policy holds
+        # it to its own models.serving.modelserve.dev/ labels, as the API server enforces it.
+        agent = f"--as=system:serviceaccount:{namespace}:{release}-nodecache"
+        said: list[str] = []
+
+        def refused() -> bool:  # once the policy's binding is in force (the API server loads it)
+            attempt = cluster.kubectl("label", "node", "cpu-0", "team=ml", agent, check=False)
+            if attempt.returncode == 0:
+                cluster.kubectl("label", "node", "cpu-0", "team-")
+                return False
+            said.append(attempt.stderr)
+            return True
+
+        wait_until(refused, 30, "the node cache agent refused another label of a node")
+        assert "may change only a node's models.serving.modelserve.dev/ labels" in said[-1], said[-1]
+        ours = "models.serving.modelserve.dev/m-0123456789abcdef0123456789abcdef"
+        cluster.kubectl("label", "node", "cpu-0", f"{ours}=true", agent)
+        cluster.kubectl("label", "node", "cpu-0", f"{ours}-")
     finally:
         uninstalled = cluster.helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "120s")
     assert f'release "{release}" uninstalled' in uninstalled.stdout

@@ -114,4 +114,8 @@ def test_modelservers_join_the_default_view_and_edit_roles(helm: Helm) -> None:
     for role in (view, edit):
         assert {group for rule in role["rules"] for group in rule["apiGroups"]} == {"serving.modelserve.dev"}
     off = helm(*template_args("ms", "x", "rbac.aggregateToDefaultRoles=false")).stdout
-    assert {r["metadata"]["name"] for r in by_kind(off, "ClusterRole")} == {"ms-modelserve", "ms-modelserve-gateway"}
+    assert {r["metadata"]["name"] for r in by_kind(off, "ClusterRole")} == {
+        "ms-modelserve",
+        "ms-modelserve-gateway",
+        "ms-modelserve-nodecache",
+    }
