@@ -34,6 +34,8 @@ PLURALS = {
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
+    ("v1", "Node"): "nodes",
+    ("batch/v1", "Job"): "jobs",
     ("coordination.k8s.io/v1", "Lease"): "leases",
     (API_VERSION, KIND): PLURAL,
     (LWS_API_VERSION, LWS_KIND): LWS_PLURAL,
