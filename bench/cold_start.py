@@ -263,6 +263,51 @@ class Cell:
             self.remove(namespace)
         return out
 
+    def together(self, claim_for: Callable[[str], str | None]) -> Sample:
+        """S5: 0 -> N replicas at once on the node (N = 3 for llama.cpp; 2 for vLLM, the node's GPUs)."""
+        namespace = self.new_namespace()
+        claim = claim_for(namespace)
+        count = 3 if self.engine == "llamacpp" else 2
+        try:
+            before, began = hub_bytes(self.cluster), time.monotonic()
+            body = manifest(self.engine, "together", {"min": count, "max": count}, claim)
+            self.cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+            return self.started(namespace, "together", set(), count, began, before)
+        finally:
+            self.remove(namespace)
+
+    def compile_cache(self) -> tuple[float, float, str]:
+        """S6 (vLLM): the engine phase compiling (no --enforce-eager) with an empty cache, then again
+        after the engine container restarts on the same pod (its ~/.cache volume kept): (cold, warm,
+        what vLLM left in ~/.cache/vllm)."""
+        namespace, name = self.new_namespace(), "compiled"
+        body = manifest(self.engine, name, {"min": 1, "max": 1}, None)
+        body["spec"]["engineArgs"] = [a for a in body["spec"].get("engineArgs", []) if a != "--enforce-eager"]
+        try:
+            self.cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+            cold = self.started(namespace, name, set(), 1, time.monotonic(), hub_bytes(self.cluster))
+            (pod,) = pods(self.cluster, namespace, name)
+            exec_engine = ["exec", "-n", namespace, pod["metadata"]["name"], "-c", "engine", "--"]
+            listing = self.cluster.kubectl(
+                *exec_engine, "sh", "-c", "du -sh /root/.cache/vllm; find /root/.cache/vllm -maxdepth 4 | head -20",
+                check=False,
+            )  # fmt: skip
+            self.cluster.kubectl(*exec_engine, "kill", "-TERM", "1", check=False)
+
+            def restarted_ready() -> dict[str, Any] | None:
+                (now,) = pods(self.cluster, namespace, name)
+                engine = next(c for c in now["status"]["containerStatuses"] if c["name"] == "engine")
+                return now if engine.get("restartCount", 0) >= 1 and ready(now) else None
+
+            wait(restarted_ready, READY_SECONDS[self.engine], "the engine restarted and Ready")
+            now = restarted_ready() or {}
+            engine = next(c for c in now["status"]["containerStatuses"] if c["name"] == "engine")
+            ready_at = next(c for c in now["status"]["conditions"] if c["type"] == "Ready")["lastTransitionTime"]
+            warm = _stamp(ready_at) - _stamp(engine["state"]["running"]["startedAt"])
+            return cold.phases.get("engine", float("nan")), warm, listing.stdout + listing.stderr
+        finally:
+            self.remove(namespace)
+
     def wake(self, namespace: str, claim: str | None, gateway: str) -> Sample:
         """A second ModelServer of the same model at zero; a streamed request held at the gateway wakes
         it: seconds to the first answer byte (past the gateway's keep-alive comments)."""
@@ -293,6 +338,12 @@ class Cell:
         return sample
 
 
+def _stamp(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 @contextmanager
 def cluster_for(bandwidth: float | None) -> Iterator[tuple[Cluster, Path]]:
     with tempfile.TemporaryDirectory(prefix="cold-start-bench-") as tmp:
@@ -319,6 +370,7 @@ def main() -> int:
     scenarios = args.scenarios.split(",")
     samples: dict[tuple[str, str], list[Sample]] = defaultdict(list)
     plain: list[float] = []
+    compiled: list[tuple[float, float, str]] = []
     with cluster_for(bandwidth) as (cluster, workdir):
         cell = Cell(cluster, args.engine, workdir)
         for mode in args.modes.split(","):
@@ -335,7 +387,16 @@ def main() -> int:
                     if mode == "cache" and run == 0:
                         plain.append(cell.plain_download())
                     claim_for = cell.floor_volume if mode == "floor" else (lambda _: None)
-                    for scenario, sample in cell.run(scenarios, claim_for, programs.gateway_url).items():
+                    if "S6" in scenarios and mode == "cache":
+                        compiled.append(cell.compile_cache())
+                        print(f"S6 run {run}: engine phase cold {compiled[-1][0]:.1f} s, warm {compiled[-1][1]:.1f} s")
+                    wanted = set(scenarios) - {"S5", "S6"}
+                    found = cell.run(scenarios, claim_for, programs.gateway_url) if wanted else {}
+                    if "S5" in scenarios:
+                        if mode == "cache":
+                            cell.empty_node_cache()
+                        found["S5"] = cell.together(claim_for)
+                    for scenario, sample in found.items():
                         samples[(scenario, mode)].append(sample)
                         print(
                             f"{args.engine} {args.bandwidth} {mode:8} run {run} {scenario}: {sample.seconds:6.2f} s, "
@@ -351,6 +412,10 @@ def main() -> int:
         print(f"{scenario:10} {mode:9} {summary(seconds):>18} {summary(mb):>18}  {one}")
     if plain:
         print(f"{'plain download of the same files at that bandwidth (host, from the hub)':<72} {summary(plain)}")
+    if compiled:
+        print(f"S6 engine phase, compile cache empty:  {summary([c[0] for c in compiled])}")
+        print(f"S6 engine phase, compile cache kept:   {summary([c[1] for c in compiled])}")
+        print(f"what vLLM keeps in ~/.cache/vllm:\n{compiled[-1][2]}")
     return 0
 
 

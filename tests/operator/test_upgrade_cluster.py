@@ -78,6 +78,12 @@ def _pods(cluster: Cluster, namespace: str, name: str) -> dict[str, dict[str, st
     }
 
 
+def _fetches(cluster: Cluster, namespace: str, name: str) -> bool:
+    """Whether the ModelServer's Deployment starts its pods with the node cache's fetch."""
+    template = _get(cluster, namespace, "deployment", name)["spec"]["template"]["spec"]
+    return [c["name"] for c in template.get("initContainers") or []] == ["fetch"]
+
+
 def _status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return _get(cluster, namespace, "modelserver", name).get("status", {})
 
@@ -149,8 +155,11 @@ def test_an_operator_upgrade_restarts_no_model_pod_and_opting_in_rolls_that_mode
     cluster.create_namespace(namespace)
     new_env = {**cluster.operator_env, "MODELSERVE_RESYNC_SECONDS": str(RESYNC_SECONDS)}
     new_env.pop("MODELSERVE_ENGINE_IMAGE_VLLM", None)  # the operator's own pin
+    new_env.pop("MODELSERVE_NODE_CACHE_URL", None)
     old_env = {**new_env, "MODELSERVE_ENGINE_IMAGE_VLLM": PREVIOUS_VLLM}
     new_env["MODELSERVE_SIDECAR_IMAGE"] = BUMPED_SIDECAR
+    # The new release also brings the node's model cache (the chart's nodeCache): kept back as well.
+    new_env["MODELSERVE_NODE_CACHE_URL"] = "http://modelserve-nodecache.modelserve.svc.cluster.local:8090"
     replicas = {"min": 2, "max": 2}
     with running_operator(old_env, tmp_path / "old") as (_, log):
         _apply(cluster, namespace, _vllm("kept", replicas=replicas), _vllm("opted", replicas=replicas))
@@ -178,14 +187,17 @@ def test_an_operator_upgrade_restarts_no_model_pod_and_opting_in_rolls_that_mode
         _apply(cluster, namespace, _vllm("fresh"))
         wait_until(lambda: _rolled_out(cluster, namespace, "fresh", BUMPED_SIDECAR, 1), WAIT_SECONDS, "fresh Ready")
         assert next(iter(_pods(cluster, namespace, "fresh").values()))["engine"] == BUMPED_VLLM
+        assert _fetches(cluster, namespace, "fresh")  # and the node cache
         time.sleep(3 * RESYNC_SECONDS)  # resync rounds: any of them would have rolled the pods
         kept = _status(cluster, namespace, "kept")
         assert kept["versions"] == {
             "sidecar": old_sidecar,
             "engine": before["kept"][next(iter(before["kept"]))]["engine"],
             "sidecarWorkers": 4,  # the operator's default for a 350M model on one GPU (40k tokens/s)
+            "nodeCache": False,
         }
         assert (kept["upgrade"]["sidecar"], kept["upgrade"]["engine"]) == (BUMPED_SIDECAR, BUMPED_VLLM)
+        assert kept["upgrade"]["nodeCache"] is True and not _fetches(cluster, namespace, "kept")
         assert kept["versions"]["engine"] == PREVIOUS_VLLM  # the engine it runs, kept
 
         # The Event names the new engine release too.
@@ -213,6 +225,7 @@ def test_an_operator_upgrade_restarts_no_model_pod_and_opting_in_rolls_that_mode
         )
         assert not set(_pods(cluster, namespace, "opted")) & set(before["opted"])
         assert _status(cluster, namespace, "opted")["upgrade"]["available"] == "No"
+        assert _fetches(cluster, namespace, "opted")  # its new pods fetch through the node cache
         assert _pods(cluster, namespace, "kept") == before["kept"]
 
 
