@@ -14,7 +14,7 @@ from types import ModuleType
 
 from modelserve.api import crd, spec_table
 from modelserve.api.status import GuardStatus
-from modelserve.operator import status, traffic_guard
+from modelserve.operator import prefetch, status, traffic_guard
 
 from .markdown import cell, code, generated_by, table
 
@@ -29,6 +29,8 @@ CONDITION_TYPES = {
     "Degraded": "something is wrong that will not fix itself: its reason names it, its message says what",
     "TrafficGuard": "with `spec.traffic.guard` only: the version gets new requests by its weight; False once the "
     "guard tripped ([Rolling out a new model version](../how-to/roll-out-a-version.md))",
+    "Prefetched": "with `spec.cache.prefetch` only: every node it selects holds the model in its node cache "
+    "(`status.cache`; [Cold start and caches](../how-to/cold-start.md))",
 }
 
 
@@ -101,6 +103,12 @@ def reasons() -> dict[str, Reason]:
         reason = add(name)
         reason.states.add(f"{status.TRAFFIC_GUARD_CONDITION}={ok}")
         reason.messages.append(message)
+    # spec.cache.prefetch's verdict (operator/prefetch.py).
+    for name, (ok, message) in prefetch.REASONS.items():
+        reason = add(name)
+        reason.states.add(f"{status.PREFETCHED_CONDITION}={ok}")
+        reason.messages.append(message)
+        reason.problem = not ok and name != "Fetching"
     return found
 
 

@@ -14,6 +14,7 @@ from modelserve.gateway.holding import Holding
 from modelserve.gateway.metrics import GatewayMetrics
 from modelserve.gateway.proxy import GatewayProxy
 from modelserve.gateway.settings import GatewaySettings
+from modelserve.nodecache.agent import Metrics as NodeCacheMetrics
 from modelserve.operator import metrics as operator_metrics
 from modelserve.sidecar.metrics import SidecarMetrics
 from modelserve.sidecar.proxy import Proxy
@@ -24,7 +25,8 @@ INTRO = """\
 Every pod's sidecar serves `/metrics` on the port `http`: its own series (all its workers', merged)
 followed by the engine's, so one scrape target per pod covers both, without a key. The chart's
 optional ServiceMonitor scrapes them and its Grafana dashboard charts them. The gateway serves its
-own on its port (`/metrics`, no key), and the operator on `operator.metricsPort` when it is set.
+own on its port (`/metrics`, no key), the operator on `operator.metricsPort` when it is set, and the
+node cache's agent on its port (`nodeCache.port`, `/metrics`).
 
 The engines' own series follow the sidecar's: vLLM `vllm:*` (e.g. `vllm:kv_cache_usage_perc`,
 `vllm:num_requests_waiting`), SGLang `sglang:*` (`sglang:token_usage`, `sglang:num_queue_reqs`),
@@ -53,6 +55,7 @@ PROGRAMS = (
     ("The sidecar", "modelserve_sidecar", sidecar_registry),
     ("The gateway", "modelserve_gateway", gateway_registry),
     ("The operator", "modelserve_operator", lambda: operator_metrics.REGISTRY),
+    ("The node cache's agent", "modelserve_nodecache", lambda: NodeCacheMetrics().registry),
 )
 
 
@@ -81,7 +84,7 @@ def page() -> str:
         ]
         lines += [f"## {title}", ""]
         lines += [*table(("series", "type", "labels", "meaning"), rows), ""]
-        if prefix != "modelserve_operator":
+        if prefix in ("modelserve_sidecar", "modelserve_gateway"):
             lines += [
                 f"Besides, the standard process series under `{prefix}_process_*` (CPU seconds, resident and",
                 "virtual memory, open and maximum file descriptors, start time).",

@@ -15,8 +15,9 @@ import inspect
 import textwrap
 from typing import Any
 
-from modelserve.contracts import env, operator_settings, sidecar
+from modelserve.contracts import env, nodecache, operator_settings, sidecar
 from modelserve.gateway import settings as gateway_settings
+from modelserve.nodecache import settings as nodecache_settings
 
 from .markdown import code, generated_by, table
 
@@ -38,6 +39,18 @@ PROGRAMS: tuple[tuple[str, str, type], ...] = (
         "`modelserve-gateway`. The chart sets them from its `gateway.*` values.",
         gateway_settings.GatewaySettings,
     ),
+    (
+        "The node cache's agent",
+        "`modelserve-nodecache`, on every node. The chart sets them from its `nodeCache.*` values "
+        "([Cold start and caches](../how-to/cold-start.md)).",
+        nodecache_settings.Settings,
+    ),
+    (
+        "The node cache's fetch",
+        "`modelserve-fetch`, each model pod's init container (and each prefetch Job's). The operator sets "
+        "them from the ModelServer and its own settings; the hub token comes as `HF_TOKEN`, as the engine's.",
+        nodecache.FetchSettings,
+    ),
 )
 
 # What a value must look like, by the parser the setting is declared with.
@@ -53,6 +66,8 @@ PARSERS = {
     env.non_negative_float: "number >= 0",
     env.path: "path",
     env.comma_list: "comma-separated list",
+    env.byte_quantity: "bytes (`50Gi`, `500M`)",
+    nodecache._layout: "`gguf`, `safetensors` or `all`",
 }
 # Otherwise by the field's type.
 TYPES = {

@@ -67,9 +67,13 @@ class FetchSettings:
     """What the fetch client does, from its environment (the operator renders it with `to_env`). The
     token is not here: it comes as HF_TOKEN from the ModelServer's Secret, as the engine's does."""
 
-    model: str = env_setting("MODELSERVE_FETCH_MODEL", non_empty)  # <org>/<repo>[:<tag>]
+    # The model as the spec names it: <org>/<repo>, or <org>/<repo>:<quant> of a GGUF repository.
+    model: str = env_setting("MODELSERVE_FETCH_MODEL", non_empty)
+    # Which of its files the engine reads (Layout): a GGUF's, one weight format's, every file.
     layout: Layout = env_setting("MODELSERVE_FETCH_LAYOUT", _layout, default=Layout.SAFETENSORS)  # noqa: RUF009 - immutable
+    # spec.adapters' hub ids, fetched whole after the model (one the hub refuses is left to the engine).
     adapters: tuple[str, ...] = env_setting("MODELSERVE_FETCH_ADAPTERS", comma_list, ",".join, default=())
+    # The hub, or the cluster's mirror of it (the operator's MODELSERVE_HUB_ENDPOINT).
     hub: str = env_setting("MODELSERVE_FETCH_HUB", base_url, default=DEFAULT_HUB)
     # The node agent's base URL; empty: straight from the hub.
     node_cache: str = env_setting("MODELSERVE_FETCH_NODE_CACHE", base_url, default="")
@@ -80,6 +84,7 @@ class FetchSettings:
     # How long a connection to the node agent may take before the hub is asked instead: a Service
     # with internalTrafficPolicy Local drops packets when the node has no agent.
     connect_seconds: float = env_setting("MODELSERVE_FETCH_CONNECT_SECONDS", positive_float, default=2.0)
+    # Where the result goes (FetchResult's JSON): the kubelet keeps the termination log in the status.
     result_path: Path = env_setting("MODELSERVE_FETCH_RESULT", path, default=Path(TERMINATION_LOG))  # noqa: RUF009 - immutable
 
     @classmethod

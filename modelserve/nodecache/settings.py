@@ -15,7 +15,9 @@ class Settings:
     root: Path = env_setting("MODELSERVE_NODECACHE_ROOT", path)  # noqa: RUF009 - immutable
     # The store's size at most; models no pod on the node uses are evicted to stay under it.
     size_limit: int = env_setting("MODELSERVE_NODECACHE_SIZE_LIMIT", byte_quantity, default=50 * 2**30)
+    # Where it listens: the pod's address, for its Service and the kubelet's probes.
     listen_host: str = env_setting("MODELSERVE_NODECACHE_LISTEN_HOST", non_empty, default="0.0.0.0")
+    # Its one port: the hub's routes, /healthz, /metrics (the chart's nodeCache.port).
     listen_port: int = env_setting("MODELSERVE_NODECACHE_PORT", port, default=AGENT_PORT)
     # The hub (or the cluster's mirror of it): the engines' own MODELSERVE_HUB_ENDPOINT.
     hub: str = env_setting("MODELSERVE_NODECACHE_HUB", base_url, default=DEFAULT_HUB)

@@ -13,6 +13,14 @@ from modelserve.api.status import CacheStatus, NodeWarmth
 from modelserve.contracts.nodecache import node_label
 from modelserve.contracts.operator_settings import Settings
 
+# The Prefetched condition's reasons: (status, what its message says).
+REASONS = {
+    "Held": (True, "every selected node (<count>) holds the model"),
+    "Fetching": (False, "fetching into the node cache of <missing> of <count> nodes"),
+    "NoNodeSelected": (False, "spec.cache.prefetch.nodeSelector <selector> matches no node"),
+    "PrefetchFailed": (False, "its prefetch Job <name> failed: <why>"),
+}
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -60,7 +68,7 @@ def plan(ms: ModelServer, settings: Settings, nodes: list[dict[str, Any]], jobs:
     if not chosen:
         shown = ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
         message = f"spec.cache.prefetch.nodeSelector {shown} matches no node"
-        condition = (False, "NoMatchingNode", message)
+        condition = (False, "NoNodeSelected", message)
     elif failed:
         message = "; ".join(failed)
         condition = (False, "PrefetchFailed", message)

@@ -659,8 +659,9 @@ class Cluster:
             self.node_cache_ready,
             120,
             "the node cache agent Ready on the real node",
-            on_timeout=lambda: "\n"
-            + self.kubectl("get", "pods", "-n", NODE_CACHE_NAMESPACE, "-o", "wide", check=False).stdout,
+            on_timeout=lambda: (
+                "\n" + self.kubectl("get", "pods", "-n", NODE_CACHE_NAMESPACE, "-o", "wide", check=False).stdout
+            ),
         )
 
     def node_cache_ready(self) -> bool:

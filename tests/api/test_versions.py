@@ -26,7 +26,12 @@ def test_a_new_modelserver_gets_the_operators_images() -> None:
     workload = manifests.workload(model_server(), NEW)
     assert _images(workload) == {"engine": "vllm/vllm-openai:v9.9.9", "sidecar": NEW.sidecar_image}
     recorded = json.loads(workload["metadata"]["annotations"][versions.VERSIONS_ANNOTATION])
-    assert recorded == {"sidecar": NEW.sidecar_image, "engine": "vllm/vllm-openai:v9.9.9", "sidecarWorkers": 4}
+    assert recorded == {
+        "sidecar": NEW.sidecar_image,
+        "engine": "vllm/vllm-openai:v9.9.9",
+        "sidecarWorkers": 4,
+        "nodeCache": False,
+    }
 
 
 def test_an_operator_upgrade_leaves_the_pod_template_byte_identical_and_reports_the_upgrade() -> None:

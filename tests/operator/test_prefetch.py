@@ -62,5 +62,5 @@ def test_a_failed_job_and_a_selector_matching_nothing_say_why() -> None:
     assert failed.jobs == [] and failed.condition[:2] == (False, "PrefetchFailed")
     assert "BackoffLimitExceeded" in failed.status.nodes[0].message
     nothing = plan(MS, SETTINGS, [_node("a", pool="cpu")], [])
-    assert nothing.condition == (False, "NoMatchingNode", "spec.cache.prefetch.nodeSelector pool=gpu matches no node")
+    assert nothing.condition == (False, "NoNodeSelected", "spec.cache.prefetch.nodeSelector pool=gpu matches no node")
     assert nothing.status.warm == "0/0"
