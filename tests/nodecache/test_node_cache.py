@@ -13,12 +13,14 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from huggingface_hub import snapshot_download
 
 from modelserve.contracts.nodecache import Source
+from modelserve_sandbox.cluster import SMOLLM2_DISTRIBUTION, SMOLLM2_FILE, SMOLLM2_REPO, packaged_file
 from modelserve_sandbox.hub_mirror import HubFile, HubMirror, parse_bandwidth
-from modelserve_sandbox.processes import free_ports, wait_until
+from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
 from tests.helpers.node_cache import (
     finish,
     hub_file_bytes,
@@ -241,3 +243,40 @@ def test_warming_a_node_writes_nothing_in_the_pod_and_the_next_pod_reads_the_nod
         pod = run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod", hub.url, agent.url, layout="gguf")
         assert pod.result and pod.result.source == Source.NODE
         assert hub_file_bytes(hub) == _size(files, GGUF, "tiny.Q4_1.gguf")
+
+
+def test_llama_cpp_loads_what_the_fetch_wrote_without_the_network(llama_server: Path, tmp_path: Path) -> None:
+    """The real llama-server, as the operator runs it with the node cache (`-hf <repo>:<quant>`,
+    LLAMA_OFFLINE, LLAMA_CACHE on the fetch's directory), serves SmolLM2 from the files the fetch
+    wrote; the hub it would ask is gone by then."""
+    smollm2 = packaged_file(SMOLLM2_DISTRIBUTION, SMOLLM2_FILE)
+    assert smollm2 is not None, f"{SMOLLM2_DISTRIBUTION} is not installed (hack/install-python.sh)"
+    (port,) = free_ports(1)
+    mirror = HubMirror([HubFile(SMOLLM2_REPO, SMOLLM2_FILE, smollm2)], "127.0.0.1", port).start()
+    try:
+        fetched = run_fetch(f"{SMOLLM2_REPO}:Q4_1", tmp_path / "hub", mirror.url, layout="gguf")
+    finally:
+        mirror.stop()
+    assert fetched.returncode == 0, fetched.output
+    (engine_port,) = free_ports(1)
+    env = {**os.environ, "LLAMA_OFFLINE": "1", "LLAMA_CACHE": str(tmp_path / "hub"), "MODEL_ENDPOINT": mirror.url}
+    argv = [str(llama_server), "-hf", f"{SMOLLM2_REPO}:Q4_1", "--alias", "m", "--port", str(engine_port), "-c", "512"]
+    process = start_process("llama-server", argv, tmp_path / "logs", env=env)
+    try:
+        wait_until(
+            lambda: process.poll() is not None or _models(engine_port) == ["m"],
+            120,
+            "llama-server serving the fetched model",
+            on_timeout=lambda: "\n" + tail(tmp_path / "logs" / "llama-server.log"),
+        )
+        assert process.poll() is None, tail(tmp_path / "logs" / "llama-server.log")
+    finally:
+        stop_process(process)
+
+
+def _models(port: int) -> list[str]:
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+        return [m["id"] for m in answer.json()["data"]] if answer.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, KeyError):
+        return []
