@@ -31,6 +31,7 @@ from modelserve.contracts.nodecache import (
     DEFAULT_HUB,
     FETCH_COMMAND,
     FETCH_CONTAINER,
+    FETCH_MOUNT,
     POD_MODEL_LABEL,
     FetchSettings,
     model_key,
@@ -43,7 +44,6 @@ from modelserve.engines.base import (
     CHAT_TEMPLATE_KEY,
     CHAT_TEMPLATE_VOLUME,
     GPU_RESOURCE,
-    HUB_CACHE_PATH,
     SHM_VOLUME,
     Engine,
     Role,
@@ -366,7 +366,7 @@ def fetch_container(ms: ModelServer, settings: Settings, engine: Engine) -> dict
         "command": [FETCH_COMMAND],
         "env": env,
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-        "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": HUB_CACHE_PATH}],
+        "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": FETCH_MOUNT}],
         "securityContext": nonroot_security_context(),
     }
 

@@ -33,6 +33,9 @@ AGENT_PORT = 8090  # the agent's one port (its Service's too): hub routes, /heal
 # What the fetch client writes its result to: the kubelet keeps it in the container's status.
 TERMINATION_LOG = "/dev/termination-log"
 RESULT_LIMIT = 4096  # the kubelet keeps this much of a termination message
+# Where the fetch container mounts the pod's hub cache volume (the engine has it at its HF_HOME): not
+# under /root, which our image keeps to root (0700), where the fetch's user could not reach it.
+FETCH_MOUNT = "/hub-cache"
 DEFAULT_HUB = "https://huggingface.co"
 
 
@@ -78,7 +81,7 @@ class FetchSettings:
     # The node agent's base URL; empty: straight from the hub.
     node_cache: str = env_setting("MODELSERVE_FETCH_NODE_CACHE", base_url, default="")
     # The hub cache's `hub` directory (huggingface_hub's layout, which llama.cpp b9093 reads too).
-    cache_dir: Path = env_setting("MODELSERVE_FETCH_CACHE_DIR", path, default=Path("/root/.cache/huggingface/hub"))  # noqa: RUF009 - immutable
+    cache_dir: Path = env_setting("MODELSERVE_FETCH_CACHE_DIR", path, default=Path(FETCH_MOUNT) / "hub")  # noqa: RUF009 - immutable
     # Prefetch: through the node agent into the node's cache only, nothing written here.
     warm_only: bool = env_setting("MODELSERVE_FETCH_WARM_ONLY", boolean, render_bool, default=False)
     # How long a connection to the node agent may take before the hub is asked instead: a Service

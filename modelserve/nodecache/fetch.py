@@ -262,6 +262,8 @@ async def fetch(settings: FetchSettings, token: str) -> FetchResult:
             await fetcher.repository(settings.model, settings.layout)
         except HubRefused as refusal:
             error = str(refusal)
+        except OSError as failure:  # the pod's volume: full, or not writable
+            error = f"writing the model into the pod's volume failed: {failure}"
         for adapter in settings.adapters if not error else ():
             try:
                 await fetcher.repository(adapter, Layout.ALL)

@@ -94,9 +94,10 @@ def test_with_the_node_cache_each_pod_fetches_its_model_first_and_prefers_nodes_
     settings = FetchSettings.from_env(env)
     assert settings.model == ms.spec.model and settings.layout == Layout.GGUF
     assert settings.node_cache == NODE_CACHE.node_cache_url
-    # Where the engine reads: the hub cache volume's `hub` directory.
-    assert settings.cache_dir == Path(HUB_CACHE_PATH) / "hub"
-    assert fetch["volumeMounts"] == [{"name": "hub-cache", "mountPath": HUB_CACHE_PATH}]
+    # Where the engine reads: the hub cache volume's `hub` directory (the engine mounts it at HF_HOME).
+    assert fetch["volumeMounts"] == [{"name": "hub-cache", "mountPath": str(settings.cache_dir.parent)}]
+    engine_mounts = template["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "hub-cache", "mountPath": HUB_CACHE_PATH} in engine_mounts
     engine = _env({"env": template["spec"]["containers"][0]["env"]})
     assert engine["LLAMA_OFFLINE"] == "1" and engine["LLAMA_CACHE"] == f"{HUB_CACHE_PATH}/hub"
     (preferred,) = template["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]

@@ -154,7 +154,7 @@ def test_the_fetch_settings_as_the_operator_renders_them() -> None:
         "MODELSERVE_FETCH_NODE_CACHE": "http://agent:8090",
     }
     assert FetchSettings.from_env(env) == settings
-    assert FetchSettings.from_env({"MODELSERVE_FETCH_MODEL": "a/b"}).cache_dir == Path("/root/.cache/huggingface/hub")
+    assert FetchSettings.from_env({"MODELSERVE_FETCH_MODEL": "a/b"}).cache_dir == Path("/hub-cache/hub")
 
 
 @pytest.mark.parametrize(
