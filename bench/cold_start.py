@@ -258,6 +258,14 @@ class Cell:
                 self.cluster.kubectl("delete", "pod", victim["metadata"]["name"], "-n", namespace, "--wait=false")
                 out["S3"] = self.started(namespace, name, known, 2, began, before)
             if "S4" in scenarios:
+                # Its replicas go first: the node's two GPUs are what a vLLM wake needs.
+                self.cluster.kubectl("delete", "ms", name, "-n", namespace, "--wait=true", "--timeout=300s")
+                selector = f"{SELECTOR}={name}"
+                wait(
+                    lambda: not kubectl_json(self.cluster, "pods", "-n", namespace, "-l", selector).get("items"),
+                    300,
+                    f"{name}'s pods gone",
+                )
                 out["S4"] = self.wake(namespace, claim, gateway)
         finally:
             self.remove(namespace)
