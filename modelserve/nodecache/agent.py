@@ -190,11 +190,16 @@ class Agent:
         source = "node"
         if transfer is None:
             reason = await self._no_room(info)
-            if reason:
+            # Another request may have started it (or finished it) while this one waited.
+            transfer = self.transfers.get(info.oid)
+            if transfer is None and self.store.has(info.oid, info.size):
+                return await self._serve_held(request, info, headers)
+            if transfer is None and reason:
                 self.metrics.uncached.labels(reason).inc()
                 return await self._pass_through(request, url, auth, info, headers)
-            transfer = self._start(info, url, auth)
-            source = "hub"
+            if transfer is None:
+                transfer = self._start(info, url, auth)
+                source = "hub"
         return await self._serve_transfer(request, transfer, headers, source)
 
     async def api(self, request: web.Request) -> web.Response:
@@ -237,11 +242,13 @@ class Agent:
         """Why the file cannot be cached ("" when it can, after evicting what no pod uses)."""
         if info.size > self.store.limit:
             return "too_large"
-        if info.size <= self.store.room():
+        # The downloads under way will take their whole size: count it as taken already.
+        need = info.size + sum(t.size - t.written for t in self.transfers.values())
+        if need <= self.store.room():
             return ""
         busy = set(self.transfers) | {oid for oid, readers in self.reading.items() if readers}
         before = set(self.store.models)
-        fits = self.store.make_room(info.size, await self.in_use(), busy)
+        fits = self.store.make_room(need, await self.in_use(), busy)
         gone = before - set(self.store.models)
         if gone:
             self.metrics.evicted.inc(len(gone))

@@ -53,7 +53,12 @@ class HubRefused(Exception):
 
 
 class CacheProblem(Exception):
-    """The node agent could not serve this: the hub is asked directly instead."""
+    """The node agent could not serve this: the hub is asked directly instead. `unreachable`: it did
+    not answer at all, so it is not asked again for the other files."""
+
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 @dataclass
@@ -116,7 +121,7 @@ class Fetcher:
                 raise HubRefused(f"the hub answered {answer.status} for {path}: {body[:300].decode(errors='replace')}")
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             if agent:
-                raise CacheProblem(f"the node cache is unreachable: {error!r}") from None
+                raise CacheProblem(f"the node cache is unreachable: {error!r}", unreachable=True) from None
             raise HubRefused(f"the hub is unreachable at {base}: {error!r}") from None
 
     async def listing(self, repo: str, revision: str) -> tuple[str, list[RepoFile]]:
@@ -153,7 +158,7 @@ class Fetcher:
                 if self.settings.warm_only:
                     raise HubRefused(f"the node cache could not be warmed: {problem}") from None
                 self.tally.problem(str(problem))
-                if "unreachable" in str(problem):
+                if problem.unreachable:
                     self.use_agent = False
         _, size = await self._stream(self.settings.hub + url_path, f, target, self.hub_timeout, agent=False)
         self.tally.hub += size
@@ -185,10 +190,10 @@ class Fetcher:
             _remove(partial)
             what = f"{f.path}: {error!r}"
             if agent:
-                reachable = received or isinstance(error, aiohttp.ClientPayloadError)
-                raise CacheProblem(
-                    f"the node cache failed on {what}" if reachable else f"the node cache is unreachable: {error!r}"
-                ) from None
+                reached = bool(received) or isinstance(error, aiohttp.ClientPayloadError)
+                if reached:
+                    raise CacheProblem(f"the node cache failed on {what}") from None
+                raise CacheProblem(f"the node cache is unreachable: {error!r}", unreachable=True) from None
             raise HubRefused(f"the download from the hub failed on {what}") from None
         if received != f.size or not digest.matches():
             _remove(partial)
