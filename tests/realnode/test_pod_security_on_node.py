@@ -168,3 +168,6 @@ def test_a_gated_model_on_the_node_goes_only_to_pods_whose_token_the_hub_accepts
         assert f"answered {status}" in condition["message"], condition
         assert not node.ready_pods(name)
     assert not _failed_creates(node)
+    # The refused pods restart their fetch with a backoff: gone before the next test (or the node's stop).
+    node.kubectl("delete", "modelserver", "refused", "anonymous", "--wait=false")
+    node.wait(lambda: not node.pods("refused") and not node.pods("anonymous"), "the refused pods gone", 120)
