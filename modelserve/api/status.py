@@ -154,8 +154,8 @@ class LastStart(BaseModel):
     )
     hub_bytes: int | None = Field(None, description="Bytes of the model read from the hub for this start.")
     node_bytes: int | None = Field(None, description="Bytes of the model read from the node's cache.")
-    node_cache: str = Field(
-        "", description="Why the node's cache was not used (it was down, full, or failed a file); empty when it was."
+    node_cache: str | None = Field(
+        None, description="Why the node's cache was not used (it was down, full, or failed a file); unset when it was."
     )
 
 
@@ -168,7 +168,7 @@ class NodeWarmth(BaseModel):
     state: Literal["Held", "Fetching", "Failed"] = Field(
         description="Held: its node cache holds the model whole; Fetching: its prefetch Job runs; Failed: it failed."
     )
-    message: str = Field("", description="Why it failed.")
+    message: str | None = Field(None, description="Why it failed.")
 
 
 class CacheStatus(BaseModel):
@@ -182,7 +182,7 @@ class CacheStatus(BaseModel):
         description="Each selected node.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["node"]},
     )
-    message: str = Field("", description="What keeps a node from holding it.")
+    message: str | None = Field(None, description="What keeps a node from holding it.")
 
 
 class ModelServerStatus(BaseModel):

@@ -60,7 +60,7 @@ def plan(ms: ModelServer, settings: Settings, nodes: list[dict[str, Any]], jobs:
             warmth.append(NodeWarmth(node=name, state="Held"))
             continue
         state, why = _job_state(by_node.get(name))
-        warmth.append(NodeWarmth(node=name, state=state, message=why))
+        warmth.append(NodeWarmth(node=name, state=state, message=why or None))
         if state == "Fetching":
             wanted.append(manifests.prefetch_job(ms, settings, name))
     held = sum(1 for node in warmth if node.state == "Held")
@@ -78,4 +78,5 @@ def plan(ms: ModelServer, settings: Settings, nodes: list[dict[str, Any]], jobs:
     else:
         message = ""
         condition = (True, "Held", f"every selected node ({held}) holds the model")
-    return Plan(wanted, CacheStatus(warm=f"{held}/{len(chosen)}", nodes=warmth, message=message), condition)
+    status = CacheStatus(warm=f"{held}/{len(chosen)}", nodes=warmth, message=message or None)
+    return Plan(wanted, status, condition)

@@ -46,7 +46,7 @@ class Start:
             source=fetch.source.value if fetch else None,
             hub_bytes=fetch.hub_bytes if fetch else None,
             node_bytes=fetch.node_bytes if fetch else None,
-            node_cache=fetch.node_cache if fetch else "",
+            node_cache=(fetch.node_cache or None) if fetch else None,
         )
 
     def describe(self) -> str:
