@@ -80,7 +80,7 @@ class FetchSettings:
     hub: str = env_setting("MODELSERVE_FETCH_HUB", base_url, default=DEFAULT_HUB)
     # The node agent's base URL; empty: straight from the hub.
     node_cache: str = env_setting("MODELSERVE_FETCH_NODE_CACHE", base_url, default="")
-    # The hub cache's `hub` directory (huggingface_hub's layout, which llama.cpp b9093 reads too).
+    # The hub cache's `hub` directory (huggingface_hub's layout, which llama.cpp b9093 and b11434 read too).
     cache_dir: Path = env_setting("MODELSERVE_FETCH_CACHE_DIR", path, default=Path(FETCH_MOUNT) / "hub")  # noqa: RUF009 - immutable
     # Prefetch: through the node agent into the node's cache only, nothing written here.
     warm_only: bool = env_setting("MODELSERVE_FETCH_WARM_ONLY", boolean, render_bool, default=False)

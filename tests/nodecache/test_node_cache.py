@@ -17,7 +17,11 @@ import httpx
 import pytest
 from huggingface_hub import snapshot_download
 
+from harness.testdata import model_server
+from modelserve.api import manifests
 from modelserve.contracts.nodecache import Source
+from modelserve.contracts.operator_settings import Settings
+from modelserve.engines.base import CONTAINER_NAME, HUB_CACHE_PATH
 from modelserve_sandbox.cluster import SMOLLM2_DISTRIBUTION, SMOLLM2_FILE, SMOLLM2_REPO, packaged_file
 from modelserve_sandbox.hub_mirror import HubFile, HubMirror, parse_bandwidth
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
@@ -246,32 +250,62 @@ def test_warming_a_node_writes_nothing_in_the_pod_and_the_next_pod_reads_the_nod
 
 
 def test_llama_cpp_loads_what_the_fetch_wrote_without_the_network(llama_server: Path, tmp_path: Path) -> None:
-    """The real llama-server, as the operator runs it with the node cache (`-hf <repo>:<quant>`,
-    LLAMA_OFFLINE, LLAMA_CACHE on the fetch's directory), serves SmolLM2 from the files the fetch
-    wrote; the hub it would ask is gone by then."""
+    """The real llama-server, as the operator runs it with the node cache (`-hf <repo>:<quant>`, the
+    engine's fetched environment: --offline by its variable, LLAMA_CACHE on the fetch's directory),
+    serves SmolLM2 from the files the fetch wrote, and asks the hub it is pointed at nothing."""
     smollm2 = packaged_file(SMOLLM2_DISTRIBUTION, SMOLLM2_FILE)
     assert smollm2 is not None, f"{SMOLLM2_DISTRIBUTION} is not installed (hack/install-python.sh)"
     (port,) = free_ports(1)
     mirror = HubMirror([HubFile(SMOLLM2_REPO, SMOLLM2_FILE, smollm2)], "127.0.0.1", port).start()
     try:
         fetched = run_fetch(f"{SMOLLM2_REPO}:Q4_1", tmp_path / "hub", mirror.url, layout="gguf")
+        assert fetched.returncode == 0, fetched.output
+        asked = _hub_requests(mirror)
+        llama_env = _rendered_llama_env()
+        assert llama_env.pop("LLAMA_CACHE") == f"{HUB_CACHE_PATH}/hub"  # moved to this test's directory
+        (engine_port,) = free_ports(1)
+        env = {**os.environ, **llama_env, "LLAMA_CACHE": str(tmp_path / "hub"), "MODEL_ENDPOINT": mirror.url}
+        argv = [
+            str(llama_server),
+            "-hf",
+            f"{SMOLLM2_REPO}:Q4_1",
+            "--alias",
+            "m",
+            "--port",
+            str(engine_port),
+            "-c",
+            "512",
+        ]
+        process = start_process("llama-server", argv, tmp_path / "logs", env=env)
+        try:
+            wait_until(
+                lambda: process.poll() is not None or _models(engine_port) == ["m"],
+                120,
+                "llama-server serving the fetched model",
+                on_timeout=lambda: "\n" + tail(tmp_path / "logs" / "llama-server.log"),
+            )
+            assert process.poll() is None, tail(tmp_path / "logs" / "llama-server.log")
+            # Offline for real: not even the repository's commit asked of the hub, which is up.
+            assert _hub_requests(mirror) == asked, tail(tmp_path / "logs" / "llama-server.log")
+        finally:
+            stop_process(process)
     finally:
         mirror.stop()
-    assert fetched.returncode == 0, fetched.output
-    (engine_port,) = free_ports(1)
-    env = {**os.environ, "LLAMA_OFFLINE": "1", "LLAMA_CACHE": str(tmp_path / "hub"), "MODEL_ENDPOINT": mirror.url}
-    argv = [str(llama_server), "-hf", f"{SMOLLM2_REPO}:Q4_1", "--alias", "m", "--port", str(engine_port), "-c", "512"]
-    process = start_process("llama-server", argv, tmp_path / "logs", env=env)
-    try:
-        wait_until(
-            lambda: process.poll() is not None or _models(engine_port) == ["m"],
-            120,
-            "llama-server serving the fetched model",
-            on_timeout=lambda: "\n" + tail(tmp_path / "logs" / "llama-server.log"),
-        )
-        assert process.poll() is None, tail(tmp_path / "logs" / "llama-server.log")
-    finally:
-        stop_process(process)
+
+
+def _rendered_llama_env() -> dict[str, str]:
+    """The llama.cpp variables of the engine container the operator renders for a cpu ModelServer
+    that fetches through the node cache."""
+    settings = Settings(sidecar_image="modelserve:test", node_cache_url="http://nodecache:8090")
+    ms = model_server(model=f"{SMOLLM2_REPO}:Q4_1", profile="cpu")
+    template = manifests.serving_pod_template(manifests.workload(ms, settings))
+    assert [c["name"] for c in template["spec"]["initContainers"]] == ["fetch"]
+    engine = next(c for c in template["spec"]["containers"] if c["name"] == CONTAINER_NAME)
+    return {var["name"]: var["value"] for var in engine["env"] if var["name"].startswith("LLAMA_")}
+
+
+def _hub_requests(hub: HubMirror) -> int:
+    return sum(client["requests"] for client in hub.bytes_by_client().values())
 
 
 def _models(port: int) -> list[str]:
