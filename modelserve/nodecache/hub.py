@@ -1,5 +1,5 @@
 """What the node cache knows of the Hugging Face Hub: model ids, which files an engine reads, the
-hub's hashes and how to check them, and huggingface_hub's cache layout (which llama.cpp b9093 reads
+hub's hashes and how to check them, and huggingface_hub's cache layout (which llama.cpp reads
 too). Pure functions, no I/O but the digests' reading of bytes given to them."""
 
 from __future__ import annotations
@@ -91,9 +91,14 @@ def _split_info(path: str) -> tuple[str, str, int, int]:
     return prefix, tag, index, count
 
 
+# GGUFs beside a model that llama.cpp never loads as the model: projectors, importance matrices, and
+# (since b11434, common/download.cpp's gguf_filename_is_model) speculative decoding's sidecars.
+_NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+
+
 def _is_gguf_model(path: str) -> bool:
     name = PurePosixPath(path).name
-    return path.lower().endswith(".gguf") and "mmproj" not in name and "imatrix" not in name
+    return path.lower().endswith(".gguf") and not any(word in name for word in _NOT_MODELS)
 
 
 def _quant_bits(path: str) -> int:
@@ -103,10 +108,11 @@ def _quant_bits(path: str) -> int:
 
 
 def gguf_files(files: list[RepoFile], tag: str) -> list[RepoFile]:
-    """The files llama.cpp b9093's `-hf <repo>:<tag>` loads: the first GGUF whose name carries the tag
-    (case-insensitive, followed by `.` or `-`; split parts beyond the first skipped), its other split
-    parts, and the multimodal projector nearest to it in directory and bits, as llama.cpp picks them;
-    without a tag Q4_K_M, then Q8_0, then the first GGUF. Empty: no GGUF matches."""
+    """The files llama.cpp b11434's `-hf <repo>:<tag>` loads (with no --spec-type, as we run it): the
+    first GGUF model whose name carries the tag (case-insensitive, followed by `.` or `-`; split parts
+    beyond the first skipped), its other split parts, and the multimodal projector nearest to it in
+    directory and bits, as llama.cpp picks them; without a tag Q4_K_M, then Q8_0, then the first GGUF
+    model. Empty: no GGUF matches."""
     primary = None
     for wanted in (tag,) if tag else DEFAULT_GGUF_TAGS:
         pattern = re.compile(re.escape(wanted) + r"[.-]", re.IGNORECASE)

@@ -38,6 +38,9 @@ def test_a_gguf_tag_picks_the_file_llama_cpp_loads() -> None:
     assert _paths(gguf_files(repo, "Q8_0")) == ["m-q8_0.gguf"]  # case-insensitive, '-' before the tag
     assert _paths(gguf_files(repo, "")) == ["m.Q4_K_M.gguf"]  # llama.cpp's default tag first
     assert gguf_files(repo, "Q2_K") == []
+    # b11434's speculative decoding sidecars are never the model, even listed first.
+    sidecars = _files("mtp-m-Q4_K_M.gguf", "eagle3-m-Q4_K_M.gguf", "dflash-m.Q4_K_M.gguf", "dspark-m.Q4_K_M.gguf")
+    assert _paths(gguf_files([*sidecars, *repo], "")) == ["m.Q4_K_M.gguf"]
 
 
 def test_a_split_gguf_comes_whole_with_its_nearest_projector() -> None:
