@@ -65,6 +65,12 @@ NON_ROOT = (
 # pass all. The 16-GPU example is a LeaderWorkerSet, a kind checkov does not read: its leader and worker
 # pods meet Pod Security in tests/api/test_pod_security_cluster.py instead.
 WRITABLE_ROOT = "CKV_K8S_22"
+# The node cache's agent runs with no capability, but its hostPath store is made by the kubelet, root's:
+# one init container (own-store) runs as root with CAP_CHOWN alone (everything else dropped, no privilege
+# escalation) to give that directory to the agent's user (charts/modelserve/templates/nodecache.yaml).
+# checkov reads the DaemonSet as a whole; the test below holds the added capability to that one step.
+ADDED_CAPABILITY = "CKV_K8S_25"
+NODE_CACHE_DAEMONSET = "DaemonSet/modelserve-system/ms-modelserve-nodecache"
 GPU_PROFILES = ("high-throughput", "low-latency")
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml")) + sorted((REPO / "examples").glob("external/*.yaml"))
 MODELSERVE = Path(sys.executable).with_name("modelserve")
@@ -108,18 +114,32 @@ def _gpu_engine_deployments() -> list[str]:
     ]
 
 
+def _added_capabilities(chart: Path) -> dict[tuple[str, str], list[str]]:
+    """(kind, container) -> the capabilities it adds, of every container the chart renders."""
+    added = {}
+    for doc in yaml.safe_load_all(chart.read_text()):
+        pod = ((doc or {}).get("spec") or {}).get("template", {}).get("spec") or {}
+        for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+            caps = (container.get("securityContext") or {}).get("capabilities") or {}
+            if caps.get("add"):
+                added[(doc["kind"], container["name"])] = caps["add"]
+    return added
+
+
 def _resource(check: dict[str, Any]) -> str:
     kind, namespace, name = check["resource"].split(".")[:3]
     return f"{kind}/{namespace}/{name}"
 
 
-def test_checkov_finds_only_the_gpu_engines_writable_root(helm: Helm, tmp_path: Path) -> None:
+def test_checkov_finds_only_the_gpu_engines_writable_root_and_the_node_caches_chown(helm: Helm, tmp_path: Path) -> None:
     _write_manifests(helm, tmp_path)
     results = _results(tmp_path)
     failed = {(check["check_id"], _resource(check)) for check in results["failed_checks"]}
     expected = {(WRITABLE_ROOT, f"Deployment/default/{name}") for name in _gpu_engine_deployments()}
     assert expected, "no example runs vLLM or SGLang in a Deployment"
+    expected.add((ADDED_CAPABILITY, NODE_CACHE_DAEMONSET))
     assert failed == expected, sorted(failed ^ expected)
+    assert _added_capabilities(tmp_path / "chart.yaml") == {("DaemonSet", "own-store"): ["CHOWN"]}
     # Every chosen check ran on something (a misspelt id or an unread file passes nothing).
     passed = {(check["check_id"], _resource(check)) for check in results["passed_checks"]}
     assert {check for check, _ in passed | failed} == set(HARDENING + NON_ROOT)
