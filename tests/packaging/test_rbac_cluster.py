@@ -272,6 +272,9 @@ NEEDED = [
     ("watch", "pods"),
     ("patch", "pods"),
     ("create", "events"),
+    # spec.cache.prefetch: a Job per selected node fetches the model into that node's cache.
+    ("create", "jobs.batch"),
+    ("watch", "jobs.batch"),
 ]
 # What it must never do, in a namespace it serves or anywhere else.
 NEVER = [
@@ -291,7 +294,8 @@ NEVER = [
     ("get", "serviceaccounts"),
     ("create", "daemonsets.apps"),
     ("create", "statefulsets.apps"),
-    ("create", "jobs.batch"),
+    ("delete", "jobs.batch"),  # a prefetch Job goes with its ModelServer (owner references)
+    ("create", "cronjobs.batch"),
     ("create", "roles.rbac.authorization.k8s.io"),
     ("create", "rolebindings.rbac.authorization.k8s.io"),
     ("create", "serviceaccounts/token"),
@@ -461,9 +465,11 @@ def test_watched_namespaces_install(rbac_cluster: Cluster, tmp_path: Path) -> No
     own = dict.fromkeys(NEEDED + NEVER, False) | {("list", "pods"): True, ("watch", "pods"): True}
     _assert_matrix(cluster, install, [install.namespace], own)
     _assert_matrix(cluster, install, [None], dict.fromkeys(NEVER_CLUSTER, False))
-    # Cluster-scoped reads kopf uses: CRDs and namespace names, nothing else.
+    # Cluster-scoped reads kopf uses: CRDs and namespace names; and the nodes' labels a prefetch selects
+    # by (listed and watched, never one read by name); nothing else.
     assert can_i(cluster, install, "watch", "customresourcedefinitions.apiextensions.k8s.io", None)
     assert can_i(cluster, install, "list", "namespaces", None)
+    assert can_i(cluster, install, "list", "nodes", None) and can_i(cluster, install, "watch", "nodes", None)
     assert not can_i(cluster, install, "get", "customresourcedefinitions.apiextensions.k8s.io", None)
 
     gateway = {**dict.fromkeys(GATEWAY_NEEDED, True), **dict.fromkeys(GATEWAY_NEVER, False)}
