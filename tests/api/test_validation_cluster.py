@@ -41,7 +41,7 @@ def test_examples_are_accepted_and_defaulted(cluster: Cluster, crd_installed: No
 
     stored = {name: dry_run(manifest)["spec"] for name, manifest in examples().items()}
     cpu = stored["smollm2-135m-cpu"]
-    # No targetPerReplica stored: its default is the profile's, rendered by the operator (issue 45).
+    # No targetPerReplica: unset, it is the profile's default, which the operator computes (issue 45).
     autoscaling = {"scaleDownDelaySeconds": 300, "idleWindowSeconds": 600}
     assert cpu["replicas"] == {"min": 1, "buffer": 0, "max": 1, **autoscaling} and cpu["dtype"] == "auto"
     assert cpu["auth"] == {"mode": "public"} and cpu["torchCompile"] is False

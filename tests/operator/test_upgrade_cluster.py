@@ -23,6 +23,7 @@ import pytest
 
 from harness.testdata import CRD_PATH
 from modelserve import __version__
+from modelserve.api.spec import ModelServer
 from modelserve.engines import vllm
 from modelserve.kube.apply import Kube
 from modelserve.kube.lease import Elector, Timing
@@ -76,6 +77,14 @@ def _pods(cluster: Cluster, namespace: str, name: str) -> dict[str, dict[str, st
         for pod in items["items"]
         if not pod["metadata"].get("deletionTimestamp")
     }
+
+
+def _default_workers(manifest: dict[str, Any]) -> int:
+    """The sidecar's workers the operator chooses for a ModelServer that names none (by model size:
+    LFM2-350M on one GPU streams enough tokens for several)."""
+    return ModelServer.from_manifest(
+        {**manifest, "metadata": {**manifest["metadata"], "namespace": "n"}}
+    ).spec.sidecar_workers
 
 
 def _fetches(cluster: Cluster, namespace: str, name: str) -> bool:
@@ -193,7 +202,7 @@ def test_an_operator_upgrade_restarts_no_model_pod_and_opting_in_rolls_that_mode
         assert kept["versions"] == {
             "sidecar": old_sidecar,
             "engine": before["kept"][next(iter(before["kept"]))]["engine"],
-            "sidecarWorkers": 4,  # the operator's default for a 350M model on one GPU (40k tokens/s)
+            "sidecarWorkers": _default_workers(_vllm("kept")),  # the operator's default, by model size
             "nodeCache": False,
         }
         assert (kept["upgrade"]["sidecar"], kept["upgrade"]["engine"]) == (BUMPED_SIDECAR, BUMPED_VLLM)
