@@ -115,3 +115,8 @@ def run_fetch(model: str, cache_dir: Path, hub: str, node_cache: str = "", token
 def hub_file_bytes(hub: HubMirror) -> int:
     """Bytes of model files the hub has sent so far, to every client."""
     return sum(client["files"] for client in hub.bytes_by_client().values())
+
+
+def hub_requests(hub: HubMirror) -> int:
+    """Requests the hub has answered so far (files and API), from every client."""
+    return sum(client["requests"] for client in hub.bytes_by_client().values())

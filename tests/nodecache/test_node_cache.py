@@ -28,6 +28,7 @@ from modelserve_sandbox.processes import free_ports, start_process, stop_process
 from tests.helpers.node_cache import (
     finish,
     hub_file_bytes,
+    hub_requests,
     run_fetch,
     running_agent,
     start_fetch,
@@ -260,7 +261,7 @@ def test_llama_cpp_loads_what_the_fetch_wrote_without_the_network(llama_server: 
     try:
         fetched = run_fetch(f"{SMOLLM2_REPO}:Q4_1", tmp_path / "hub", mirror.url, layout="gguf")
         assert fetched.returncode == 0, fetched.output
-        asked = _hub_requests(mirror)
+        asked = hub_requests(mirror)
         llama_env = _rendered_llama_env()
         assert llama_env.pop("LLAMA_CACHE") == f"{HUB_CACHE_PATH}/hub"  # moved to this test's directory
         (engine_port,) = free_ports(1)
@@ -286,7 +287,7 @@ def test_llama_cpp_loads_what_the_fetch_wrote_without_the_network(llama_server: 
             )
             assert process.poll() is None, tail(tmp_path / "logs" / "llama-server.log")
             # Offline for real: not even the repository's commit asked of the hub, which is up.
-            assert _hub_requests(mirror) == asked, tail(tmp_path / "logs" / "llama-server.log")
+            assert hub_requests(mirror) == asked, tail(tmp_path / "logs" / "llama-server.log")
         finally:
             stop_process(process)
     finally:
@@ -302,10 +303,6 @@ def _rendered_llama_env() -> dict[str, str]:
     assert [c["name"] for c in template["spec"]["initContainers"]] == ["fetch"]
     engine = next(c for c in template["spec"]["containers"] if c["name"] == CONTAINER_NAME)
     return {var["name"]: var["value"] for var in engine["env"] if var["name"].startswith("LLAMA_")}
-
-
-def _hub_requests(hub: HubMirror) -> int:
-    return sum(client["requests"] for client in hub.bytes_by_client().values())
 
 
 def _models(port: int) -> list[str]:
