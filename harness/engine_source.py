@@ -648,16 +648,34 @@ def mentioned_env(files: Iterable[Path]) -> frozenset[str]:
     return frozenset(out)
 
 
-def dict_keys(path: Path, name: str) -> tuple[str, ...]:
-    """The string keys of the dict literal assigned to `name` (module or class level) in `path`."""
+def _assigned(path: Path, name: str) -> Iterator[ast.expr]:
+    """The values assigned to `name` (module or class level) in `path`."""
     for node in ast.walk(ast.parse(path.read_text())):
         targets = (
             node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
         )
-        value = node.value if any(isinstance(t, ast.Name) and t.id == name for t in targets) else None  # type: ignore[union-attr]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and node.value is not None:  # type: ignore[union-attr]
+            yield node.value  # type: ignore[union-attr]
+
+
+def _strings(nodes: Iterable[ast.expr | None]) -> tuple[str, ...]:
+    return tuple(n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str))
+
+
+def dict_keys(path: Path, name: str) -> tuple[str, ...]:
+    """The string keys of the dict literal assigned to `name` (module or class level) in `path`."""
+    for value in _assigned(path, name):
         if isinstance(value, ast.Dict):
-            return tuple(k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+            return _strings(value.keys)
     raise LookupError(f"no dict literal {name} in {path}")
+
+
+def list_items(path: Path, name: str) -> tuple[str, ...]:
+    """The strings of the list or tuple literal assigned to `name` (module or class level) in `path`."""
+    for value in _assigned(path, name):
+        if isinstance(value, (ast.List, ast.Tuple)):
+            return _strings(value.elts)
+    raise LookupError(f"no list literal {name} in {path}")
 
 
 # --- llama.cpp --------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from .engine_source import (
     cpp_args,
     cpp_routes,
     dict_keys,
+    list_items,
     mentioned_env,
     python_options,
 )
@@ -140,3 +141,19 @@ def default_batch(engine: str) -> int:
     text = (root / "tools/server/server.cpp").read_text()
     auto = text.split("params.n_parallel < 0", 1)[1]
     return int(re.search(r"params\.n_parallel = (\d+);", auto).group(1))  # type: ignore[union-attr]
+
+
+# Where each Python engine lists the names `--load-format` takes: vLLM's loader table, which refuses
+# any other name at start (its parser takes any string), SGLang's argparse choices.
+LOAD_FORMAT_SOURCES = {
+    "vllm": ("vllm/model_executor/model_loader/__init__.py", "_LOAD_FORMAT_TO_MODEL_LOADER"),
+    "sglang": ("sglang/srt/arg_groups/choices.py", "LOAD_FORMAT_CHOICES"),
+}
+
+
+def load_format_choices(engine: str) -> tuple[str, tuple[str, ...]]:
+    """(source file, the names the pinned version's `--load-format` takes), read from that file."""
+    file, name = LOAD_FORMAT_SOURCES[engine]
+    path = source_root(engine) / file
+    read = dict_keys if engine == "vllm" else list_items
+    return file, read(path, name)

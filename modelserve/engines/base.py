@@ -104,6 +104,9 @@ class Engine:
     probe_timeout_seconds: float = 5.0
     # The names this version's --tool-call-parser accepts; empty: the engine takes no parser name.
     tool_call_parsers: tuple[str, ...] = ()
+    # The faster weight loaders spec.loadFormat offers (`--load-format`), each one this version's own
+    # loader table takes; empty: the engine has no such flag, and spec.loadFormat is refused.
+    load_formats: tuple[str, ...] = ()
     # Every spelling of the flags the operator sets for the pod's wiring (address, port, key, served
     # name): engineArgs may not set them, or the engine would answer where the sidecar does not look.
     owned_flags: tuple[str, ...] = ("--host", "--port", "--api-key", "--served-model-name")

@@ -107,6 +107,12 @@ TOOL_CALL_PARSERS = tuple(
     """.split()
 )
 
+# The faster loaders spec.loadFormat offers as `--load-format`, as vLLM's (vllm.py): both are among
+# the flag's argparse choices in SGLang 0.5.23 (`LOAD_FORMAT_CHOICES`, python/sglang/srt/arg_groups/
+# choices.py), checked by tests/engines/test_engine_source.py; any other name stops the server at start
+# with `invalid choice`.
+LOAD_FORMATS = ("runai_streamer", "fastsafetensors")
+
 # What opens SGLang 0.5.23's administration routes beyond those open by default (which only the
 # sidecar's allowlist closes), checked against the sglang-0.5.23 wheel (python/sglang/srt/) by
 # tests/engines/test_engine_source.py, which derives every flag and variable in the conditions around
@@ -204,6 +210,7 @@ ENGINE = SGLang(
     # off; spec.env may turn it back on), SGLang's own verdict comes before the sidecar gives up.
     probe_timeout_seconds=25.0,
     tool_call_parsers=TOOL_CALL_PARSERS,
+    load_formats=LOAD_FORMATS,
     abbreviated_flags=True,  # argparse takes unambiguous prefixes of long flags
     spans_nodes=True,  # every pod of a group runs the server, told its rank (launch)
     # SGLang 0.5.23's spellings (srt/arg_groups/fields/parallel.py), --nccl-init-addr the old name of

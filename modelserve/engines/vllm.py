@@ -98,6 +98,13 @@ TOOL_CALL_PARSERS = tuple(
     """.split()
 )
 
+# The faster loaders spec.loadFormat offers as `--load-format`: runai_streamer streams safetensors
+# with concurrent reads, fastsafetensors (its package in the image) reads them straight to the GPU.
+# vLLM 0.33.0's parser takes any string (a plugin may register a loader); at start get_model_loader
+# refuses a name missing from `_LOAD_FORMAT_TO_MODEL_LOADER` (vllm/model_executor/model_loader/
+# __init__.py, keyed by its `LoadFormats`), checked by tests/engines/test_engine_source.py.
+LOAD_FORMATS = ("runai_streamer", "fastsafetensors")
+
 # What opens vLLM 0.33.0's administration routes, checked against the vllm-0.33.0 wheel (paths
 # relative to vllm/entrypoints/) by tests/engines/test_engine_source.py, which derives every flag and
 # variable in the conditions around a route's registration.
@@ -164,6 +171,7 @@ ENGINE = VLLM(
     on_gpus=True,
     routes=engine_routes.VLLM,
     tool_call_parsers=TOOL_CALL_PARSERS,
+    load_formats=LOAD_FORMATS,
     # vLLM's FlexibleArgumentParser, an argparse parser, reads `_` as `-` in long flags and takes
     # unambiguous prefixes.
     abbreviated_flags=True,

@@ -1,8 +1,9 @@
 """Each pinned engine's hand-kept tables against the engine's own source (the wheel or sdist the set-up
 fetches): the routes its server registers, the flags and variables in the conditions around them, the
-flags it defines and its tool-call parser names, derived by harness/engine_source.py. A new release's
-new route, route-opening flag or parser shows here as a failure that names it, where to add it, and
-the source line that registers it (docs/architecture.md: "Bumping an engine")."""
+flags it defines, its tool-call parser names and the names its --load-format takes, derived by
+harness/engine_source.py and engine_sources.py. A new release's new route, route-opening flag or parser
+shows here as a failure that names it, where to add it, and the source line that registers it
+(docs/architecture.md: "Bumping an engine")."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from functools import cache
 import pytest
 
 from harness.engine_source import Facts, fixture_rows
-from harness.engine_sources import default_batch, derive, exported_metrics
+from harness.engine_sources import LOAD_FORMAT_SOURCES, default_batch, derive, exported_metrics, load_format_choices
 from modelserve.api.spec import LORA_RANKS
 from modelserve.contracts import routes
 from modelserve.engines import REGISTRY, llamacpp, sglang, vllm
@@ -182,6 +183,20 @@ def test_the_default_batch_is_the_versions(name: str) -> None:
 def test_the_tool_call_parsers_are_the_versions(name: str) -> None:
     have, want = set(engine(name).tool_call_parsers), set(facts(name).tool_call_parsers)
     assert have == want, f"{version(name)} adds {sorted(want - have)} and drops {sorted(have - want)}"
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_every_offered_load_format_is_one_the_version_takes(name: str) -> None:
+    """spec.loadFormat's values (the CRD's rules) are names the pinned engine's --load-format takes; an
+    engine without the flag offers none."""
+    offered = engine(name).load_formats
+    if name not in LOAD_FORMAT_SOURCES:
+        assert not offered, f"{version(name)} has no --load-format (modelserve/engines/{name}.py)"
+        return
+    file, takes = load_format_choices(name)
+    assert offered and len(set(offered)) == len(offered)
+    unknown = [f for f in offered if f not in takes]
+    assert not unknown, f"{version(name)} takes no --load-format {unknown} ({file}: {', '.join(takes)})"
 
 
 @pytest.mark.parametrize("name", ENGINES)
