@@ -1,7 +1,8 @@
 """The spec's rules made from the engine registry (`modelserve.engines.ENGINES`): each engine's
-facts (GPUs, nodes, dtypes, its own fields, tagged model ids, adapters, tool-call parsers, the flags
-and variables it refuses) become CEL for the API server and the same test in Python, so adding an
-engine adds its rules. Each function takes the registry, by default the real one (tests pass others).
+facts (GPUs, nodes, dtypes, its own fields, tagged model ids, adapters, tool-call parsers, faster
+loaders, the flags and variables it refuses) become CEL for the API server and the same test in
+Python, so adding an engine adds its rules. Each function takes the registry, by default the real
+one (tests pass others).
 """
 
 from __future__ import annotations
@@ -363,6 +364,70 @@ def tool_call_parser_rules(engines: Registry = ENGINES) -> tuple[Rule, ...]:
                 "toolCallParser",
                 lambda s, profile=profile, parsers=parsers: (
                     s.profile != profile or s.tool_call_parser is None or s.tool_call_parser in parsers
+                ),
+            )
+        )
+    return tuple(rules)
+
+
+LOAD_FORMAT_FLAGS = ("--load-format",)
+
+
+def load_formats_taken(engines: Registry = ENGINES) -> str:
+    """Each profile whose engine offers faster loaders, with its pinned version and their names: what
+    spec.loadFormat takes, for its description and the refusals."""
+    return _listed(
+        [
+            f"{_listed(engine.load_formats, 'or')} with profile {profile} ({engine.title} {engine.version})"
+            for profile, engine in engines.items()
+            if engine.load_formats
+        ]
+    )
+
+
+def load_format_rules(engines: Registry = ENGINES) -> tuple[Rule, ...]:
+    """loadFormat only with an engine that offers faster loaders, then one of them (each a name the
+    pinned version's --load-format takes), and never beside --load-format in engineArgs, which would
+    make the engine read two loaders and keep the last. A wrong name only shows when the engine exits
+    at start. Profile external refuses the field with every engine field (spec.py)."""
+    taken = load_formats_taken(engines)
+    rules = [
+        Rule(
+            f"{_is_not([str(profile)])} || !has(self.loadFormat)",
+            f"loadFormat does not apply to profile {profile}: {engine.why_not('loadFormat')} (loadFormat takes "
+            f"{taken})",
+            "loadFormat",
+            lambda s, profile=profile: s.profile != profile or s.load_format is None,
+        )
+        for profile, engine in engines.items()
+        if not engine.load_formats
+    ]
+    for profile, engine in engines.items():
+        formats = engine.load_formats
+        if not formats:
+            continue
+        rules.append(
+            Rule(
+                f"self.profile != '{profile}' || !has(self.loadFormat) || self.loadFormat in {cel_list(formats)}",
+                f"loadFormat must be {_listed(formats, 'or')} for profile {profile}: the faster loaders offered, "
+                f"each one {engine.title} {engine.version}'s --load-format takes",
+                "loadFormat",
+                lambda s, profile=profile, formats=formats: (
+                    s.profile != profile or s.load_format is None or s.load_format in formats
+                ),
+            )
+        )
+        rules.append(
+            Rule(
+                f"self.profile != '{profile}' || !has(self.loadFormat) || !has(self.engineArgs) || "
+                f"!{engine.any_sets_flag_cel('self.engineArgs', LOAD_FORMAT_FLAGS)}",
+                f"loadFormat and --load-format in engineArgs must not both be set with profile {profile} "
+                f"({engine.title}; {engine.spelling}): loadFormat passes --load-format itself",
+                "loadFormat",
+                lambda s, profile=profile, engine=engine: (
+                    s.profile != profile
+                    or s.load_format is None
+                    or not any(engine.sets_flag(a, LOAD_FORMAT_FLAGS) for a in s.engine_args)
                 ),
             )
         )

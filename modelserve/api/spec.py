@@ -436,6 +436,8 @@ ADAPTER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
 # A hub id without a :quant tag, or an absolute path (in the cache volume).
 ADAPTER_SOURCE_PATTERN = r"^(/\S+|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)$"
 MAX_ADAPTERS = 32
+# "runai_streamer or fastsafetensors with profile high-throughput (vLLM 0.33.0); ... low-latency ..."
+LOAD_FORMATS_TAKEN = engine_rules.load_formats_taken()
 ADAPTERS_NAMED = engine_rules.named(engine_rules.adapter_profiles())  # "profiles high-throughput and low-latency"
 # vLLM 0.33.0's --max-lora-rank choices (config/lora.py MaxLoRARanks); SGLang takes any rank.
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -525,6 +527,7 @@ ENGINE_FIELDS = (
     ("maxModelLen", "max_model_len", "has(self.maxModelLen)"),
     ("gpuMemoryUtilization", "gpu_memory_utilization", "has(self.gpuMemoryUtilization)"),
     ("toolCallParser", "tool_call_parser", "has(self.toolCallParser)"),
+    ("loadFormat", "load_format", "has(self.loadFormat)"),
     ("chatTemplate", "chat_template", "has(self.chatTemplate)"),
     ("hfTokenSecretRef", "hf_token_secret_ref", "has(self.hfTokenSecretRef)"),
     ("cache", "cache", "has(self.cache)"),
@@ -591,6 +594,12 @@ class ModelServerSpec(WireModel):
             "hermes, llama3_json; SGLang: e.g. lfm2, hermes, llama3); enables tool_choice auto.",
         )
     )
+    load_format: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_]*$", max_length=64)] | None = Field(
+        None,
+        description=f"A faster weight loader, passed to the engine as --load-format: {LOAD_FORMATS_TAKEN}. "
+        "runai_streamer streams safetensors with concurrent reads; fastsafetensors needs its package in the "
+        "engine image and GPU direct storage to pay off. Unset: the engine's own loader.",
+    )
     chat_template: Annotated[str, StringConstraints(min_length=1, max_length=CHAT_TEMPLATE_MAX_LENGTH)] | None = Field(
         None,
         description="Jinja chat template the engine uses instead of the model's own (vLLM and SGLang "
@@ -643,7 +652,7 @@ class ModelServerSpec(WireModel):
     image: Annotated[str, StringConstraints(pattern=r"^[^\s]+$", max_length=512)] | None = Field(
         None,
         description="Engine image instead of the profile's pinned one; the operator still writes the pinned "
-        "version's flags and checks toolCallParser against the pinned version's parsers.",
+        "version's flags and checks toolCallParser and loadFormat against the pinned version's names.",
     )
     engine_args: Annotated[
         list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]], Field(max_length=64)
@@ -712,6 +721,7 @@ class ModelServerSpec(WireModel):
         *engine_rules.dtype_rules(),
         *engine_rules.gpu_memory_rules(),
         *engine_rules.tool_call_parser_rules(),
+        *engine_rules.load_format_rules(),
         Rule(
             f"self.profile == '{Profile.EXTERNAL}' || self.model.startsWith('/') || "
             f"self.model.matches('{HUB_ID_PATTERN}')",

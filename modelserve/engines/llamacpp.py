@@ -177,6 +177,7 @@ ENGINE = LlamaCpp(
     refusals=(
         ("dtype", "llama.cpp uses the GGUF's own types"),
         ("toolCallParser", "llama.cpp parses tool calls from the chat template"),
+        ("loadFormat", "llama.cpp maps its GGUF file and has no --load-format"),
         ("adapters", "llama.cpp takes LoRA only as GGUF files at start (--lora)"),
     ),
 )

@@ -45,6 +45,8 @@ class SGLang(Engine):
             out += ["--tool-call-parser", spec.tool_call_parser]
         if spec.chat_template is not None:
             out += ["--chat-template", CHAT_TEMPLATE_PATH]
+        if spec.load_format:
+            out += ["--load-format", spec.load_format]
         if spec.torch_compile:
             out.append("--enable-torch-compile")
         if spec.chunked_prefill_size is not None:

@@ -65,6 +65,9 @@ class SpecView(Protocol):
     def tool_call_parser(self) -> str | None: ...
 
     @property
+    def load_format(self) -> str | None: ...
+
+    @property
     def chat_template(self) -> str | None: ...
 
     @property

@@ -41,6 +41,8 @@ class VLLM(Engine):
             out += ["--enable-auto-tool-choice", "--tool-call-parser", spec.tool_call_parser]
         if spec.chat_template is not None:
             out += ["--chat-template", CHAT_TEMPLATE_PATH]
+        if spec.load_format:
+            out += ["--load-format", spec.load_format]
         if spec.adapters is not None:
             # The sidecar loads the adapters through /v1/load_lora_adapter (env below); these size
             # the engine's adapter slots once, at start.

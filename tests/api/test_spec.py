@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from harness.testdata import examples, invalid_cases
 from modelserve.api import spec as spec_module
 from modelserve.api.spec import AuthMode, Dtype, ModelServer, ModelServerSpec, Profile
-from modelserve.engines import sglang, vllm
+from modelserve.engines import engine_for, sglang, vllm
 
 
 def _manifest(spec: dict[str, Any], name: str = "m") -> dict[str, Any]:
@@ -117,6 +117,51 @@ def test_every_parser_of_the_pinned_engine_is_accepted(profile: Profile, parsers
         assert ModelServerSpec.model_validate({"model": "a/b", "profile": profile, "toolCallParser": name})
 
 
+@pytest.mark.parametrize("profile", [Profile.HIGH_THROUGHPUT, Profile.LOW_LATENCY])
+def test_every_offered_load_format_is_accepted_and_no_other(profile: Profile) -> None:
+    offered = engine_for(profile).load_formats
+    assert set(offered) == {"runai_streamer", "fastsafetensors"}
+    for name in offered:
+        spec = ModelServerSpec.model_validate({"model": "a/b", "profile": profile, "loadFormat": name})
+        assert spec.load_format == name and spec.to_wire()["loadFormat"] == name
+    # Loaders the engine has but we do not offer, and a name it lacks.
+    for name in ("npcache", "auto", "runai_streamer_sharded", "turbo"):
+        with pytest.raises(
+            ValidationError, match=f"loadFormat must be runai_streamer or fastsafetensors for profile {profile}"
+        ):
+            ModelServerSpec.model_validate({"model": "a/b", "profile": profile, "loadFormat": name})
+
+
+@pytest.mark.parametrize("arg", [["--load-format", "pt"], ["--load-format=pt"], ["--load-f", "pt"]])
+@pytest.mark.parametrize("profile", [Profile.HIGH_THROUGHPUT, Profile.LOW_LATENCY])
+def test_load_format_and_the_flag_in_engine_args_are_not_both_set(profile: Profile, arg: list[str]) -> None:
+    spec = {"model": "a/b", "profile": profile, "engineArgs": arg}
+    assert ModelServerSpec.model_validate(spec).engine_args == arg  # the flag alone is the user's
+    with pytest.raises(
+        ValidationError, match=f"loadFormat and --load-format in engineArgs must not both be set with profile {profile}"
+    ):
+        ModelServerSpec.model_validate({**spec, "loadFormat": "runai_streamer"})
+
+
+def test_vllm_reads_the_load_format_flag_with_underscores_too() -> None:
+    with pytest.raises(ValidationError, match="with _ for -"):
+        ModelServerSpec.model_validate(
+            {"model": "a/b", "loadFormat": "runai_streamer", "engineArgs": ["--load_format=pt"]}
+        )
+    # SGLang's parser has no `_` spelling: the flag is not --load-format to it (it exits on it at start).
+    low = {"model": "a/b", "profile": "low-latency", "loadFormat": "runai_streamer", "engineArgs": ["--load_format=pt"]}
+    assert ModelServerSpec.model_validate(low).load_format == "runai_streamer"
+
+
+def test_cpu_refuses_a_load_format_naming_what_the_gpu_profiles_take() -> None:
+    cpu = {"model": "unsloth/gemma-3-270m-it-GGUF:Q4_K_M", "profile": "cpu"}
+    with pytest.raises(ValidationError) as refused:
+        ModelServerSpec.model_validate({**cpu, "loadFormat": "fastsafetensors"})
+    assert "loadFormat does not apply to profile cpu" in str(refused.value)
+    assert f"with profile high-throughput (vLLM {vllm.VERSION})" in str(refused.value)
+    assert f"with profile low-latency (SGLang {sglang.VERSION})" in str(refused.value)
+
+
 def test_names_must_be_dns_labels() -> None:
     with pytest.raises(ValueError, match=r"metadata\.name"):
         ModelServer.from_manifest(_manifest({"model": "a/b"}, name="a" * 64))
@@ -140,6 +185,7 @@ ENGINE_VALUES = {
     "maxModelLen": 4096,
     "gpuMemoryUtilization": 0.5,
     "toolCallParser": "hermes",
+    "loadFormat": "runai_streamer",
     "chatTemplate": "{{ messages }}",
     "hfTokenSecretRef": {"name": "hf"},
     "cache": {"size": "10Gi"},

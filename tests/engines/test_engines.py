@@ -66,6 +66,22 @@ def test_vllm_tool_parser_enables_auto_tool_choice() -> None:
     assert args[-5:] == ["--tensor-parallel-size", "2", "--enable-auto-tool-choice", "--tool-call-parser", "lfm2"]
 
 
+LOADER_EXAMPLES = {"lfm2-1.2b": "vllm", "lfm2-8b-a1b": "sglang"}
+
+
+@pytest.mark.parametrize("name", sorted(LOADER_EXAMPLES))
+def test_a_load_format_is_passed_as_the_engines_flag_before_engine_args(name: str) -> None:
+    base = examples()[name]
+    offered = engine_for(Profile(base["spec"]["profile"])).load_formats
+    assert offered and engine_for(Profile(base["spec"]["profile"])).name == LOADER_EXAMPLES[name]
+    for value in offered:
+        args = _container(_ms(base, loadFormat=value, engineArgs=["--seed", "1"]))["args"]
+        at = args.index("--load-format")
+        assert args[at + 1] == value and args.count("--load-format") == 1
+        assert args[-2:] == ["--seed", "1"]
+    assert not any(arg.startswith("--load-format") for arg in _container(_ms(base))["args"])
+
+
 def test_engine_args_come_last_and_image_override_keeps_the_program() -> None:
     ms = _ms(examples()["lfm2-1.2b"], engineArgs=["--max-num-seqs", "64"], image="registry.local/vllm:patched")
     container = _container(ms)
