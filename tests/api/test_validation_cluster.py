@@ -48,6 +48,21 @@ def test_examples_are_accepted_and_defaulted(cluster: Cluster, crd_installed: No
     assert stored["lfm2-1.2b"]["auth"] == {"mode": "private"}
 
 
+@pytest.mark.parametrize(
+    ("profile", "loader"), [("high-throughput", "runai_streamer"), ("low-latency", "fastsafetensors")]
+)
+def test_an_offered_load_format_is_accepted(
+    cluster: Cluster, crd_installed: None, namespace: str, profile: str, loader: str
+) -> None:
+    # The catalog holds the refused loadFormats; the CEL rules let the offered ones through.
+    manifest = examples()["lfm2-1.2b"]
+    manifest = {**manifest, "spec": {**manifest["spec"], "profile": profile, "loadFormat": loader}}
+    result = cluster.kubectl(
+        "apply", "-n", namespace, "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(manifest)
+    )
+    assert json.loads(result.stdout)["spec"]["loadFormat"] == loader
+
+
 def test_kubectl_explain_shows_the_field_descriptions(cluster: Cluster, crd_installed: None) -> None:
     def explained() -> bool:
         result = cluster.kubectl("explain", "modelserver.spec.gpus", check=False)
