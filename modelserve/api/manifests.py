@@ -116,8 +116,10 @@ def keys_secret_name(ms: ModelServer) -> str | None:
 
 
 def cache_claim_name(ms: ModelServer) -> str | None:
+    """The claim mounted as the hub cache: one named, or the one cache.size makes; None otherwise
+    (cache.node and cache.prefetch alone keep the pod's emptyDir)."""
     cache = ms.spec.cache
-    if cache is None:
+    if cache is None or (cache.claim_name is None and cache.size is None):
         return None
     return cache.claim_name or f"{ms.name}-hub-cache"
 

@@ -272,6 +272,15 @@ def test_existing_claim_is_mounted_and_not_created() -> None:
     assert {"name": "hub-cache", "persistentVolumeClaim": {"claimName": "models"}} in pod["volumes"]
 
 
+@pytest.mark.parametrize("cache", [{"node": True}, {"prefetch": {"nodeSelector": {"pool": "gpu"}}}, {"node": False}])
+def test_the_node_cache_settings_alone_keep_the_pods_own_hub_cache(cache: dict) -> None:
+    # No claim is named or made, so none is mounted (a pod naming a missing claim never schedules).
+    ms = _example("lfm2-1.2b", cache=cache)
+    assert all(obj["kind"] != "PersistentVolumeClaim" for obj in manifests.owned_objects(ms, SETTINGS, "k"))
+    pod = manifests.deployment(ms, SETTINGS)["spec"]["template"]["spec"]
+    assert {"name": "hub-cache", "emptyDir": {}} in pod["volumes"]
+
+
 def test_hf_token_comes_from_the_named_secret_and_user_env_wins() -> None:
     ms = _example(
         "lfm2-1.2b",
