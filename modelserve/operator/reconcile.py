@@ -337,9 +337,7 @@ class Reconciler:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         if status == previous:
             return
-        # A merge patch keeps what it does not name: null out what the status no longer has.
-        removed = {key: None for key in previous if key not in status}
-        written = self.kube.patch_status(API_VERSION, KIND, namespace, name, {**removed, **status})
+        written = self.kube.patch_status(API_VERSION, KIND, namespace, name, merge_patch(previous, status))
         # The next reconcile may come before the watch brings this back: it must not write it again.
         self.caches.modelservers.put(written)
         for transition in transitions(previous, status):
@@ -430,3 +428,17 @@ class Resync:
         while not self._stop.wait(self.interval):
             for body in self.caches.modelservers.items():
                 self.queue.add((body["metadata"]["namespace"], body["metadata"]["name"]))
+
+
+def merge_patch(previous: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch from `previous` to `wanted`: a merge patch keeps what it does not name, so
+    what `wanted` no longer has is nulled, in nested objects too (status.cache.message once every node
+    holds the model); lists are replaced whole."""
+    patch: dict[str, Any] = {key: None for key in previous if key not in wanted}
+    for key, value in wanted.items():
+        before = previous.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            patch[key] = merge_patch(before, value)
+        else:
+            patch[key] = value
+    return patch
