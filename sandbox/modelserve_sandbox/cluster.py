@@ -659,10 +659,26 @@ class Cluster:
             self.node_cache_ready,
             120,
             "the node cache agent Ready on the real node",
-            on_timeout=lambda: (
-                "\n" + self.kubectl("get", "pods", "-n", NODE_CACHE_NAMESPACE, "-o", "wide", check=False).stdout
-            ),
+            on_timeout=self._node_cache_story,
         )
+
+    def _node_cache_story(self) -> str:
+        """The agent's pods and its last container's own words: why it is not Ready."""
+        pods = self.kubectl("get", "pods", "-n", NODE_CACHE_NAMESPACE, "-o", "wide", check=False).stdout
+        selector = f"app.kubernetes.io/instance={NODE_CACHE_RELEASE}"
+        logs = self.kubectl(
+            "logs",
+            "-n",
+            NODE_CACHE_NAMESPACE,
+            "-l",
+            selector,
+            "--all-containers",
+            "--previous",
+            "--tail",
+            "20",
+            check=False,
+        )
+        return f"\n{pods}\n{logs.stdout}{logs.stderr}"
 
     def node_cache_ready(self) -> bool:
         """The node agent's DaemonSet has its pod on the real node, Ready."""

@@ -17,7 +17,7 @@ import openai
 from modelserve.operator.starts import fetch_result
 from modelserve_sandbox import realnode
 from modelserve_sandbox.host_programs import HostPrograms
-from tests.helpers.node_view import NodeView, Timeline, cpu_server, hub_file_bytes
+from tests.helpers.node_view import NodeView, Timeline, container_states, cpu_server, hub_file_bytes
 
 HELLO = [{"role": "user", "content": "Say hello"}]
 WAKE_SECONDS_AT_MOST = 240
@@ -36,7 +36,8 @@ def test_the_host_gateway_wakes_a_model_at_zero(sandbox: HostPrograms, view: Nod
         180,
     )
     cache = (view.get("modelserver", "sleeper") or {})["status"]["cache"]
-    assert cache["warm"] == "1/1" and cache["nodes"] == [{"node": realnode.NODE_NAME, "state": "Held"}], cache
+    held = [{"node": realnode.NODE_NAME, "state": "Held"}]
+    assert cache["warm"] == "1/1" and cache["nodes"] == held and "message" not in cache, cache
     hub_before = hub_file_bytes(view.cluster)
     client = openai.OpenAI(base_url=sandbox.gateway_url, api_key="none", timeout=WAKE_SECONDS_AT_MOST, max_retries=0)
     answer: dict[str, str] = {}
@@ -56,11 +57,12 @@ def test_the_host_gateway_wakes_a_model_at_zero(sandbox: HostPrograms, view: Nod
     while asking.is_alive() and time.monotonic() < deadline:
         held = httpx.get(f"http://{sandbox.gateway_address}/held", timeout=5).json()["held"]
         held_seen += [entry["requests"] for entry in held if entry["name"] == "sleeper"]
-        timeline.add(f"held {held_seen[-1:] or [0]}, pods {len(view.pods('sleeper'))}")
+        pods = view.pods("sleeper")
+        timeline.add(f"held {held_seen[-1:] or [0]}, pods {[container_states(pod) for pod in pods]}")
         time.sleep(0.5)
     asking.join(timeout=10)
     assert max(held_seen, default=0) == 1, f"the host gateway's /held showed {held_seen}\n{timeline}"
-    assert answer.get("content"), f"{answer}\n{timeline}"
+    assert answer.get("content"), f"{answer}\n{timeline}\n{view.get('modelserver', 'sleeper')}"
     # The gateway routes on the pod's readiness, the status follows on the operator's next reconcile.
     view.wait(
         lambda: ((view.get("modelserver", "sleeper") or {}).get("status") or {}).get("readyReplicas") == 1,
