@@ -33,9 +33,10 @@ VLLM_KEYS = (
     "distributed_executor_backend",
     "host",
     "port",
+    "load_format",
 )
 # SGLang 0.5.23's names (srt/arg_groups/fields/parallel.py: tp_size, with --tensor-parallel-size an alias).
-SGLANG_KEYS = ("model_path", "tp_size", "pp_size", "nnodes", "node_rank", "dist_init_addr")
+SGLANG_KEYS = ("model_path", "tp_size", "pp_size", "nnodes", "node_rank", "dist_init_addr", "load_format")
 
 
 def _group_env(worker_index: int) -> list[dict[str, str]]:
@@ -51,7 +52,9 @@ def _engines(manifest: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def test_vllm_reads_the_leaders_command_line(node_cluster: Cluster) -> None:
-    leader, _ = _engines(examples()["lfm2-24b-a2b-16gpu"])
+    # spec.loadFormat as the pinned parser reads it (engines' load_formats; refused at apply otherwise).
+    manifest = examples()["lfm2-24b-a2b-16gpu"]
+    leader, _ = _engines({**manifest, "spec": {**manifest["spec"], "loadFormat": "runai_streamer"}})
     assert leader["command"][:2] == ["/bin/sh", "-c"] and leader["command"][-1] == "vllm-leader"
     assert leader["image"] == VLLM_IMAGE
     # The image's Python runs vLLM's CLI on exactly the arguments `vllm serve "$@"` gets.
@@ -63,13 +66,14 @@ def test_vllm_reads_the_leaders_command_line(node_cluster: Cluster) -> None:
         "distributed_executor_backend": "ray",
         "host": "127.0.0.1",
         "port": 8000,
+        "load_format": "runai_streamer",
     }
 
 
 def test_sglang_reads_the_leaders_and_a_workers_command_lines(node_cluster: Cluster) -> None:
     volume = sglang_volume()
     manifest = examples()["lfm2-8b-a1b"]
-    manifest = {**manifest, "spec": {**manifest["spec"], "gpus": 16, "nodes": 2}}
+    manifest = {**manifest, "spec": {**manifest["spec"], "gpus": 16, "nodes": 2, "loadFormat": "fastsafetensors"}}
     for index, engine in enumerate(_engines(manifest)):
         assert engine["command"] == ["python3", "-m", "sglang.launch_server"]
         container = sglang_container(engine["args"], SGLANG_KEYS, _group_env(index))
@@ -80,4 +84,5 @@ def test_sglang_reads_the_leaders_and_a_workers_command_lines(node_cluster: Clus
             "nnodes": 2,
             "node_rank": index,
             "dist_init_addr": "m-0.m-0.ns:20000",
+            "load_format": "fastsafetensors",
         }
