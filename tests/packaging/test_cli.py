@@ -74,11 +74,21 @@ def test_render_takes_many_files_documents_and_stdin(tmp_path: Path) -> None:
     assert owners == {"<uid of the ModelServer>"}
 
 
+# Each invalid case's render, run once for the two tests that read it (a CLI start is about a second).
+_RENDERED: dict[str, subprocess.CompletedProcess] = {}
+
+
+def _render_refused(tmp_path: Path, case: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess:
+    if case not in _RENDERED:
+        _RENDERED[case] = modelserve("render", _write(tmp_path / f"{case}.yaml", manifest))
+    return _RENDERED[case]
+
+
 @pytest.mark.parametrize(("case", "manifest", "field", "says"), invalid_cases(), ids=[c[0] for c in invalid_cases()])
 def test_render_refuses_what_the_api_server_refuses(
     tmp_path: Path, case: str, manifest: dict, field: str, says: tuple[str, ...]
 ) -> None:
-    result = modelserve("render", _write(tmp_path / f"{case}.yaml", manifest))
+    result = _render_refused(tmp_path, case, manifest)
     assert result.returncode == 1 and not result.stdout
     assert f'ModelServer "{manifest["metadata"]["name"]}" is invalid:' in result.stderr
     named = [line.split(": ", 1)[0] for line in result.stderr.splitlines()[1:]]
@@ -131,7 +141,7 @@ def test_render_and_the_api_server_name_the_same_fields(cluster: Cluster, namesp
     rule_messages = {NAME_RULE.message, *rules_by_message()}
     for case, manifest, _, _ in invalid_cases():
         refusal = _api_server_refusal(cluster, namespace, manifest)
-        cli = modelserve("render", _write(tmp_path / f"{case}.yaml", manifest)).stderr.splitlines()[1:]
+        cli = _render_refused(tmp_path, case, manifest).stderr.splitlines()[1:]
         for line in cli:
             path, message = line.split(": ", 1)
             assert path in refusal, f"{case}: the API server does not name {path}:\n{refusal}"
