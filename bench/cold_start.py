@@ -94,6 +94,14 @@ def wait(condition: Callable[[], Any], seconds: float, what: str) -> None:
     wait_until(lambda: bool(condition()), seconds, what, interval=POLL)
 
 
+def answers(url: str) -> bool:
+    """True once `url` answers 200; a program still starting refuses the connection."""
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def manifest(engine: str, name: str, replicas: dict[str, int], claim: str | None) -> dict[str, Any]:
     body = yaml.safe_load(EXAMPLES[engine].read_text())
     body["metadata"]["name"] = name
@@ -384,11 +392,7 @@ def main() -> int:
         for mode in args.modes.split(","):
             operator_env = {} if mode != "baseline" else {"MODELSERVE_NODE_CACHE_URL": ""}
             with host_programs(cluster, operator_env) as programs:
-                wait(
-                    lambda: httpx.get(f"http://{programs.gateway_address}/healthz", timeout=2).status_code == 200,
-                    60,
-                    "the gateway",
-                )
+                wait(lambda: answers(f"http://{programs.gateway_address}/healthz"), 60, "the gateway")
                 for run in range(args.runs):
                     if mode == "cache":
                         cell.empty_node_cache()
