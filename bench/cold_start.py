@@ -301,7 +301,10 @@ class Cell:
         body["spec"]["engineArgs"] = [a for a in body["spec"].get("engineArgs", []) if a != "--enforce-eager"]
         try:
             self.cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
-            cold = self.started(namespace, name, set(), 1, time.monotonic(), hub_bytes(self.cluster))
+            try:
+                cold = self.started(namespace, name, set(), 1, time.monotonic(), hub_bytes(self.cluster))
+            except TimeoutError as error:
+                raise TimeoutError(f"{error}\n{self.engine_state(namespace, name)}") from error
             (pod,) = pods(self.cluster, namespace, name)
             exec_engine = ["exec", "-n", namespace, pod["metadata"]["name"], "-c", "engine", "--"]
             listing = self.cluster.kubectl(
@@ -323,6 +326,27 @@ class Cell:
             return cold.phases.get("engine", float("nan")), warm, listing.stdout + listing.stderr
         finally:
             self.remove(namespace)
+
+    def engine_state(self, namespace: str, name: str) -> str:
+        """Why a pod is not Ready, read before its namespace goes: the engine container's state, its
+        restarts and last exit, and the last lines of its log (the previous run's too, after a restart)."""
+        lines = []
+        for pod in pods(self.cluster, namespace, name):
+            pod_name = pod["metadata"]["name"]
+            for status in pod.get("status", {}).get("containerStatuses", []):
+                if status["name"] == "engine":
+                    lines.append(
+                        f"{pod_name} engine: restarts {status.get('restartCount', 0)}, state {status.get('state')}, "
+                        f"last {status.get('lastState')}"
+                    )
+            for previous in ("--previous", None):
+                logs = self.cluster.kubectl(
+                    "logs", "-n", namespace, pod_name, "-c", "engine", "--tail=25", *([previous] if previous else []),
+                    check=False,
+                )  # fmt: skip
+                if logs.returncode == 0 and logs.stdout.strip():
+                    lines.append(f"--- engine log{' (previous run)' if previous else ''}:\n{logs.stdout.rstrip()}")
+        return "\n".join(lines) or "no pod"
 
     def wake(self, namespace: str, claim: str | None, gateway: str) -> Sample:
         """A second ModelServer of the same model at zero; a streamed request held at the gateway wakes
@@ -400,8 +424,12 @@ def main() -> int:
                         plain.append(cell.plain_download())
                     claim_for = cell.floor_volume if mode == "floor" else (lambda _: None)
                     if "S6" in scenarios and mode == "cache":
-                        compiled.append(cell.compile_cache())
-                        print(f"S6 run {run}: engine phase cold {compiled[-1][0]:.1f} s, warm {compiled[-1][1]:.1f} s")
+                        try:
+                            cold, warm, listing = cell.compile_cache()
+                            compiled.append((cold, warm, listing))
+                            print(f"S6 run {run}: engine phase cold {cold:.1f} s, warm {warm:.1f} s")
+                        except TimeoutError as error:  # one scenario's failure is a figure, not the run's end
+                            print(f"S6 run {run}: not measured: {error}", flush=True)
                     wanted = set(scenarios) - {"S5", "S6"}
                     found = cell.run(scenarios, claim_for, programs.gateway_url) if wanted else {}
                     if "S5" in scenarios:
