@@ -51,6 +51,7 @@ from modelserve_sandbox.cluster import NODE_CACHE_NAMESPACE, Cluster
 from modelserve_sandbox.host_programs import host_programs
 from modelserve_sandbox.hub_mirror import parse_bandwidth
 from modelserve_sandbox.processes import wait_until
+from tests.helpers.node_view import container_states, restart_counts
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {
@@ -90,8 +91,8 @@ def ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
 
 
-def wait(condition: Callable[[], Any], seconds: float, what: str) -> None:
-    wait_until(lambda: bool(condition()), seconds, what, interval=POLL)
+def wait(condition: Callable[[], Any], seconds: float, what: str, on_timeout: Callable[[], str] | None = None) -> None:
+    wait_until(lambda: bool(condition()), seconds, what, interval=POLL, on_timeout=on_timeout)
 
 
 def answers(url: str) -> bool:
@@ -213,6 +214,7 @@ class Cell:
             lambda: sum(1 for p in pods(self.cluster, namespace, name) if ready(p)) >= count,
             READY_SECONDS[self.engine],
             f"{count} of {name} Ready",
+            on_timeout=lambda: "\n" + self.engine_state(namespace, name),
         )
         seconds = time.monotonic() - began
         new = [p for p in pods(self.cluster, namespace, name) if p["metadata"]["name"] not in known and ready(p)]
@@ -301,10 +303,7 @@ class Cell:
         body["spec"]["engineArgs"] = [a for a in body["spec"].get("engineArgs", []) if a != "--enforce-eager"]
         try:
             self.cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
-            try:
-                cold = self.started(namespace, name, set(), 1, time.monotonic(), hub_bytes(self.cluster))
-            except TimeoutError as error:
-                raise TimeoutError(f"{error}\n{self.engine_state(namespace, name)}") from error
+            cold = self.started(namespace, name, set(), 1, time.monotonic(), hub_bytes(self.cluster))
             (pod,) = pods(self.cluster, namespace, name)
             exec_engine = ["exec", "-n", namespace, pod["metadata"]["name"], "-c", "engine", "--"]
             listing = self.cluster.kubectl(
@@ -328,17 +327,12 @@ class Cell:
             self.remove(namespace)
 
     def engine_state(self, namespace: str, name: str) -> str:
-        """Why a pod is not Ready, read before its namespace goes: the engine container's state, its
-        restarts and last exit, and the last lines of its log (the previous run's too, after a restart)."""
+        """Why a pod is not Ready, read before its namespace goes: its containers' states and restarts,
+        and the last lines of the engine's log (the previous run's too, after a restart)."""
         lines = []
         for pod in pods(self.cluster, namespace, name):
             pod_name = pod["metadata"]["name"]
-            for status in pod.get("status", {}).get("containerStatuses", []):
-                if status["name"] == "engine":
-                    lines.append(
-                        f"{pod_name} engine: restarts {status.get('restartCount', 0)}, state {status.get('state')}, "
-                        f"last {status.get('lastState')}"
-                    )
+            lines.append(f"{pod_name}: {container_states(pod)}; restarts {restart_counts(pod)}")
             for previous in ("--previous", None):
                 logs = self.cluster.kubectl(
                     "logs", "-n", namespace, pod_name, "-c", "engine", "--tail=25", *([previous] if previous else []),
