@@ -513,6 +513,14 @@ class Cluster:
     def start_lws(self) -> None:
         """The LeaderWorkerSet CRDs and controller, its webhooks served on loopback (lws.py)."""
         assert self._pki
+        # The webhook configurations first, before the CRDs and the controller: their failurePolicy Fail then
+        # refuses, until the webhook answers, any LeaderWorkerSet or pod that would otherwise be made without
+        # the defaults and labels only the webhook sets (an operator waiting for LeaderWorkerSet created one
+        # the moment its CRD was served; the group's pods came without group-index, never counted ready).
+        configurations = lws.webhook_configurations(self.ports.lws_webhook, self._pki.ca_cert)
+        self.kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": configurations})
+        )
         self.kubectl("apply", "--server-side", "-f", str(lws.crd_dir(default_cache())))
         self.wait_established()
         cert_dir = self.workdir / "lws-certs"
@@ -532,10 +540,6 @@ class Cluster:
             60,
             "the LeaderWorkerSet controller's /readyz",
             on_timeout=lambda: self._check_alive(lws.BINARY),
-        )
-        configurations = lws.webhook_configurations(self.ports.lws_webhook, self._pki.ca_cert)
-        self.kubectl(
-            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": configurations})
         )
         wait_until(
             self._lws_webhook_answers,
