@@ -4,7 +4,7 @@ dev:
 
 test:
 	bash hack/setup.sh
-	.venv/bin/pytest
+	bash hack/run-tests.sh
 
 # One style: ruff's formatter and linter, configured in pyproject.toml (`ruff format .` applies it);
 # the one layering of modelserve/: import-linter's contracts in pyproject.toml; and the docs site,
