@@ -317,7 +317,7 @@ class RealNode:
             self.import_image(archive)
 
     def import_image(self, archive: Path) -> None:
-        # A bound, not an expectation: the 6.5 GB vLLM image took over 300 s on two cores busy with
+        # A bound, not an expectation: the 6.0 GB vLLM image took over 300 s on two cores busy with
         # the rest of the suite.
         self._ctr("images", "import", str(archive), timeout=900)
 

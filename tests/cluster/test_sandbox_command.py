@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_sandbox_serves_what_the_real_node_can_and_says_what_it_leaves_out(tmp_path: Path) -> None:
     sandbox = Path(sys.executable).with_name("modelserve-sandbox")
     result = subprocess.run(
-        # Start-up imports the node's images (vLLM's is 5.7 GB) before the examples are applied.
+        # Start-up imports the node's images (vLLM's is 6.0 GB) before the examples are applied.
         [str(sandbox), "--exit-when-settled", "--settle-timeout", "400", "--workdir", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
