@@ -27,6 +27,7 @@ reference. Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -204,7 +205,20 @@ class Cell:
         self.cluster.create_namespace(namespace)
         return namespace
 
+    def force_away(self, namespace: str, *selector: str) -> None:
+        """A bench's teardown, not a scenario: once no ReplicaSet is left to replace them, the pods go at
+        once rather than after the engine's preStop (the sidecar's whole drain budget, 65 s, each time),
+        so that the next scenario starts on an idle node."""
+        wait(lambda: not kubectl_json(self.cluster, "rs", "-n", namespace).get("items"), 120, "the ReplicaSets gone")
+        what = [*selector] if selector else ["--all"]
+        self.cluster.kubectl(
+            "delete", "pods", "-n", namespace, *what, "--grace-period=0", "--force", "--wait=false", check=False
+        )
+
     def remove(self, namespace: str) -> None:
+        self.cluster.kubectl("delete", "ms", "--all", "-n", namespace, "--wait=true", "--timeout=300s", check=False)
+        with contextlib.suppress(TimeoutError):
+            self.force_away(namespace)
         self.cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=300s", check=False)
         self.cluster.kubectl("delete", "pv", f"floor-{namespace}", "--ignore-not-found", check=False)
 
@@ -271,6 +285,7 @@ class Cell:
                 # Its replicas go first: the node's two GPUs are what a vLLM wake needs.
                 self.cluster.kubectl("delete", "ms", name, "-n", namespace, "--wait=true", "--timeout=300s")
                 selector = f"{SELECTOR}={name}"
+                self.force_away(namespace, "-l", selector)
                 wait(
                     lambda: not kubectl_json(self.cluster, "pods", "-n", namespace, "-l", selector).get("items"),
                     300,
@@ -306,22 +321,36 @@ class Cell:
             cold = self.started(namespace, name, set(), 1, time.monotonic(), hub_bytes(self.cluster))
             (pod,) = pods(self.cluster, namespace, name)
             exec_engine = ["exec", "-n", namespace, pod["metadata"]["name"], "-c", "engine", "--"]
-            listing = self.cluster.kubectl(
-                *exec_engine, "sh", "-c", "du -sh /root/.cache/vllm; find /root/.cache/vllm -maxdepth 4 | head -20",
-                check=False,
-            )  # fmt: skip
-            self.cluster.kubectl(*exec_engine, "kill", "-TERM", "1", check=False)
+            look = "du -sh /root/.cache/vllm /tmp/torchinductor_*; find /root/.cache/vllm -maxdepth 4 | head -20"
+            listing = self.cluster.kubectl(*exec_engine, "sh", "-c", look, check=False)
+            # The shell's kill: the engine's image has no kill program (procps).
+            self.cluster.kubectl(*exec_engine, "sh", "-c", "kill -TERM 1")
 
-            def restarted_ready() -> dict[str, Any] | None:
+            def engine_of(pod: dict[str, Any]) -> dict[str, Any]:
+                return next(c for c in pod["status"]["containerStatuses"] if c["name"] == "engine")
+
+            def restarted() -> dict[str, Any] | None:
                 (now,) = pods(self.cluster, namespace, name)
-                engine = next(c for c in now["status"]["containerStatuses"] if c["name"] == "engine")
-                return now if engine.get("restartCount", 0) >= 1 and ready(now) else None
+                return (
+                    now if engine_of(now).get("restartCount", 0) >= 1 and "running" in engine_of(now)["state"] else None
+                )
 
-            wait(restarted_ready, READY_SECONDS[self.engine], "the engine restarted and Ready")
-            now = restarted_ready() or {}
-            engine = next(c for c in now["status"]["containerStatuses"] if c["name"] == "engine")
+            # The pod stays Ready until the sidecar's probe fails (period 5 s, threshold 3): wait for it
+            # to turn not Ready before waiting for Ready again, or the warm figure is the old Ready.
+            wait(restarted, 120, "the engine restarted")
+            wait(lambda: not ready(restarted() or {}), 120, "the pod not Ready after the engine's restart")
+            wait(lambda: ready(restarted() or {}), READY_SECONDS[self.engine], "the engine restarted and Ready")
+            now = restarted() or {}
             ready_at = next(c for c in now["status"]["conditions"] if c["type"] == "Ready")["lastTransitionTime"]
-            warm = _stamp(ready_at) - _stamp(engine["state"]["running"]["startedAt"])
+            warm = _stamp(ready_at) - _stamp(engine_of(now)["state"]["running"]["startedAt"])
+            logs = [
+                self.cluster.kubectl(
+                    "logs", "-n", namespace, pod["metadata"]["name"], "-c", "engine", *flag, check=False
+                )
+                for flag in (["--previous"], [])
+            ]
+            said = [line for log in logs for line in log.stdout.splitlines() if "init engine" in line or "AOT" in line]
+            listing.stdout += "\n--- the engine's own words, cold then warm:\n" + "\n".join(said)
             return cold.phases.get("engine", float("nan")), warm, listing.stdout + listing.stderr
         finally:
             self.remove(namespace)
@@ -414,7 +443,7 @@ def main() -> int:
                 for run in range(args.runs):
                     if mode == "cache":
                         cell.empty_node_cache()
-                    if mode == "cache" and run == 0:
+                    if mode == "cache":  # each run's, so that S1's ratio is against a download of its own time
                         plain.append(cell.plain_download())
                     claim_for = cell.floor_volume if mode == "floor" else (lambda _: None)
                     if "S6" in scenarios and mode == "cache":
@@ -446,6 +475,10 @@ def main() -> int:
         print(f"{scenario:10} {mode:9} {summary(seconds):>18} {summary(mb):>18}  {one}")
     if plain:
         print(f"{'plain download of the same files at that bandwidth (host, from the hub)':<72} {summary(plain)}")
+        firsts = [s.phases.get("weights") for s in samples.get(("S1", "cache"), [])]
+        ratios = [w / p for w, p in zip(firsts, plain, strict=False) if w and p]  # a run against its own
+        if ratios:
+            print(f"{'S1 weights phase / the plain download of the same run':<72} {summary(ratios)}")
     if compiled:
         print(f"S6 engine phase, compile cache empty:  {summary([c[0] for c in compiled])}")
         print(f"S6 engine phase, compile cache kept:   {summary([c[1] for c in compiled])}")
