@@ -332,7 +332,7 @@ class Cell:
             def restarted() -> dict[str, Any] | None:
                 (now,) = pods(self.cluster, namespace, name)
                 return (
-                    now if engine_of(now).get("restartCount", 0) >= 1 and "running" in engine_of(now)["state"] else None
+                    now if restart_counts(now).get("engine", 0) >= 1 and "running" in engine_of(now)["state"] else None
                 )
 
             # The pod stays Ready until the sidecar's probe fails (period 5 s, threshold 3): wait for it
@@ -343,15 +343,10 @@ class Cell:
             now = restarted() or {}
             ready_at = next(c for c in now["status"]["conditions"] if c["type"] == "Ready")["lastTransitionTime"]
             warm = _stamp(ready_at) - _stamp(engine_of(now)["state"]["running"]["startedAt"])
-            logs = [
-                self.cluster.kubectl(
-                    "logs", "-n", namespace, pod["metadata"]["name"], "-c", "engine", *flag, check=False
-                )
-                for flag in (["--previous"], [])
-            ]
-            said = [line for log in logs for line in log.stdout.splitlines() if "init engine" in line or "AOT" in line]
-            listing.stdout += "\n--- the engine's own words, cold then warm:\n" + "\n".join(said)
-            return cold.phases.get("engine", float("nan")), warm, listing.stdout + listing.stderr
+            logs = [self.engine_log(namespace, pod["metadata"]["name"], previous) for previous in (True, False)]
+            said = [line for log in logs for line in log.splitlines() if "init engine" in line or "AOT" in line]
+            words = "\n--- the engine's own words, cold then warm:\n" + "\n".join(said)
+            return cold.phases.get("engine", float("nan")), warm, listing.stdout + listing.stderr + words
         finally:
             self.remove(namespace)
 
@@ -362,14 +357,19 @@ class Cell:
         for pod in pods(self.cluster, namespace, name):
             pod_name = pod["metadata"]["name"]
             lines.append(f"{pod_name}: {container_states(pod)}; restarts {restart_counts(pod)}")
-            for previous in ("--previous", None):
-                logs = self.cluster.kubectl(
-                    "logs", "-n", namespace, pod_name, "-c", "engine", "--tail=25", *([previous] if previous else []),
-                    check=False,
-                )  # fmt: skip
-                if logs.returncode == 0 and logs.stdout.strip():
-                    lines.append(f"--- engine log{' (previous run)' if previous else ''}:\n{logs.stdout.rstrip()}")
+            for previous in (True, False):
+                log = self.engine_log(namespace, pod_name, previous, "--tail=25")
+                if log.strip():
+                    lines.append(f"--- engine log{' (previous run)' if previous else ''}:\n{log.rstrip()}")
         return "\n".join(lines) or "no pod"
+
+    def engine_log(self, namespace: str, pod_name: str, previous: bool, *flags: str) -> str:
+        """The engine container's log (its run before the last restart: `previous`); empty if none."""
+        logs = self.cluster.kubectl(
+            "logs", "-n", namespace, pod_name, "-c", "engine", *flags, *(["--previous"] if previous else []),
+            check=False,
+        )  # fmt: skip
+        return logs.stdout if logs.returncode == 0 else ""
 
     def wake(self, namespace: str, claim: str | None, gateway: str) -> Sample:
         """A second ModelServer of the same model at zero; a streamed request held at the gateway wakes
