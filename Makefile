@@ -6,6 +6,12 @@ test:
 	bash hack/setup.sh
 	bash hack/run-tests.sh
 
+# The fast tier for contributors: the tests that need no control plane and no engine (the markers of
+# tests/conftest.py), with only the virtualenv installed. `make test` (and CI) still runs everything.
+test-fast:
+	bash hack/install-python.sh
+	.venv/bin/pytest -m "not cluster and not engine" -q
+
 # One style: ruff's formatter and linter, configured in pyproject.toml (`ruff format .` applies it);
 # the one layering of modelserve/: import-linter's contracts in pyproject.toml; and the docs site,
 # built strictly (mkdocs.yml): a broken link, a page left out of the nav or a moved anchor fails it
@@ -30,4 +36,4 @@ docs:
 	bash hack/install-mermaid.sh
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs serve
 
-.PHONY: dev test lint generate docs
+.PHONY: dev test test-fast lint generate docs

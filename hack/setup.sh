@@ -15,14 +15,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash hack/install-debian-packages.sh
+# Each step's seconds go to build/setup-times.txt (and to the terminal): hack/run-tests.sh prints
+# them again in its last lines, where CI's tail shows where a run's set-up went.
+TIMES=build/setup-times.txt
+mkdir -p build && : >"$TIMES"
+step() { # script -> runs it, records its wall seconds
+  local start=$SECONDS
+  bash "$1"
+  printf 'set-up %-34s %5d s\n' "$1" $((SECONDS - start)) | tee -a "$TIMES"
+}
 
-bash hack/install-python.sh
-bash hack/build-control-plane.sh
-bash hack/build-lws.sh
-bash hack/build-coredns.sh
-bash hack/install-vllm-cli.sh
-bash hack/install-sglang-cli.sh
-bash hack/build-llama-server.sh
-bash hack/install-checkov.sh
-bash hack/build-images.sh
+step hack/install-debian-packages.sh
+step hack/install-python.sh
+step hack/build-control-plane.sh
+step hack/build-lws.sh
+step hack/build-coredns.sh
+step hack/install-vllm-cli.sh
+step hack/install-sglang-cli.sh
+step hack/build-llama-server.sh
+step hack/install-checkov.sh
+step hack/build-images.sh
