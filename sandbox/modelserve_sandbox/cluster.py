@@ -226,7 +226,13 @@ class Cluster:
         self._pki: Pki | None = None
         self._node_tokens = realnode.NodeCredentials(secrets.token_hex(16), secrets.token_hex(16))
         self._real_node = (
-            realnode.RealNode(self.workdir, self.bin_dir, self.log_dir, realnode.image_archives(default_cache()))
+            realnode.RealNode(
+                self.workdir,
+                self.bin_dir,
+                self.log_dir,
+                realnode.image_archives(default_cache()),
+                image_store_dir=default_cache() / "node-images",
+            )
             if self.has_real_node
             else None
         )

@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cluster_dns
+from . import cluster_dns, image_store
 from .hoststate import HostState, kill_cgroup_processes, kubepods_cgroups
 from .processes import start_process, stop_process, tail, wait_until
 
@@ -205,11 +205,15 @@ class NodeCredentials:
 class RealNode:
     """containerd + kubelet + kube-proxy as one node of the sandbox cluster."""
 
-    def __init__(self, workdir: Path, bin_dir: Path, log_dir: Path, archives: list[Path]) -> None:
+    def __init__(
+        self, workdir: Path, bin_dir: Path, log_dir: Path, archives: list[Path], image_store_dir: Path | None = None
+    ) -> None:
         self.dir = workdir / "node"
         self.bin_dir = bin_dir
         self.log_dir = log_dir
         self.archives = archives
+        # Where the imported images are kept between starts (image_store.py); None: import at each start.
+        self.image_store_dir = image_store_dir
         self.socket = self.dir / "containerd.sock"
         self._lock_fd: int | None = None
         self._host: HostState | None = None
@@ -241,8 +245,16 @@ class RealNode:
     # --- life cycle ----------------------------------------------------------------------
     def start(self, ca_cert: Path, server: str, credentials: NodeCredentials, ports: tuple[int, int, int, int]) -> None:
         kubelet_port, kubelet_healthz, proxy_healthz, proxy_metrics = ports
-        self._start_containerd()
-        self._import_images()
+        root = self.dir / "containerd" / "root"
+        if self.image_store_dir is None:
+            self._start_containerd(root)
+            self._import_images()
+        else:
+            kept = image_store.kept_root(
+                self.image_store_dir, self.archives, image_store.containerd_version(), self._fill_image_store
+            )
+            image_store.linked_copy(kept, root)
+            self._start_containerd(root)
         kubelet_kubeconfig = self._kubeconfig("kubelet", ca_cert, server, credentials.kubelet_token)
         proxy_kubeconfig = self._kubeconfig("kube-proxy", ca_cert, server, credentials.proxy_token)
         kubelet_yaml = self.dir / "kubelet.yaml"
@@ -290,14 +302,23 @@ class RealNode:
     def _start(self, name: str, argv: list[str]) -> None:
         self._processes[name] = start_process(name, argv, self.log_dir)
 
-    def _start_containerd(self) -> None:
+    def _fill_image_store(self, root: Path) -> None:
+        """The kept root's first fill: this node's containerd on it, importing every archive."""
+        self._start_containerd(root)
+        try:
+            self._import_images()
+        finally:
+            stop_process(self._processes.pop("containerd"))
+            shutil.rmtree(self.dir / "containerd" / "state", ignore_errors=True)  # the node's own starts anew
+
+    def _start_containerd(self, root: Path) -> None:
         cni_conf = self.dir / "cni" / "net.d"
         cni_conf.mkdir(parents=True, exist_ok=True)
         (cni_conf / "10-modelserve.conflist").write_text(json.dumps(cni_conflist(self.dir / "cni" / "ipam")))
         config = self.dir / "containerd.toml"
         config.write_text(
             containerd_config(
-                self.dir / "containerd" / "root",
+                root,
                 self.dir / "containerd" / "state",
                 self.socket,
                 self.dir / "runc",
