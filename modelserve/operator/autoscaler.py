@@ -8,7 +8,9 @@ Up: at once, to the recommendation (pods still loading count as replicas, so a b
 answered twice). Down: only to the highest recommendation seen over the scale-down delay, at most
 halving per step, never while a replica is still loading, and never before this process has
 watched a whole delay (after a restart it knows nothing of the minutes before). With `min: 0` an
-idle ModelServer reaches zero: buffer replicas do not keep it awake.
+idle ModelServer reaches zero: buffer replicas do not keep it awake, and while it is active one
+replica stays whatever the buffer (`replicas.idleWindowSeconds` keeps the last replica; without it,
+requests a few seconds apart would each pay a cold start).
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ def recommendation(policy: Policy, load: Load) -> int:
     needed = max(0, math.ceil(demand / policy.target - policy.tolerance))
     if demand > 0:
         needed = max(needed, 1)
-    wanted = needed + (policy.buffer if is_active(policy, load) else 0)
+    active = is_active(policy, load)
+    # Active, the last replica stays for the idle window even with min 0 and buffer 0.
+    wanted = max(needed + (policy.buffer if active else 0), 1 if active else 0)
     return max(policy.min, min(policy.max, wanted))
 
 

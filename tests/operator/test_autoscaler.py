@@ -44,6 +44,21 @@ def test_the_worked_example() -> None:
     assert recommendation(TO_ZERO, Load(1000.0, 0, 1, None)) == 2
 
 
+def test_the_idle_window_keeps_the_last_replica_of_a_min_zero_model() -> None:
+    # min 0, buffer 0, no delay: a model woken by one request stays up for the idle window, and
+    # goes to zero only once no request arrived for that long (it went 1 -> 0 a second after answering).
+    policy = Policy(min=0, buffer=0, max=4, target=4, scale_down_delay=0, idle_window=30)
+    answered_at = 100.0
+    history, current = History(0.0), 1
+    for at in (101.0, 110.0, 129.0):
+        decision, history = decide(policy, history, Load(at, 0, 0, answered_at), current)
+        assert (decision.replicas, decision.reason) == (1, "Steady"), (at, decision)
+    decision, _ = decide(policy, history, Load(131.0, 0, 0, answered_at), current)
+    assert (decision.replicas, decision.reason) == (0, "ScaleDown"), decision
+    # The floor of one is for min 0 alone: min 1 with a buffer keeps what it kept (min, not min + 1).
+    assert recommendation(POLICY, Load(1000.0, 0, 0, 1000.0 - 30)) == 1
+
+
 def _run(policy: Policy, loads: list[tuple[float, float]], current: int, since: float = 0.0) -> list[int]:
     """Replicas after each (time, in flight) sample, each decision followed at once."""
     history, seen = History(since), []
