@@ -12,7 +12,8 @@
    and hash match the hub's, and its last bytes reach the readers only then;
 4. a file that does not fit (over the size limit, or no room once models no pod uses are evicted)
    passes through uncached.
-`/api/models/...` passes through to the hub (listings, never cached). `POST /v1/fetched` records a
+`/api/models/<org>/<name>[/revision|tree/...]` passes through to the hub (info and listings, never
+cached, bounded in size; no other hub route, no `..`). `POST /v1/fetched` records a
 model a fetch found whole here, for the node's labels and eviction. Nothing else: no route changes
 what is cached. Answers carry X-Modelserve-Source (node: held here; hub: this request fetched it).
 """
@@ -31,10 +32,21 @@ from typing import BinaryIO
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from yarl import URL
 
 from modelserve.contracts.nodecache import model_key
 
-from .hub import FETCHED_ROUTE, HUB_STATUS_HEADER, SOURCE_HEADER, Digest, hub_oid, hub_size, is_oid, safe_path
+from .hub import (
+    FETCHED_ROUTE,
+    HUB_STATUS_HEADER,
+    SOURCE_HEADER,
+    Digest,
+    hub_api_path,
+    hub_oid,
+    hub_size,
+    is_oid,
+    safe_path,
+)
 from .store import ModelRecord, Store
 
 log = logging.getLogger(__name__)
@@ -44,6 +56,9 @@ HOLDBACK = 64 * 1024  # the bytes kept back until a file's hash is known to matc
 STALL_SECONDS = 120.0  # a reader waits this long for a download's next bytes before giving up
 HUB_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=15, sock_connect=15, sock_read=120)
 PASSED_ON = ("Content-Type", "X-Error-Code", "X-Error-Message", "Link")
+# A model's info or one page of its tree is kilobytes (the hub pages trees); anything larger is not
+# a listing, and is not held in the agent's memory.
+API_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 class Metrics:
@@ -203,11 +218,21 @@ class Agent:
         return await self._serve_transfer(request, transfer, headers, source)
 
     async def api(self, request: web.Request) -> web.Response:
-        """A listing or model info, from the hub as it answers (with the requester's token)."""
-        url = f"{self.hub}{request.path_qs}"
+        """A model's info or tree listing, from the hub as it answers (with the requester's token);
+        no other route of the hub's, and no answer over API_ANSWER_BYTES held."""
+        path = hub_api_path(request.rel_url.raw_path)
+        if path is None:
+            raise web.HTTPNotFound(text='{"error": "Entry not found"}', content_type="application/json")
+        query = request.rel_url.raw_query_string
+        # Encoded as received: no URL library decodes or normalises it on the way to the hub.
+        url = URL(f"{self.hub}{path}" + (f"?{query}" if query else ""), encoded=True)
         try:
             async with self.session.get(url, headers=self._auth(request), timeout=HUB_TIMEOUT) as answer:
-                body = await answer.read()
+                body = await _read_at_most(answer.content, API_ANSWER_BYTES)
+                if body is None:
+                    return web.json_response(
+                        {"error": f"the hub's answer for {path} is over {API_ANSWER_BYTES} bytes"}, status=502
+                    )
                 headers = {name: answer.headers[name] for name in PASSED_ON if name in answer.headers}
                 return web.Response(status=answer.status, body=body, headers=headers)
         except (aiohttp.ClientError, TimeoutError) as error:
@@ -379,6 +404,17 @@ class Agent:
         self.reading[oid] -= 1
         if not self.reading[oid]:
             del self.reading[oid]
+
+
+async def _read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The whole body, or None once it passes `limit` bytes (what came so far is dropped)."""
+    chunks, size = [], 0
+    async for chunk in content.iter_chunked(CHUNK):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def build_app(agent: Agent) -> web.Application:

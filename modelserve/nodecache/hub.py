@@ -8,6 +8,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from urllib.parse import unquote
 
 from modelserve.contracts.nodecache import Layout
 
@@ -66,10 +67,50 @@ def is_oid(text: str) -> bool:
     return bool(re.fullmatch(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}", text))
 
 
-def safe_path(path: str) -> bool:
-    """A repository path that stays inside the snapshot: relative, no `..`, no empty part."""
+# How many times a path is decoded when checked: whoever reads it next (the hub's proxy, a URL library
+# normalising `%2E%2E`) may decode it again, so `%252E%252E` must be refused as surely as `..`.
+DECODINGS = 3
+# The hub's model API routes a fetch and huggingface_hub read through the node agent, after
+# /api/models/<org>/<name>: the model's info, at a revision, or its tree (of a path) at a revision.
+API_VIEWS = ("revision", "tree")
+
+
+def _plain_path(path: str) -> bool:
     parts = PurePosixPath(path).parts
-    return bool(parts) and not path.startswith("/") and all(part not in ("", ".", "..") for part in parts)
+    return (
+        bool(parts)
+        and not path.startswith("/")
+        and "\\" not in path
+        and all(part not in ("", ".", "..") for part in path.split("/"))
+    )
+
+
+def safe_path(path: str) -> bool:
+    """A repository path that stays inside the snapshot: relative, no `..`, no empty part, however
+    often it is decoded again (up to DECODINGS times)."""
+    for _ in range(DECODINGS + 1):
+        if not _plain_path(path):
+            return False
+        decoded = unquote(path)
+        if decoded == path:
+            return True
+        path = decoded
+    return False  # still encoded after that many decodings: nobody's file name
+
+
+def hub_api_path(raw_path: str) -> str | None:
+    """The hub API path to ask for `raw_path` (as the client sent it, still percent-encoded), or None
+    for anything that is not a model's info or tree: the pass-through is no way to the hub's other
+    routes (no `..` to climb out, decoded or not)."""
+    prefix = "/api/models/"
+    if not raw_path.startswith(prefix):
+        return None
+    segments = raw_path[len(prefix) :].split("/")
+    if not all(safe_path(segment) for segment in segments):
+        return None
+    if len(segments) == 2 or (len(segments) >= 4 and segments[2] in API_VIEWS):
+        return raw_path
+    return None
 
 
 def next_page(link_header: str | None) -> str | None:

@@ -19,7 +19,17 @@ from modelserve.contracts.nodecache import (
     node_label,
 )
 from modelserve.nodecache.fetch import snapshot_link
-from modelserve.nodecache.hub import Digest, RepoFile, gguf_files, next_page, select, tree_files, weight_files
+from modelserve.nodecache.hub import (
+    Digest,
+    RepoFile,
+    gguf_files,
+    hub_api_path,
+    next_page,
+    safe_path,
+    select,
+    tree_files,
+    weight_files,
+)
 from modelserve.nodecache.node import label_changes
 from modelserve.nodecache.store import ModelRecord, plan_eviction
 
@@ -171,3 +181,34 @@ def test_sizes_read_as_kubernetes_quantities(text: str, value: int) -> None:
 def test_a_bad_size_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         byte_quantity(text)
+
+
+def test_a_path_that_climbs_out_is_refused_however_often_it_is_encoded() -> None:
+    assert safe_path("model.safetensors") and safe_path("original/params.json") and safe_path("100%.txt")
+    for climbing in ("../x", "a/../../x", "./x", "a//b", "/etc/passwd", "a\\..\\b", ""):
+        assert not safe_path(climbing), climbing
+    # Once, twice, three times encoded: whoever decodes it next must not find `..` (was: one decoding).
+    for encoded in ("%2E%2E/x", "a/%2e%2e/x", "%252E%252E/x", "%25252E%25252E/x", "a%2F..%2Fb"):
+        assert not safe_path(encoded), encoded
+
+
+def test_the_api_pass_through_reaches_a_models_info_and_tree_only() -> None:
+    for allowed in (
+        "/api/models/acme/tiny",
+        "/api/models/acme/tiny/revision/main",
+        "/api/models/acme/tiny/revision/refs%2Fpr%2F1",
+        "/api/models/acme/tiny/tree/0123abc",
+        "/api/models/acme/tiny/tree/main/original",
+    ):
+        assert hub_api_path(allowed) == allowed, allowed
+    for refused in (
+        "/api/models/acme/tiny/../../../acme/other/resolve/main/big.gguf",  # out to the download route
+        "/api/models/%2E%2E/%2E%2E/whoami-v2",
+        "/api/models/acme/%252E%252E/x/y",
+        "/api/models/acme",  # no such route: half a repository id
+        "/api/models/acme/tiny/refs",  # not a view the fetch or huggingface_hub reads
+        "/api/models/acme/tiny/tree",  # a view without its revision
+        "/api/datasets/acme/tiny",
+        "/api/whoami-v2",
+    ):
+        assert hub_api_path(refused) is None, refused

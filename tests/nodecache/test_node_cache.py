@@ -7,9 +7,13 @@ the model, from the hub."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.server
 import os
 import signal
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -311,3 +315,82 @@ def _models(port: int) -> list[str]:
         return [m["id"] for m in answer.json()["data"]] if answer.status_code == 200 else []
     except (httpx.HTTPError, ValueError, KeyError):
         return []
+
+
+def _raw_get(url: str, target: str) -> tuple[int, bytes]:
+    """GET `target` exactly as written (no client normalises `..` or decodes it): status and body."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_the_api_pass_through_never_climbs_to_another_hub_route(
+    hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    """A `..` in the model API's path, plain or encoded once or twice, reached any GET route of the
+    hub's host (a whole weight file read into the agent's memory): refused at the agent, nothing asked
+    of the hub. What the fetch and huggingface_hub read still passes."""
+    with running_agent(hub.url, tmp_path / "store", tmp_path) as agent:
+        before = hub_requests(hub)
+        for climbing in (
+            # Up three from /api/models/x is the hub's root: its download route, a whole file (was 200).
+            f"/api/models/x/../../../{OTHER}/resolve/main/other.Q4_1.gguf",
+            f"/api/models/x/%2E%2E/%2E%2E/%2E%2E/{OTHER}/resolve/main/other.Q4_1.gguf",
+            f"/api/models/x/%252E%252E/%252E%252E/%252E%252E/{OTHER}/resolve/main/other.Q4_1.gguf",
+            f"/{GGUF}/resolve/main/%252E%252E/%252E%252E/{OTHER}/resolve/main/other.Q4_1.gguf",
+        ):
+            status, _ = _raw_get(agent.url, climbing)
+            assert status == 404, climbing
+        assert hub_requests(hub) == before and hub_file_bytes(hub) == 0, hub.bytes_by_client()
+        status, body = _raw_get(agent.url, f"/api/models/{GGUF}/revision/main")
+        assert status == 200 and b'"sha"' in body, body[:200]
+        fetched = run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod", hub.url, agent.url, layout="gguf")
+        assert fetched.returncode == 0, fetched.output
+
+
+@pytest.fixture
+def bloated_hub() -> Iterator[str]:
+    """A hub whose model API answers 64 MiB: what a climb to a weight file would have read whole."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            block = b"[" + b"0," * (1 << 19)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(64 * len(block)))
+            self.end_headers()
+            with contextlib.suppress(OSError):  # the agent stops reading past its bound
+                for _ in range(64):
+                    self.wfile.write(block)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def _rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+
+
+def test_a_model_api_answer_over_its_bound_is_refused_not_held(bloated_hub: str, tmp_path: Path) -> None:
+    with running_agent(bloated_hub, tmp_path / "store", tmp_path) as agent:
+        before = _rss_bytes(agent.process.pid)
+        for _ in range(3):
+            answer = httpx.get(f"{agent.url}/api/models/acme/tiny/revision/main", timeout=60)
+            assert answer.status_code == 502 and "over" in answer.json()["error"], answer.text[:200]
+        # 3 x 64 MiB asked for; the agent holds at most its bound (16 MiB) at a time, not the answer.
+        assert _rss_bytes(agent.process.pid) - before < 48 * MB, (before, _rss_bytes(agent.process.pid))
+        assert agent.process.poll() is None
