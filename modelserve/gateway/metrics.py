@@ -62,7 +62,9 @@ class GatewayMetrics:
         self.read_off_loop = Counter(
             f"{PREFIX}_bodies_read_off_loop",
             "Request bodies of so many JSON values that reading them would stall the event loop, read in a "
-            "helper process instead, by outcome (read; busy: refused 503 server_busy, the helper's queue full).",
+            "helper process instead, by outcome (read; busy: refused 503 server_busy, the helper's queue full; "
+            "too_large: refused 413 too_many_values, past the helper's memory bound; gone: refused 503, the "
+            "helper died under it and is replaced).",
             ["outcome"],
             registry=r,
         )

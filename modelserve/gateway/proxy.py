@@ -17,6 +17,7 @@ import asyncio
 import logging
 import random
 from time import perf_counter
+from typing import Any
 
 import aiohttp
 
@@ -26,7 +27,7 @@ from modelserve.http import errors
 from modelserve.http.downstream import Downstream, Exchange, Headers, answer
 from modelserve.http.json_body import many_values
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
-from modelserve.http.off_loop import BUSY, OffLoop
+from modelserve.http.off_loop import BUSY, GONE, TOO_LARGE, OffLoop
 from modelserve.http.pipeline import RETRIABLE, NoUpstream, PassedOn, Pipeline, Plan, Upstream
 from modelserve.http.relay import HOP_BY_HOP, authorization_header, filter_headers, upstream_error_kind
 from modelserve.http.upstream_pool import Response
@@ -56,6 +57,8 @@ SSE_ROUTES = frozenset({routes.CHAT, routes.COMPLETIONS})
 # reads them one at a time; more than this many waiting for it are refused.
 OFF_LOOP_PENDING = 4
 OFF_LOOP_BUSY = "This gateway is reading too many very large request bodies; retry later."
+OFF_LOOP_GONE = "This gateway's body reader stopped while reading this request; retry."
+OFF_LOOP_OUTCOMES = ((BUSY, "busy"), (TOO_LARGE, "too_large"), (GONE, "gone"))  # the metric's labels
 KEYLESS = errors.unauthorized("missing")  # the sidecar's own answer to a request with no key
 
 
@@ -197,11 +200,22 @@ class GatewayProxy(Pipeline):
     def off_loop(self, body: bytes) -> bool:
         return many_values(body)
 
+    def _off_loop_refusal(self, outcome: Any) -> errors.ErrorResponse | None:
+        """The answer for an off-loop call that gave no result (busy, too large, helper gone), else None."""
+        if outcome is BUSY:
+            return errors.server_busy(OFF_LOOP_BUSY)
+        if outcome is TOO_LARGE:
+            return errors.too_many_values(self.off_loop_work.memory_bytes)
+        if outcome is GONE:
+            return errors.server_busy(OFF_LOOP_GONE)
+        return None
+
     async def read(self, body: bytes) -> RequestRead | errors.ErrorResponse:
         """The summary of a body of very many JSON values, read in the off-loop process."""
         summary = await self.off_loop_work.run(request_read.read, body)
-        self.metrics.read_off_loop.labels("busy" if summary is BUSY else "read").inc()
-        return errors.server_busy(OFF_LOOP_BUSY) if summary is BUSY else summary
+        outcome = next((name for marker, name in OFF_LOOP_OUTCOMES if summary is marker), "read")
+        self.metrics.read_off_loop.labels(outcome).inc()
+        return self._off_loop_refusal(summary) or summary
 
     def ready(self, plan: ReplicaPlan) -> bool:  # type: ignore[override]
         return plan.rename_to is None and bool(plan.model.replicas)
@@ -214,9 +228,7 @@ class GatewayProxy(Pipeline):
         if plan.rename_to is not None:
             renamed = await self.off_loop_work.run(request_read.renamed, plan.body, plan.rename_to)
             if not isinstance(renamed, bytes):
-                exchange.status = await answer(
-                    client, errors.server_busy(OFF_LOOP_BUSY) if renamed is BUSY else renamed
-                )
+                exchange.status = await answer(client, self._off_loop_refusal(renamed) or renamed)
                 return False
             plan.body, plan.rename_to = renamed, None
             if plan.model.replicas:

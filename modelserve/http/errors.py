@@ -81,6 +81,12 @@ def body_too_large(limit: int) -> ErrorResponse:
     return ErrorResponse(413, message, INVALID_REQUEST_ERROR, "body_too_large")
 
 
+def too_many_values(limit_bytes: int) -> ErrorResponse:
+    """A body whose JSON values would take more memory to read than the reader may use."""
+    message = f"Request body holds more JSON values than can be read within {limit_bytes // (1024 * 1024)} MiB."
+    return ErrorResponse(413, message, INVALID_REQUEST_ERROR, "too_many_values")
+
+
 def engine_unavailable(retry_after_seconds: int) -> ErrorResponse:
     return ErrorResponse(
         503,

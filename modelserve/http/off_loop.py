@@ -6,37 +6,73 @@ So a proxy hands such work to one helper process, at most `pending` at a time (m
 caller to refuse), and its loop goes on serving every other request meanwhile. The helper is started
 at first use, from a fork server (a clean process, not a fork of this one with its loop and threads),
 and what goes back to the loop must be small: unpickling a million values would stall it again.
+
+The helper's memory is bounded (its data segment, `memory_bytes`): a body whose values would take
+more (10 MiB of `[[],[],...]` took 549 MiB, past the pod's limit) ends in a MemoryError there, not in
+the OOM killer's choice of process, and is TOO_LARGE here. A helper that dies all the same (killed)
+is replaced at the next call; the calls it had are GONE.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import resource
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 BUSY = object()  # `run`'s answer when `pending` calls are in progress already
+TOO_LARGE = object()  # `run`'s answer when the work needed more than the helper's memory bound
+GONE = object()  # `run`'s answer when the helper died under the call (the next call gets a new one)
+MEMORY_BYTES = 256 * 1024 * 1024  # the helper's data segment: a 10 MiB body of long text reads in ~40 MiB
+
+
+def _bound_memory(limit: int) -> None:
+    """In the helper, before any work: its heap (brk and anonymous mappings) at most `limit` bytes."""
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
 class OffLoop:
-    def __init__(self, pending: int) -> None:
+    def __init__(self, pending: int, memory_bytes: int = MEMORY_BYTES) -> None:
         self.pending = pending
+        self.memory_bytes = memory_bytes
         self.running = 0
+        self.replaced = 0  # helpers found dead and replaced, for the owner's metrics
         self._executor: ProcessPoolExecutor | None = None
 
     async def run(self, function: Callable[..., Any], *args: Any) -> Any:
         """`function(*args)` in the helper process (a module-level function, its arguments and result
-        pickled), or BUSY."""
+        pickled), or BUSY, TOO_LARGE or GONE."""
         if self.running >= self.pending:
             return BUSY
         if self._executor is None:
-            self._executor = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver"))
+            self._executor = ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("forkserver"),
+                initializer=_bound_memory,
+                initargs=(self.memory_bytes,),
+            )
+        executor = self._executor
         self.running += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+            return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
+        except MemoryError:
+            return TOO_LARGE
+        except BrokenProcessPool:
+            if self._executor is executor:  # the first of its calls to see it: replace it once
+                executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
+                self.replaced += 1
+            return GONE
         finally:
             self.running -= 1
+
+    def helper_pids(self) -> list[int]:
+        """The helper's process id while one runs (what an operator, or a test, kills to see it replaced)."""
+        processes = getattr(self._executor, "_processes", None) or {}
+        return list(processes)
 
     def close(self) -> None:
         if self._executor is not None:

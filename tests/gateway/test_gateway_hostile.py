@@ -6,8 +6,11 @@ against the sidecar (tests/http/test_hostile_clients.py)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -26,6 +29,7 @@ from modelserve.gateway.directory import Model
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
+from modelserve_sandbox.processes import wait_until
 from tests.helpers.hostile import (
     KEYED,
     chat_head,
@@ -58,7 +62,7 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @contextmanager
-def _gateway(replica: str, public: bool) -> Iterator[tuple[str, Dispatcher]]:
+def _gateway(replica: str, public: bool, budget: int = BUDGET_BYTES) -> Iterator[tuple[str, Dispatcher]]:
     """The gateway before the private model `tiny` (and, with `public`, a public model `open` on the
     same replica: a request without a key must then be read to know its model)."""
     route = {"replicas": (replica,), "pods": {replica: "pod-0"}, "ring": Ring([replica])}
@@ -69,7 +73,7 @@ def _gateway(replica: str, public: bool) -> Iterator[tuple[str, Dispatcher]]:
             "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
             "MODELSERVE_GATEWAY_HEAD_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
             "MODELSERVE_GATEWAY_BODY_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
-            "MODELSERVE_GATEWAY_BODY_BUDGET_BYTES": str(BUDGET_BYTES),
+            "MODELSERVE_GATEWAY_BODY_BUDGET_BYTES": str(budget),
         }
     )
     with serving_gateway_app(settings, FixedDiscovery(models)) as served:
@@ -169,3 +173,50 @@ def test_a_body_of_very_many_values_is_read_off_the_event_loop(gateway_app: tupl
     assert _read_off_loop(app, "read") == before + 1
     still_serves(url)  # a light body is read on the loop
     assert _read_off_loop(app, "read") == before + 1
+
+
+def _helper_memory_peak(pid: int) -> int:
+    """The helper's peak resident memory (VmHWM), bytes."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) * 1024
+
+
+def test_the_body_reader_is_bounded_in_memory_and_replaced_when_it_dies(replica: str) -> None:
+    """Issue 57 N15: one keyless 10 MiB body of nested lists took the helper to 549 MiB (past the pod's
+    512 Mi), and once it died it was never replaced: every later large body got 500 while /healthz
+    stayed 200. Now it reads within its bound (413 too_many_values past it, the helper still there),
+    and a helper killed as the OOM killer would is replaced at the next large body."""
+    with _gateway(replica, public=True, budget=32 * 1024 * 1024) as (url, app):
+        _bounded_and_replaced(url, app)
+
+
+def _bounded_and_replaced(url: str, app: Dispatcher) -> None:
+    work = app.proxy.off_loop_work
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    heavy = json.dumps({**request, "x": [[]] * 30_000})
+    assert httpx.post(url + "/v1/chat/completions", content=heavy, headers=KEYED, timeout=60).status_code == 200
+    (helper,) = work.helper_pids()
+    bloated = b'{"model": "tiny", "x": [' + b"[[]]," * (10 * 1024 * 1024 // 5 - 20) + b"[]]}"  # 4.2 million lists
+    before = _read_off_loop(app, "too_large")
+    answer = httpx.post(url + "/v1/chat/completions", content=bloated, headers=KEYED, timeout=120)
+    assert answer.status_code == 413 and error_code(answer.content) == "too_many_values", answer.text[:300]
+    assert _read_off_loop(app, "too_large") == before + 1
+    assert work.helper_pids() == [helper]  # refused inside its bound: the same helper, alive
+    assert _helper_memory_peak(helper) < 320 * 1024 * 1024, _helper_memory_peak(helper)
+    os.kill(helper, signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{helper}").exists() or _zombie(helper), 30, "the helper to die")
+    gone = _read_off_loop(app, "gone")
+    outcomes = [
+        httpx.post(url + "/v1/chat/completions", content=heavy, headers=KEYED, timeout=60).status_code for _ in range(3)
+    ]
+    # At most the one call that met the dead helper is refused (503, retryable); then a new one reads.
+    assert outcomes[-1] == 200 and outcomes.count(503) <= 1 and set(outcomes) <= {200, 503}, outcomes
+    assert _read_off_loop(app, "gone") - gone == outcomes.count(503)
+    assert work.helper_pids() and work.helper_pids() != [helper] and work.replaced >= 1
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except OSError:
+        return True
