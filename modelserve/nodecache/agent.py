@@ -14,7 +14,8 @@
    passes through uncached.
 `/api/models/<org>/<name>[/revision|tree/...]` passes through to the hub (info and listings, never
 cached, bounded in size; no other hub route, no `..`). `POST /v1/fetched` records a
-model a fetch found whole here, for the node's labels and eviction. Nothing else: no route changes
+model a fetch found whole here, for the node's labels and eviction, once the hub (asked with the
+caller's token) backs the claim. Nothing else: no route changes
 what is cached. Answers carry X-Modelserve-Source (node: held here; hub: this request fetched it).
 """
 
@@ -24,10 +25,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -44,8 +47,13 @@ from .hub import (
     hub_api_path,
     hub_oid,
     hub_size,
+    is_commit,
     is_oid,
+    next_page,
+    path_of,
     safe_path,
+    split_model,
+    tree_files,
 )
 from .store import ModelRecord, Store
 
@@ -59,6 +67,8 @@ PASSED_ON = ("Content-Type", "X-Error-Code", "X-Error-Message", "Link")
 # A model's info or one page of its tree is kilobytes (the hub pages trees); anything larger is not
 # a listing, and is not held in the agent's memory.
 API_ANSWER_BYTES = 16 * 1024 * 1024
+RECORD_FILES = 10_000  # files one model record may name (a fetch names the files an engine reads)
+TREE_PAGES = 100  # pages of a tree read to check a record (the hub's pages are 1,000 entries)
 
 
 class Metrics:
@@ -239,21 +249,66 @@ class Agent:
             raise web.HTTPBadGateway(text=f"the hub is unreachable from the node cache: {error!r}") from None
 
     async def fetched(self, request: web.Request) -> web.Response:
-        """A fetch found this model whole here: record it (only if every file is here, as stated)."""
+        """A fetch found this model whole here: record it, only if every file is here, as stated, and
+        the hub, asked with the caller's own token, lists those files for that model at that commit
+        (the revision naming that commit). The caller's word alone wrote records and node labels for
+        any model name: a record is a claim the hub backs, so records are bounded by what is held."""
         try:
             body = await request.json()
-            files = tuple((str(f["oid"]), int(f["size"])) for f in body["files"])
+            files = tuple(sorted({(str(f["oid"]).lower(), int(f["size"])) for f in body["files"]}))
             model, revision, commit = str(body["model"]), str(body.get("revision", "main")), str(body["commit"])
         except (ValueError, KeyError, TypeError):
             raise web.HTTPBadRequest(text="expected {model, revision, commit, files: [{oid, size}]}") from None
         if not files or not all(is_oid(oid) for oid, _ in files):
             raise web.HTTPBadRequest(text="files must name hub hashes")
+        repo, _ = split_model(model)
+        if len(files) > RECORD_FILES or not is_commit(commit) or not _model_id(repo) or not safe_path(revision):
+            raise web.HTTPBadRequest(text=f"a model id, a revision, a 40-hex commit and at most {RECORD_FILES} files")
+        if not all(self.store.has(oid, size) for oid, size in files):
+            return web.json_response({"recorded": False, "reason": "not every file is held here"}, status=409)
+        why = await self._unbacked(repo, revision, commit, set(files), self._auth(request))
+        if why:
+            return web.json_response({"recorded": False, "reason": why}, status=409)
         record = ModelRecord(model_key(model, revision), model, revision, commit, files)
         if not self.store.record(record):
             return web.json_response({"recorded": False}, status=409)
         self.changed()
         self._gauges()
         return web.json_response({"recorded": True, "key": record.key})
+
+    async def _unbacked(
+        self, repo: str, revision: str, commit: str, files: set[tuple[str, int]], auth: dict[str, str]
+    ) -> str:
+        """Why the hub does not back the claim that `files` are `repo` at `commit` (= `revision`), or ""."""
+        try:
+            info = await self._hub_json(f"/api/models/{repo}/revision/{quote(revision, safe='')}", auth)
+            if not isinstance(info, dict) or info.get("sha") != commit:
+                return f"the hub does not name {commit} as {repo}@{revision}"
+            listed: set[tuple[str, int]] = set()
+            path: str | None = f"/api/models/{repo}/tree/{commit}?recursive=true"
+            for _ in range(TREE_PAGES):
+                if path is None:
+                    break
+                page, path = await self._hub_page(path, auth)
+                listed |= {(f.oid, f.size) for f in tree_files(page if isinstance(page, list) else [])}
+        except Refused as refusal:
+            return f"the hub answered {refusal.status} for {repo}"
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            return f"the hub could not be asked about {repo}: {type(error).__name__}"
+        missing = files - listed
+        return f"the hub's tree of {repo}@{commit} lists {len(missing)} of these files not" if missing else ""
+
+    async def _hub_json(self, path: str, auth: dict[str, str]) -> object:
+        return (await self._hub_page(path, auth))[0]
+
+    async def _hub_page(self, path: str, auth: dict[str, str]) -> tuple[object, str | None]:
+        """A hub API answer (JSON, at most API_ANSWER_BYTES) and the path of its next page, if any."""
+        async with self.session.get(f"{self.hub}{path}", headers=auth, timeout=HUB_TIMEOUT) as answer:
+            body = await _read_at_most(answer.content, API_ANSWER_BYTES)
+            if answer.status != 200 or body is None:
+                raise Refused(answer.status if answer.status != 200 else 502, b"", {})
+            following = next_page(answer.headers.get("Link"))
+            return json.loads(body), None if following is None else path_of(following)
 
     async def health(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -404,6 +459,11 @@ class Agent:
         self.reading[oid] -= 1
         if not self.reading[oid]:
             del self.reading[oid]
+
+
+def _model_id(repo: str) -> bool:
+    """`<org>/<name>` as the hub spells a model id (no path of the hub's in disguise)."""
+    return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", repo)) and safe_path(repo)
 
 
 async def _read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes | None:

@@ -22,7 +22,6 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -36,6 +35,7 @@ from .hub import (
     Digest,
     RepoFile,
     next_page,
+    path_of,
     repo_folder,
     select,
     split_model,
@@ -115,7 +115,7 @@ class Fetcher:
                 body = await answer.read()
                 if answer.status == 200:
                     page = next_page(answer.headers.get("Link"))
-                    return json.loads(body), (_path_of(page) if page else None)
+                    return json.loads(body), (path_of(page) if page else None)
                 if agent and HUB_STATUS_HEADER not in answer.headers and answer.status >= 500:
                     raise CacheProblem(f"the node cache answered {answer.status}: {body[:200]!r}")
                 raise HubRefused(f"the hub answered {answer.status} for {path}: {body[:300].decode(errors='replace')}")
@@ -243,11 +243,6 @@ class Fetcher:
                     log.info("the node cache did not record %s: %s", model, answer.status)
         except (aiohttp.ClientError, TimeoutError) as error:
             log.info("the node cache did not record %s: %r", model, error)
-
-
-def _path_of(url: str) -> str:
-    parts = urlsplit(url)
-    return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
 def _remove(path: Path | None) -> None:

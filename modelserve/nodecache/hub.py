@@ -8,7 +8,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from modelserve.contracts.nodecache import Layout
 
@@ -67,6 +67,11 @@ def is_oid(text: str) -> bool:
     return bool(re.fullmatch(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}", text))
 
 
+def is_commit(text: str) -> bool:
+    """A git commit as the hub names one: 40 lower-case hex."""
+    return bool(re.fullmatch(r"[0-9a-f]{40}", text))
+
+
 # How many times a path is decoded when checked: whoever reads it next (the hub's proxy, a URL library
 # normalising `%2E%2E`) may decode it again, so `%252E%252E` must be refused as surely as `..`.
 DECODINGS = 3
@@ -111,6 +116,12 @@ def hub_api_path(raw_path: str) -> str | None:
     if len(segments) == 2 or (len(segments) >= 4 and segments[2] in API_VIEWS):
         return raw_path
     return None
+
+
+def path_of(url: str) -> str:
+    """A URL's path and query: what the hub names by its full URL (a next page), asked of another host."""
+    parts = urlsplit(url)
+    return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
 def next_page(link_header: str | None) -> str | None:

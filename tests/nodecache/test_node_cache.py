@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.server
+import json
 import os
 import signal
 import socket
@@ -394,3 +395,34 @@ def test_a_model_api_answer_over_its_bound_is_refused_not_held(bloated_hub: str,
         # 3 x 64 MiB asked for; the agent holds at most its bound (16 MiB) at a time, not the answer.
         assert _rss_bytes(agent.process.pid) - before < 48 * MB, (before, _rss_bytes(agent.process.pid))
         assert agent.process.poll() is None
+
+
+def test_a_model_record_is_written_only_when_the_hub_backs_it(
+    hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    """Issue 57 H1 and M1: `POST /v1/fetched` took the caller's word: 520 POSTs wrote 496 MiB of records
+    outside the size limit, 3,000 put 3,001 labels on the Node, and one overwrote another tenant's
+    record. Now a record is written only for files held here that the hub, asked with the caller's
+    token, lists for that model at that commit: forged ones change nothing, a real fetch still records."""
+    with running_agent(hub.url, tmp_path / "store", tmp_path) as agent:
+        fetched = run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod", hub.url, agent.url, layout="gguf")
+        assert fetched.returncode == 0, fetched.output
+        assert agent.metrics()["modelserve_nodecache_models"] == 1  # the fetch's own record, backed
+        (record,) = (tmp_path / "store" / "models").glob("*.json")
+        held = json.loads(record.read_text())
+        claim = {"model": held["model"], "revision": "main", "commit": held["commit"], "files": held["files"]}
+        forged = [
+            {**claim, "model": f"{OTHER}:Q4_1"},  # another model's name on these files: its tree lists other files
+            *({**claim, "model": f"acme/made-up-{n}"} for n in range(50)),  # names the hub has never heard of
+            {**claim, "model": f"{GATED}:Q4_1"},  # same bytes, but the gated repository refuses a tokenless caller
+            {**claim, "commit": "0" * 40},  # a commit that is not main's
+            {**claim, "files": claim["files"] * 20_000},  # one file named 20,000 times: deduplicated, still backed
+        ]
+        statuses = [httpx.post(f"{agent.url}/v1/fetched", json=body, timeout=30).status_code for body in forged]
+        assert statuses[:-1] == [409] * (len(forged) - 1), statuses
+        assert statuses[-1] in (200, 413), statuses  # past aiohttp's 1 MiB body bound it is refused whole
+        assert [p.name for p in (tmp_path / "store" / "models").glob("*.json")] == [record.name]
+        assert agent.metrics()["modelserve_nodecache_models"] == 1
+        assert json.loads(record.read_text())["commit"] == held["commit"]  # not overwritten
+        bad = httpx.post(f"{agent.url}/v1/fetched", json={**claim, "model": "../../x"}, timeout=30)
+        assert bad.status_code == 400, bad.text
