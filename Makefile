@@ -7,10 +7,13 @@ test:
 	bash hack/run-tests.sh
 
 # The fast tier for contributors: the tests that need no control plane and no engine (the markers of
-# tests/conftest.py), with only the virtualenv installed. `make test` (and CI) still runs everything.
+# tests/conftest.py). They mostly wait on the processes they start (sidecars, the replay engine), so
+# four pytest workers share the two cores, a module each at a time (its fixtures stay its own).
+# Some read what hack/setup.sh made (the engines' source, llama-server, checkov): run `make test` once
+# first. `make test` (and CI) still runs everything, in one process per half.
 test-fast:
 	bash hack/install-python.sh
-	.venv/bin/pytest -m "not cluster and not engine" -q
+	.venv/bin/pytest -m "not cluster and not engine" -q -n 4 --dist loadfile
 
 # One style: ruff's formatter and linter, configured in pyproject.toml (`ruff format .` applies it);
 # the one layering of modelserve/: import-linter's contracts in pyproject.toml; and the docs site,
