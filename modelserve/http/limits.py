@@ -87,6 +87,7 @@ CUT_REASONS = (
     "body_budget",
     "too_many_connections",
     "evicted",
+    "too_many_pipelined",
 )
 CUT: dict[str, int] = dict.fromkeys(CUT_REASONS, 0)
 

@@ -402,3 +402,36 @@ def test_idle_connections_beyond_the_file_limit_leave_room_for_probes(replay: Re
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     log = running.log.read_text()
     assert "Too many open files" not in log, log[-2000:]
+
+
+def _resident_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+
+
+def test_requests_pipelined_far_ahead_of_their_answers_are_not_parked_without_bound(sidecar: Sidecar) -> None:
+    """Issue 57 N12: every request pipelined in one read was parsed and parked: 256 KiB of keyed GETs
+    became about 4,000 parked request objects per connection (10 connections took the sidecar from 62
+    to 93 MiB). Now a connection parks at most 16: the answers in front of the 17th come whole, then a
+    429 too_many_pipelined, and the connection closes; what it cost is given back."""
+    models = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n\r\n".encode()
+    ahead = models * (256 * 1024 // len(models))
+    before = _resident_bytes(sidecar.process.pid)
+    cut_before = metric_value(
+        sidecar.metrics(), 'modelserve_sidecar_connections_cut_total{reason="too_many_pipelined"}'
+    )
+    with ExitStack() as stack:
+        connections = [stack.enter_context(connect(sidecar.url)) for _ in range(10)]
+        for connection in connections:
+            connection.sendall(ahead)
+        received = [read_until_closed(connection, 30) for connection in connections]
+        grown = _resident_bytes(sidecar.process.pid) - before
+    for data, closed in received:
+        answers = answers_in(data)
+        assert closed and 1 <= len(answers) <= 18, (len(answers), closed)
+        assert all(a.status == 200 for a in answers[:-1]), [a.status for a in answers]
+        assert answers[-1].status == 429 and error_code(answers[-1].body) == "too_many_pipelined", answers[-1]
+    cut = metric_value(sidecar.metrics(), 'modelserve_sidecar_connections_cut_total{reason="too_many_pipelined"}')
+    assert cut == cut_before + len(connections)
+    assert grown < 16 * 1024 * 1024, grown  # was 31 MiB for these 10 (resident memory is not given back)
+    still_serves(sidecar.url)
