@@ -115,6 +115,9 @@ class Settings:
     )
     sidecar_max_connections: int = _sidecars_setting("max_connections", "MODELSERVE_SIDECAR_MAX_CONNECTIONS")
     sidecar_body_budget_bytes: int = _sidecars_setting("body_budget_bytes", "MODELSERVE_SIDECAR_BODY_BUDGET_BYTES")
+    sidecar_send_timeout_seconds: float = _sidecars_setting(
+        "send_timeout_seconds", "MODELSERVE_SIDECAR_SEND_TIMEOUT_SECONDS"
+    )
 
     # Leader election: every replica campaigns for this Lease (<namespace>/<name>) and only its holder
     # reconciles, autoscales and wakes models at zero. Empty: no election (one replica only).

@@ -162,6 +162,7 @@ CLIENT_LIMITS = (
     "body_timeout_seconds",
     "max_connections",
     "body_budget_bytes",
+    "send_timeout_seconds",
 )
 
 # Left out of a pod's environment at their defaults: settings added after release 0.1 (a new
@@ -284,6 +285,10 @@ class Settings:
     )
     max_connections: int = env_setting("MODELSERVE_MAX_CONNECTIONS", positive_int, default=4096)
     body_budget_bytes: int = env_setting("MODELSERVE_BODY_BUDGET_BYTES", positive_int, default=64 * 1024 * 1024)
+    # An answer its client does not read (408's cousin: the connection is cut, not answered).
+    send_timeout_seconds: float = env_setting(
+        "MODELSERVE_SEND_TIMEOUT_SECONDS", positive_float, render_number, default=60.0
+    )
 
     @property
     def engine_model(self) -> str:

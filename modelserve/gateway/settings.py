@@ -91,6 +91,7 @@ class GatewaySettings:
     body_timeout_seconds: float = env_setting("MODELSERVE_GATEWAY_BODY_TIMEOUT_SECONDS", positive_float, default=60.0)
     max_connections: int = env_setting("MODELSERVE_GATEWAY_MAX_CONNECTIONS", positive_int, default=16384)
     body_budget_bytes: int = env_setting("MODELSERVE_GATEWAY_BODY_BUDGET_BYTES", positive_int, default=64 * 1024 * 1024)
+    send_timeout_seconds: float = env_setting("MODELSERVE_GATEWAY_SEND_TIMEOUT_SECONDS", positive_float, default=60.0)
 
     # Requests held per private ModelServer with a key not yet seen to open it (keys.py): anyone can
     # send a made-up key, so these get a small share of their own, beside `max_held`, and at most

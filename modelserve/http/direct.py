@@ -445,6 +445,9 @@ class DirectProtocol(HttpToolsProtocol):
     idle_since: float | None = None
     head_since: float | None = None
     body_since: float | None = None
+    # Since when an answer waits on a client that reads none of it (the transport's buffer over its
+    # high-water mark): reading stops meanwhile, and past `limits.send_seconds` the connection is cut.
+    send_since: float | None = None
     _guard_due = 0.0
     url = b""
     # Bytes read that no parsed part of a request accounts for yet. Each part is taken off as the parser
@@ -853,6 +856,25 @@ class DirectProtocol(HttpToolsProtocol):
             stalest._refuse(503, BUDGET_MESSAGE, "server_busy", "body_budget")
         return True
 
+    # --- a client that does not read ------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        """The transport holds more than its high-water mark for this client: read nothing more from
+        it until it reads (what it sends would only be answered into the same buffer: refusals from
+        the head cost nothing to make, so without this a client that never reads grew the buffer
+        without bound), and cut it if it reads nothing for `send_seconds`."""
+        super().pause_writing()
+        self.flow.pause_reading()
+        now = self.send_since = self.loop.time()
+        self._arm(now + self.limits.send_seconds)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.send_since = None
+        # Reading stays paused while requests wait parked their turn (on_response_complete resumes it).
+        if not self.pipeline and not self._refused and not self.transport.is_closing():
+            self.flow.resume_reading()
+
     # --- the deadlines --------------------------------------------------------------------------
 
     def _unset_keepalive_if_required(self) -> None:
@@ -868,7 +890,8 @@ class DirectProtocol(HttpToolsProtocol):
             self._linger()
             return
         self.idle_since = None
-        self.flow.resume_reading()
+        if not self.flow.write_paused:  # else its client reads first (resume_writing)
+            self.flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             if cycle is self.cycle and self._in_body:  # its body's deadline runs from its turn (reading resumes)
@@ -904,6 +927,12 @@ class DirectProtocol(HttpToolsProtocol):
         now = self.loop.time()
         limits = self.limits
         due = []
+        if self.send_since is not None:
+            if now >= self.send_since + limits.send_seconds:
+                cut("send_timeout")
+                self.transport.abort()  # what waits in its buffer would never go: closing would keep it
+                return
+            due.append(self.send_since + limits.send_seconds)
         if self.body_since is not None:
             if now >= self.body_since + limits.body_seconds:
                 message = f"The request body did not arrive within {limits.body_seconds:g} s."

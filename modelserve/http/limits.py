@@ -51,6 +51,7 @@ class LimitSettings(Protocol):
     body_timeout_seconds: float
     max_connections: int
     body_budget_bytes: int
+    send_timeout_seconds: float
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class ConnectionLimits:
     max_connections: int = 4096
     body_budget_bytes: int = 64 * 1024 * 1024
     own_paths: frozenset[bytes] = frozenset()  # the server's own GET routes (health, load, metrics)
+    # An answer waiting on a client that does not read (the transport's buffer over its high-water
+    # mark, nothing taken) this long: the connection is cut (nginx's send_timeout, also 60 s).
+    send_seconds: float = 60.0
 
     @classmethod
     def of(cls, settings: LimitSettings, own_routes: Iterable[str] = ()) -> ConnectionLimits:
@@ -73,6 +77,7 @@ class ConnectionLimits:
             settings.max_connections,
             settings.body_budget_bytes,
             frozenset(route.encode() for route in own_routes),
+            settings.send_timeout_seconds,
         )
 
 
@@ -88,6 +93,7 @@ CUT_REASONS = (
     "too_many_connections",
     "evicted",
     "too_many_pipelined",
+    "send_timeout",
 )
 CUT: dict[str, int] = dict.fromkeys(CUT_REASONS, 0)
 

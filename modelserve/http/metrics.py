@@ -140,7 +140,7 @@ class _ConnectionsCut:
             "Client connections cut by a bound before any check, by reason (head_too_large, "
             "too_many_fields, head_timeout, body_timeout, no_request, body_budget, too_many_connections, "
             "evicted: closed to make room for a new one; too_many_pipelined: more requests sent ahead of "
-            "their answers than a connection may park).",
+            "their answers than a connection may park; send_timeout: an answer its client did not read).",
             labels=["reason"],
         )
         for reason, count in limits.CUT.items():

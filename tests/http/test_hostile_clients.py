@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import resource
+import select
+import socket
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -435,3 +438,61 @@ def test_requests_pipelined_far_ahead_of_their_answers_are_not_parked_without_bo
     assert cut == cut_before + len(connections)
     assert grown < 16 * 1024 * 1024, grown  # was 31 MiB for these 10 (resident memory is not given back)
     still_serves(sidecar.url)
+
+
+def _flood_without_reading(url: str, piece: bytes, max_bytes: int, stall_seconds: float) -> tuple[socket.socket, int]:
+    """Send `piece` again and again on a connection that never reads, until `max_bytes` are sent or
+    nothing more goes for `stall_seconds` (the server stopped reading): the socket and bytes sent."""
+    connection = connect(url)
+    connection.setblocking(False)
+    block, sent = piece * (65536 // len(piece)), 0
+    pending = memoryview(block)  # what a partial send left of the block: the stream stays whole requests
+    last = time.monotonic()
+    while sent < max_bytes and time.monotonic() - last < stall_seconds:
+        try:
+            written = connection.send(pending)
+            sent += written
+            pending = pending[written:] if written < len(pending) else memoryview(block)
+            last = time.monotonic()
+        except BlockingIOError:
+            select.select([], [connection], [], 0.1)
+        except OSError:  # cut
+            break
+    return connection, sent
+
+
+def test_a_client_that_never_reads_its_refusals_stops_being_read_and_is_cut(
+    replay: ReplayEngine, tmp_path: Path
+) -> None:
+    """Issue 57 N11 and N13: a keyless connection pipelining requests refused from the head, never
+    reading the answers, grew the proxy without bound (sidecar 62 -> 638 MiB for 80 MiB sent): a
+    refusal made at once was written with no look at the transport's buffer, so reading never paused;
+    and a connection whose answers are never read was never timed out. Now reading stops while the
+    client's answers wait in the buffer, and after `sendTimeoutSeconds` the connection is cut."""
+    SecretDir(tmp_path / "keys").write({"api-key": API_KEY + "\n"})
+    env = {"MODELSERVE_KEYS_DIR": str(tmp_path / "keys"), "MODELSERVE_SEND_TIMEOUT_SECONDS": "2"}
+    sidecar = launch_sidecar(tmp_path / "logs", replay.url, "tiny", env)
+    try:
+        wait_ready(sidecar)
+        cut = 'modelserve_sidecar_connections_cut_total{reason="send_timeout"}'
+        before, cut_before = _resident_bytes(sidecar.process.pid), metric_value(sidecar.metrics(), cut)
+        keyless = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        connection, sent = _flood_without_reading(sidecar.url, keyless, 32 * 1024 * 1024, stall_seconds=1)
+        with connection:
+            grown = _resident_bytes(sidecar.process.pid) - before
+            # Each 70-byte request is a 370-byte 401: what was read is answered into a buffer that
+            # stops growing at its high-water mark (was 62 -> 307 MiB for 32 MiB sent in 14 s).
+            assert grown < 8 * 1024 * 1024 and sent < 16 * 1024 * 1024, (grown, sent)
+            wait_until(
+                lambda: metric_value(sidecar.metrics(), cut) == cut_before + 1,
+                30,
+                "the send timeout's cut",
+                on_timeout=lambda: (
+                    f" (sent {sent} bytes; cuts: "
+                    + ", ".join(line for line in sidecar.metrics().splitlines() if line.startswith(cut.split("{")[0]))
+                    + ")"
+                ),
+            )
+        still_serves(sidecar.url)
+    finally:
+        stop_sidecar(sidecar)
