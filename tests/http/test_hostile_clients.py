@@ -489,7 +489,11 @@ def test_a_client_that_never_reads_its_refusals_stops_being_read_and_is_cut(
                 "the send timeout's cut",
                 on_timeout=lambda: (
                     f" (sent {sent} bytes; cuts: "
-                    + ", ".join(line for line in sidecar.metrics().splitlines() if line.startswith(cut.split("{")[0]))
+                    + ", ".join(
+                        line
+                        for line in sidecar.metrics().splitlines()
+                        if line.startswith(cut.split("{", maxsplit=1)[0])
+                    )
                     + ")"
                 ),
             )
