@@ -302,11 +302,12 @@ class RealNode:
     def _start(self, name: str, argv: list[str]) -> None:
         self._processes[name] = start_process(name, argv, self.log_dir)
 
-    def _fill_image_store(self, root: Path) -> None:
-        """The kept root's first fill: this node's containerd on it, importing every archive."""
+    def _fill_image_store(self, root: Path, archives: list[Path]) -> None:
+        """A kept root's fill: this node's containerd on it, importing the archives it lacks."""
         self._start_containerd(root)
         try:
-            self._import_images()
+            for archive in archives:
+                self.import_image(archive)
         finally:
             stop_process(self._processes.pop("containerd"))
             shutil.rmtree(self.dir / "containerd" / "state", ignore_errors=True)  # the node's own starts anew

@@ -50,20 +50,30 @@ def test_a_linked_copy_shares_the_layers_and_copies_the_databases(tmp_path: Path
     assert (copy / blob).is_file() and (copy / "io.containerd.metadata.v1.bolt" / "meta.db").read_bytes() == b"bolt"
 
 
-def test_the_kept_root_is_filled_once_per_set_of_archives(tmp_path: Path) -> None:
+def test_the_kept_root_is_filled_once_and_a_changed_archive_alone_is_imported_again(tmp_path: Path) -> None:
     store, fills = tmp_path / "store", []
 
-    def fill(root: Path) -> None:
-        fills.append(root.name)
-        _containerd_like_root(root)
+    def fill(root: Path, archives: list[Path]) -> None:
+        fills.append((root.name, [a.name for a in archives]))
+        if not root.exists():
+            _containerd_like_root(root)
+        for archive in archives:  # what an import adds: a blob of its own
+            (root / "io.containerd.content.v1.content" / "blobs" / "sha256" / archive.name).write_text(archive.name)
 
-    first = [tmp_path / "modelserve-aaa.tar", tmp_path / "pause-bbb.tar"]
+    first = [tmp_path / "modelserve-aaa.tar", tmp_path / "vllm-bbb.tar"]
     root = kept_root(store, first, "containerd 1.6", fill)
-    assert kept_root(store, first, "containerd 1.6", fill) == root and len(fills) == 1  # the second start fills nothing
-    assert fills[0].endswith(".partial")  # filled aside, then renamed: never half a root under its key
-    rebuilt = [tmp_path / "modelserve-ccc.tar", tmp_path / "pause-bbb.tar"]  # an image's inputs changed
-    assert kept_root(store, rebuilt, "containerd 1.6", fill) != root and len(fills) == 2
-    assert [p.name for p in store.iterdir()] == [
-        kept_root(store, rebuilt, "containerd 1.6", fill).name
-    ]  # the old key went
-    assert kept_root(store, rebuilt, "containerd 1.7", fill) != root and len(fills) == 3  # a new containerd
+    assert kept_root(store, first, "containerd 1.6", fill) == root and len(fills) == 1  # a second start: nothing
+    assert fills[0] == (f"{root.name}.partial", ["modelserve-aaa.tar", "vllm-bbb.tar"])  # filled aside, renamed
+    # modelserve/ changed: a new project image, the vLLM image as it was. Only the new one is imported,
+    # into a linked copy of the last root (its vLLM layers shared, not written again).
+    rebuilt = [tmp_path / "modelserve-ccc.tar", tmp_path / "vllm-bbb.tar"]
+    vllm = "io.containerd.content.v1.content/blobs/sha256/vllm-bbb.tar"
+    inode = os.stat(root / vllm).st_ino
+    second = kept_root(store, rebuilt, "containerd 1.6", fill)
+    assert second != root and fills[1] == (f"{second.name}.partial", ["modelserve-ccc.tar"])
+    assert os.stat(second / vllm).st_ino == inode
+    assert sorted(p.name for p in store.iterdir()) == sorted([second.name, f"{second.name}.json"])  # the old went
+    # Another containerd lays its root out its own way: everything again, from nothing.
+    third = kept_root(store, rebuilt, "containerd 1.7", fill)
+    assert third != second and fills[2][1] == ["modelserve-ccc.tar", "vllm-bbb.tar"]
+    assert not (third / vllm).exists() or os.stat(third / vllm).st_ino != inode
