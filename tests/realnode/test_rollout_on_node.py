@@ -18,6 +18,7 @@ from tests.helpers.node_view import GREEDY, NO_END, NodeView, cpu_server, restar
 
 SPLIT_REQUESTS = 200
 WINDOW = 20  # p95 of 20 is the 19th: one outlier of a busy machine does not trip it
+RATIO = 6.0  # the guard's bound on bot-v2's p95 time to first byte against bot-v1's
 # bot-v2's default answer: 192 times bot-v1's 2 tokens. SmolLM2 decodes 96 tokens in about the time
 # a busy machine's noise adds to a 2-token answer's p95, so 96 left the ratio near the guard's 3x.
 SLOW_TOKENS = 384
@@ -59,7 +60,10 @@ def ask_all(gateway: str, conversations: range, **extra: object) -> list[int]:
 def test_versions_share_a_name_by_weight_and_a_slow_one_is_rolled_back(sandbox: HostPrograms, view: NodeView) -> None:
     gateway, ns = sandbox.gateway_address, view.namespace
     view.apply(version("bot-v1", 90, 2))
-    guard = {"window": WINDOW, "maxErrorRate": 0.2, "maxTimeToFirstTokenRatio": 3.0}
+    # 6x, not 3x: a busy machine's noise took bot-v2's 2-token p95 to 3.0x and 3.7x the stable one's
+    # in the split (two CI runs, the guard tripped before the slow answers began); the slow answers
+    # (384 tokens against 2) stand at 12x or more.
+    guard = {"window": WINDOW, "maxErrorRate": 0.2, "maxTimeToFirstTokenRatio": RATIO}
     # bot-v2's sidecar runs two workers (spec.sidecar.workers): its kubelet probes, the operator's
     # /load and the gateway's requests reach either, read-only root and all.
     view.apply(version("bot-v2", 10, SLOW_TOKENS, guard, sidecar={"workers": 2}))
@@ -101,7 +105,7 @@ def test_versions_share_a_name_by_weight_and_a_slow_one_is_rolled_back(sandbox: 
     guards = httpx.get(f"http://{gateway}/guards", timeout=10).json()["guards"]
     assert len(guards) == 1, (guards, mean_ttfb(gateway, ns, "bot-v1"), mean_ttfb(gateway, ns, "bot-v2"))
     (report,) = guards
-    assert report["name"] == "bot-v2" and report["p95Seconds"] > 3.0 * report["stableP95Seconds"], report
+    assert report["name"] == "bot-v2" and report["p95Seconds"] > RATIO * report["stableP95Seconds"], report
     # Tripped: no new request reaches bot-v2; the status says why, with the figures.
     before = answered(gateway, ns, "bot-v2")
     assert set(ask_all(gateway, range(3000, 3040), **slow)) == {200}
