@@ -46,13 +46,13 @@ from typing import Any
 import httpx
 import yaml
 
+from harness.pod_states import container_states, restart_counts
 from modelserve.contracts.nodecache import FetchResult
 from modelserve.operator.starts import fetch_result
 from modelserve_sandbox.cluster import NODE_CACHE_NAMESPACE, Cluster
 from modelserve_sandbox.host_programs import host_programs
 from modelserve_sandbox.hub_mirror import parse_bandwidth
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.node_view import container_states, restart_counts
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {

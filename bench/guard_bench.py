@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from harness.in_process import serving_gateway
 from harness.sidecar import ReplayEngine, Sidecar, launch_sidecar, start_replay, stop_sidecar, wait_ready
 from modelserve.gateway.directory import Model
 from modelserve.gateway.discovery import FixedDiscovery
@@ -30,7 +31,6 @@ from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.gateway.versions import Guard
 from modelserve_sandbox.processes import free_ports, wait_until
-from tests.helpers.in_process import serving_gateway
 
 FAST, SLOW = 0.05, 0.5
 CLIENTS = 4

@@ -1,5 +1,5 @@
 """The gateway's connections are bounded as the sidecar's (modelserve/http/limits.py, shared), with its
-own settings: raw sockets against the gateway (in this process: tests.helpers.in_process.py)
+own settings: raw sockets against the gateway (in this process: harness/in_process.py)
 in front of a private sidecar before the replay engine. The bounds themselves are tried in depth
 against the sidecar (tests/http/test_hostile_clients.py)."""
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.in_process import serving_gateway_app
 from harness.sidecar import (
     API_KEY,
     SecretDir,
@@ -40,7 +41,6 @@ from tests.helpers.hostile import (
     send_until_answered,
     still_serves,
 )
-from tests.helpers.in_process import serving_gateway_app
 
 DEADLINE_SECONDS = 1.5
 BUDGET_BYTES = 1024 * 1024

@@ -21,6 +21,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
+from harness.in_process import serving_gateway
 from harness.sidecar import (
     API_KEY,
     ENGINE_TABLES,
@@ -51,7 +52,6 @@ from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.http import ollama
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.in_process import serving_gateway
 
 DEAD = "127.0.0.1:9"  # nothing listens on the discard port: connections are refused
 HELLO = [{"role": "user", "content": "hi"}]

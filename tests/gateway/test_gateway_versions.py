@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import httpx
 import pytest
 
+from harness.in_process import serving_gateway
 from harness.sidecar import ReplayEngine, Sidecar, free_ports, launch_sidecar, metric_value, start_replay, stop_sidecar
 from harness.sidecar import wait_ready as sidecar_ready
 from modelserve.gateway.directory import Model
@@ -20,7 +21,6 @@ from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.gateway.versions import Guard
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.in_process import serving_gateway
 
 DEAD = "127.0.0.1:9"  # nothing listens on the discard port: connections are refused
 SPLIT_REQUESTS = 200

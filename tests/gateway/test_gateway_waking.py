@@ -26,6 +26,7 @@ import openai
 import pytest
 from openai._streaming import SSEDecoder
 
+from harness.in_process import serving_gateway_app
 from harness.sidecar import (
     API_KEY,
     ENGINE_MODEL,
@@ -48,7 +49,6 @@ from modelserve.gateway.errors import FULL_RETRY_AFTER_SECONDS
 from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.in_process import serving_gateway_app
 
 HELLO = [{"role": "user", "content": "hi"}]
 HOLD_SECONDS = 10  # long enough for every held request to be woken on a starved machine

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.in_process import serving
 from harness.lifecycle import counts_in, ledger_counts
 from harness.sidecar import API_KEY, ReplayEngine, SecretDir, start_replay
 from modelserve.contracts.sidecar import Settings
@@ -23,7 +24,6 @@ from modelserve.sidecar.keys import KeyStore
 from modelserve.sidecar.metrics import SidecarMetrics
 from modelserve.sidecar.proxy import Proxy
 from modelserve_sandbox.processes import free_ports, wait_until
-from tests.helpers.in_process import serving
 
 STEPS = ("admit", "plan", "ready", "wait", "pick", "release", "passes_on", "tried", "settle", "end")
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from harness.pod_states import restart_counts
 from modelserve.api.manifests import workload
 from modelserve.api.spec import ModelServer
 from modelserve_sandbox.cluster import SMOLLM2_HF_REPO, SMOLLM2_LORA_REPO, Cluster
@@ -33,15 +34,7 @@ from tests.helpers.engine_parsers import (
     vllm_container,
     vllm_volume,
 )
-from tests.helpers.node_view import (
-    CAPITAL,
-    QUESTION,
-    VLLM_READY_SECONDS,
-    NodeView,
-    remove_namespace,
-    restart_counts,
-    vllm_example,
-)
+from tests.helpers.node_view import CAPITAL, QUESTION, VLLM_READY_SECONDS, NodeView, remove_namespace, vllm_example
 
 NAME = "smollm2-lora"
 ADAPTER = "pirate"

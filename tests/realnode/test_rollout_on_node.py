@@ -11,10 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from harness.pod_states import restart_counts
 from harness.sidecar import metric_value
 from modelserve.contracts.names import SIDECAR_NAME
 from modelserve_sandbox.host_programs import HostPrograms
-from tests.helpers.node_view import GREEDY, NO_END, NodeView, cpu_server, restart_counts
+from tests.helpers.node_view import GREEDY, NO_END, NodeView, cpu_server
 
 SPLIT_REQUESTS = 200
 WINDOW = 20  # p95 of 20 is the 19th: one outlier of a busy machine does not trip it

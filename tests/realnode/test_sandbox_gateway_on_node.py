@@ -14,10 +14,11 @@ import time
 import httpx
 import openai
 
+from harness.pod_states import container_states
 from modelserve.operator.starts import fetch_result
 from modelserve_sandbox import realnode
 from modelserve_sandbox.host_programs import HostPrograms
-from tests.helpers.node_view import NodeView, Timeline, container_states, cpu_server, hub_file_bytes
+from tests.helpers.node_view import NodeView, Timeline, cpu_server, hub_file_bytes
 
 HELLO = [{"role": "user", "content": "Say hello"}]
 WAKE_SECONDS_AT_MOST = 240

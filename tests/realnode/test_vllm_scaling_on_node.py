@@ -13,6 +13,7 @@ import time
 
 import httpx
 
+from harness.pod_states import restart_counts
 from modelserve.operator.starts import fetch_result
 from modelserve_sandbox import realnode, tiny_model
 from modelserve_sandbox.processes import wait_until
@@ -24,7 +25,6 @@ from tests.helpers.node_view import (
     Timeline,
     hub_file_bytes,
     hub_model_size,
-    restart_counts,
     tiny_vllm,
 )
 
