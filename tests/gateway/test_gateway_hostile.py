@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from harness.in_process import serving_gateway_app
+from harness.process_memory import status_bytes
 from harness.sidecar import (
     API_KEY,
     SecretDir,
@@ -175,12 +176,6 @@ def test_a_body_of_very_many_values_is_read_off_the_event_loop(gateway_app: tupl
     assert _read_off_loop(app, "read") == before + 1
 
 
-def _helper_memory_peak(pid: int) -> int:
-    """The helper's peak resident memory (VmHWM), bytes."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) * 1024
-
-
 def test_the_body_reader_is_bounded_in_memory_and_replaced_when_it_dies(replica: str) -> None:
     """Issue 57 N15: one keyless 10 MiB body of nested lists took the helper to 549 MiB (past the pod's
     512 Mi), and once it died it was never replaced: every later large body got 500 while /healthz
@@ -202,7 +197,7 @@ def _bounded_and_replaced(url: str, app: Dispatcher) -> None:
     assert answer.status_code == 413 and error_code(answer.content) == "too_many_values", answer.text[:300]
     assert _read_off_loop(app, "too_large") == before + 1
     assert work.helper_pids() == [helper]  # refused inside its bound: the same helper, alive
-    assert _helper_memory_peak(helper) < 320 * 1024 * 1024, _helper_memory_peak(helper)
+    assert status_bytes(helper, "VmHWM") < 320 * 1024 * 1024, status_bytes(helper, "VmHWM")
     os.kill(helper, signal.SIGKILL)
     wait_until(lambda: not Path(f"/proc/{helper}").exists() or _zombie(helper), 30, "the helper to die")
     gone = _read_off_loop(app, "gone")

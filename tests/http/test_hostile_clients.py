@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.process_memory import status_bytes
 from harness.sidecar import (
     API_KEY,
     MARK_HEADER,
@@ -415,11 +416,6 @@ def test_idle_connections_beyond_the_file_limit_leave_room_for_probes(replay: Re
     assert "Too many open files" not in log, log[-2000:]
 
 
-def _resident_bytes(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
-
-
 def test_requests_pipelined_far_ahead_of_their_answers_are_not_parked_without_bound(sidecar: Sidecar) -> None:
     """Issue 57 N12: every request pipelined in one read was parsed and parked: 256 KiB of keyed GETs
     became about 4,000 parked request objects per connection (10 connections took the sidecar from 62
@@ -427,7 +423,7 @@ def test_requests_pipelined_far_ahead_of_their_answers_are_not_parked_without_bo
     429 too_many_pipelined, and the connection closes; what it cost is given back."""
     models = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n\r\n".encode()
     ahead = models * (256 * 1024 // len(models))
-    before = _resident_bytes(sidecar.process.pid)
+    before = status_bytes(sidecar.process.pid)
     cut_before = metric_value(
         sidecar.metrics(), 'modelserve_sidecar_connections_cut_total{reason="too_many_pipelined"}'
     )
@@ -436,7 +432,7 @@ def test_requests_pipelined_far_ahead_of_their_answers_are_not_parked_without_bo
         for connection in connections:
             connection.sendall(ahead)
         received = [read_until_closed(connection, 30) for connection in connections]
-        grown = _resident_bytes(sidecar.process.pid) - before
+        grown = status_bytes(sidecar.process.pid) - before
     for data, closed in received:
         answers = answers_in(data)
         assert closed and 1 <= len(answers) <= 18, (len(answers), closed)
@@ -483,11 +479,11 @@ def test_a_client_that_never_reads_its_refusals_stops_being_read_and_is_cut(
     try:
         wait_ready(sidecar)
         cut = 'modelserve_sidecar_connections_cut_total{reason="send_timeout"}'
-        before, cut_before = _resident_bytes(sidecar.process.pid), metric_value(sidecar.metrics(), cut)
+        before, cut_before = status_bytes(sidecar.process.pid), metric_value(sidecar.metrics(), cut)
         keyless = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
         connection, sent = _flood_without_reading(sidecar.url, keyless, 32 * 1024 * 1024, stall_seconds=1)
         with connection:
-            grown = _resident_bytes(sidecar.process.pid) - before
+            grown = status_bytes(sidecar.process.pid) - before
             # Each 70-byte request is a 370-byte 401: what was read is answered into a buffer that
             # stops growing at its high-water mark (was 62 -> 307 MiB for 32 MiB sent in 14 s).
             assert grown < 8 * 1024 * 1024 and sent < 16 * 1024 * 1024, (grown, sent)

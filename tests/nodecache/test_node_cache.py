@@ -22,6 +22,7 @@ import httpx
 import pytest
 from huggingface_hub import snapshot_download
 
+from harness.process_memory import status_bytes
 from harness.testdata import model_server
 from modelserve.api import manifests
 from modelserve.contracts.nodecache import Source
@@ -381,19 +382,14 @@ def bloated_hub() -> Iterator[str]:
     thread.join(timeout=10)
 
 
-def _rss_bytes(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
-
-
 def test_a_model_api_answer_over_its_bound_is_refused_not_held(bloated_hub: str, tmp_path: Path) -> None:
     with running_agent(bloated_hub, tmp_path / "store", tmp_path) as agent:
-        before = _rss_bytes(agent.process.pid)
+        before = status_bytes(agent.process.pid)
         for _ in range(3):
             answer = httpx.get(f"{agent.url}/api/models/acme/tiny/revision/main", timeout=60)
             assert answer.status_code == 502 and "over" in answer.json()["error"], answer.text[:200]
         # 3 x 64 MiB asked for; the agent holds at most its bound (16 MiB) at a time, not the answer.
-        assert _rss_bytes(agent.process.pid) - before < 48 * MB, (before, _rss_bytes(agent.process.pid))
+        assert status_bytes(agent.process.pid) - before < 48 * MB, (before, status_bytes(agent.process.pid))
         assert agent.process.poll() is None
 
 
