@@ -281,7 +281,7 @@ class Agent:
     ) -> str:
         """Why the hub does not back the claim that `files` are `repo` at `commit` (= `revision`), or ""."""
         try:
-            info = await self._hub_json(f"/api/models/{repo}/revision/{quote(revision, safe='')}", auth)
+            info, _ = await self._hub_page(f"/api/models/{repo}/revision/{quote(revision, safe='')}", auth)
             if not isinstance(info, dict) or info.get("sha") != commit:
                 return f"the hub does not name {commit} as {repo}@{revision}"
             listed: set[tuple[str, int]] = set()
@@ -297,9 +297,6 @@ class Agent:
             return f"the hub could not be asked about {repo}: {type(error).__name__}"
         missing = files - listed
         return f"the hub's tree of {repo}@{commit} lists {len(missing)} of these files not" if missing else ""
-
-    async def _hub_json(self, path: str, auth: dict[str, str]) -> object:
-        return (await self._hub_page(path, auth))[0]
 
     async def _hub_page(self, path: str, auth: dict[str, str]) -> tuple[object, str | None]:
         """A hub API answer (JSON, at most API_ANSWER_BYTES) and the path of its next page, if any."""
