@@ -248,7 +248,7 @@ class RealNode:
         root = self.dir / "containerd" / "root"
         if self.image_store_dir is None:
             self._start_containerd(root)
-            self._import_images()
+            self._import_images(self.archives)
         else:
             kept = image_store.kept_root(
                 self.image_store_dir, self.archives, image_store.containerd_version(), self._fill_image_store
@@ -306,8 +306,7 @@ class RealNode:
         """A kept root's fill: this node's containerd on it, importing the archives it lacks."""
         self._start_containerd(root)
         try:
-            for archive in archives:
-                self.import_image(archive)
+            self._import_images(archives)
         finally:
             stop_process(self._processes.pop("containerd"))
             shutil.rmtree(self.dir / "containerd" / "state", ignore_errors=True)  # the node's own starts anew
@@ -334,8 +333,8 @@ class RealNode:
             on_timeout=lambda: "\n" + tail(self.log_dir / "containerd.log"),
         )
 
-    def _import_images(self) -> None:
-        for archive in self.archives:
+    def _import_images(self, archives: list[Path]) -> None:
+        for archive in archives:
             self.import_image(archive)
 
     def import_image(self, archive: Path) -> None:
