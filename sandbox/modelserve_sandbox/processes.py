@@ -21,15 +21,30 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+# Every port free_ports has handed out in this process: a caller binds its port later (a child
+# process starts), so without this two calls could both hand out a port nobody holds yet. CI once
+# gave the operator's metrics and liveness the same port, and the operator died at start.
+_HANDED_OUT: set[int] = set()
+_DRAWS_PER_PORT = 50
+
+
 def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on 127.0.0.1 (held open together so none repeats)."""
+    """Distinct free TCP ports on 127.0.0.1, none handed out before by this process (all held open
+    together while drawn, so none repeats)."""
     with ExitStack() as stack:
-        sockets = []
-        for _ in range(count):
+        ports: list[int] = []
+        for _ in range(count * _DRAWS_PER_PORT):
+            if len(ports) == count:
+                break
             s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
+            port = s.getsockname()[1]
+            if port not in _HANDED_OUT:
+                ports.append(port)
+        if len(ports) < count:
+            raise RuntimeError(f"found {len(ports)} of {count} free ports not handed out before")
+        _HANDED_OUT.update(ports)
+        return ports
 
 
 def start_process(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
