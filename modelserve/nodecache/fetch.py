@@ -31,6 +31,7 @@ from modelserve.contracts.nodecache import FetchResult, FetchSettings, Layout
 from .hub import (
     FETCHED_ROUTE,
     HUB_STATUS_HEADER,
+    RAW_BYTES,
     SOURCE_HEADER,
     Digest,
     RepoFile,
@@ -254,7 +255,7 @@ def _remove(path: Path | None) -> None:
 async def fetch(settings: FetchSettings, token: str) -> FetchResult:
     """Fetch the model and its adapters; the result says what came from where (or what failed)."""
     started = time.monotonic()
-    headers = {"User-Agent": USER_AGENT}
+    headers = {"User-Agent": USER_AGENT, **RAW_BYTES}
     async with aiohttp.ClientSession(headers=headers, auto_decompress=False) as session:
         fetcher = Fetcher(settings, token, session)
         error = ""

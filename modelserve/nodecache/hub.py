@@ -18,6 +18,10 @@ from modelserve.contracts.nodecache import Layout
 SOURCE_HEADER = "X-Modelserve-Source"
 HUB_STATUS_HEADER = "X-Modelserve-Hub-Status"
 FETCHED_ROUTE = "/v1/fetched"
+# What every request to the hub (and to the agent) asks for: the bytes as stored. The hub gzips text
+# files for a client that accepts it, and what is hashed and written must be the raw bytes the tree's
+# oid names (huggingface_hub sends the same on its metadata requests).
+RAW_BYTES = {"Accept-Encoding": "identity"}
 # Weight formats an engine reads one of: with safetensors present the others are never read (vLLM's
 # and SGLang's default loaders prefer safetensors; `original/` holds a repository's other release).
 OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".onnx_data", ".tflite", ".ot", ".gguf")

@@ -17,6 +17,7 @@ from modelserve.contracts.nodecache import RESULT_LIMIT, FetchSettings
 
 from .agent import Agent, build_app, sync_forever
 from .fetch import fetch
+from .hub import RAW_BYTES
 from .node import NodeApi
 from .settings import Settings
 from .store import Store
@@ -40,7 +41,7 @@ def agent_main(argv: list[str] | None = None) -> None:
 async def _serve(settings: Settings) -> None:
     store = Store(settings.root, settings.size_limit).open()
     changed = asyncio.Event()
-    async with aiohttp.ClientSession(auto_decompress=False) as session:
+    async with aiohttp.ClientSession(headers=RAW_BYTES, auto_decompress=False) as session:
         node = NodeApi(settings.node_name, session) if settings.node_name and NodeApi.in_cluster() else None
 
         async def in_use() -> set[str] | None:

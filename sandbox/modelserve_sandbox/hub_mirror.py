@@ -17,11 +17,14 @@ bucket all responses draw from), and it counts the bytes it sends per client add
 answers apart (`GET /_mirror/bytes`, or `bytes_by_client()`), so a start's hub bytes are measured.
 A gated repository (`gated`: its tokens) answers its files only to a request bearing one of its
 tokens, 401 without a token and 403 with another, as the hub answers; its listing stays public.
+With `compress`, it gzips its API answers and whole-file answers for a client that accepts gzip, as
+the hub does text files (huggingface_hub asks for `identity` on its metadata requests for that reason).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import threading
 import time
@@ -146,6 +149,7 @@ def build_app(
     bandwidth: float | None = None,
     gated: Mapping[str, frozenset[str]] | None = None,
     counters: Counters | None = None,
+    compress: bool = False,
 ) -> web.Application:
     oids = {f: sha256_of(f.path) for f in files}
     repos: dict[str, list[HubFile]] = {}
@@ -159,8 +163,15 @@ def build_app(
     def client_of(request: web.Request) -> str:
         return request.remote or "unknown"
 
+    def gzips(request: web.Request) -> bool:
+        return compress and "gzip" in request.headers.get("Accept-Encoding", "")
+
     def answer(request: web.Request, body: object) -> web.Response:
         response = web.json_response(body)
+        if gzips(request):
+            response = web.Response(
+                body=gzip.compress(response.body), content_type="application/json", headers={"Content-Encoding": "gzip"}
+            )
         counters.add(client_of(request), api=len(response.body or b""), request=True)
         return response
 
@@ -258,6 +269,10 @@ def build_app(
         except ValueError:
             raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{size}"}) from None
         first, last = ranged or (0, size - 1)
+        if not ranged and request.method == "GET" and gzips(request):
+            body = gzip.compress(match.path.read_bytes())
+            counters.add(client_of(request), files=len(body), request=True)
+            return web.Response(body=body, headers={**headers, "Content-Encoding": "gzip"})
         response = web.StreamResponse(status=206 if ranged else 200, headers=headers)
         if ranged:
             response.headers["Content-Range"] = f"bytes {first}-{last}/{size}"
@@ -301,7 +316,7 @@ def build_app(
 class HubMirror:
     """The mirror on `host:port`, served from a thread of its own until `stop()`. `bandwidth`: the
     uplink's bits per second (None: as fast as the machine sends); `gated`: repositories whose files
-    need one of their tokens."""
+    need one of their tokens; `compress`: gzip for clients that accept it."""
 
     def __init__(
         self,
@@ -310,8 +325,10 @@ class HubMirror:
         port: int,
         bandwidth: float | None = None,
         gated: Mapping[str, frozenset[str]] | None = None,
+        compress: bool = False,
     ) -> None:
         self.files, self.host, self.port = files, host, port
+        self.compress = compress
         self.bandwidth = bandwidth
         self.gated = dict(gated or {})
         self.counters = Counters()
@@ -332,7 +349,7 @@ class HubMirror:
         return self
 
     async def _serve(self) -> None:
-        app = build_app(self.files, self.bandwidth, self.gated, self.counters)
+        app = build_app(self.files, self.bandwidth, self.gated, self.counters, self.compress)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()

@@ -85,6 +85,15 @@ def slow_hub(files: list[HubFile]) -> Iterator[HubMirror]:
     mirror.stop()
 
 
+@pytest.fixture
+def gzip_hub(files: list[HubFile]) -> Iterator[HubMirror]:
+    """The same hub gzipping its answers to a client that accepts gzip, as the hub does text files."""
+    (port,) = free_ports(1)
+    mirror = HubMirror(files, "127.0.0.1", port, compress=True).start()
+    yield mirror
+    mirror.stop()
+
+
 def _size(files: list[HubFile], repo: str, name: str) -> int:
     return next(f.path.stat().st_size for f in files if f.repo == repo and f.name == name)
 
@@ -124,6 +133,23 @@ def test_vllm_and_sglang_get_their_weights_in_huggingface_hubs_own_layout(
     original = next(f.path for f in files if f.name == "model.safetensors")
     assert (snapshot / "model.safetensors").read_bytes() == original.read_bytes()
     assert fetched.result and fetched.result.files == 2
+
+
+def test_a_hub_that_gzips_its_answers_still_gives_every_pod_the_model_whole(
+    gzip_hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    # Asking for gzip and hashing the raw bytes failed every fetch, through the agent and without it.
+    assert httpx.get(f"{gzip_hub.url}/api/models/{HF}").headers.get("Content-Encoding") == "gzip"
+    original = next(f.path for f in files if f.name == "model.safetensors").read_bytes()
+    with running_agent(gzip_hub.url, tmp_path / "store", tmp_path) as agent:
+        through_agent = run_fetch(HF, tmp_path / "pod-1", gzip_hub.url, agent.url, layout="safetensors")
+    (closed,) = free_ports(1)
+    direct = run_fetch(HF, tmp_path / "pod-2", gzip_hub.url, f"http://127.0.0.1:{closed}", layout="safetensors")
+    for pod, fetched in (("pod-1", through_agent), ("pod-2", direct)):
+        assert fetched.returncode == 0, fetched.output
+        assert fetched.result and fetched.result.source == Source.HUB and not fetched.result.error
+        snapshot = Path(snapshot_download(HF, cache_dir=tmp_path / pod, local_files_only=True))
+        assert (snapshot / "model.safetensors").read_bytes() == original
 
 
 def test_pods_starting_together_on_a_node_fetch_the_model_once(
