@@ -125,6 +125,11 @@ class Refused(Exception):
         self.status, self.body, self.headers = status, body, headers
 
 
+class Unusable(Exception):
+    """A hub answer the agent cannot serve from (no hash or size, a redirect loop): the agent's own
+    502, not a hub refusal, so the fetch asks the hub itself."""
+
+
 @dataclass(frozen=True)
 class FileInfo:
     oid: str
@@ -180,10 +185,10 @@ class Agent:
                     headers = {name: answer.headers[name] for name in PASSED_ON if name in answer.headers}
                     raise Refused(answer.status, json.dumps({"error": said}).encode(), headers)
                 if oid is None or size is None:
-                    raise Refused(502, f"the hub named no hash or size for {repo}/{path}".encode(), {})
+                    raise Unusable(f"the hub named no hash or size for {repo}/{path}")
                 commit = answer.headers.get("X-Repo-Commit", "")
                 return FileInfo(oid, size, commit)
-        raise Refused(502, f"the hub redirected {repo}/{path} too often".encode(), {})
+        raise Unusable(f"the hub redirected {repo}/{path} too often")
 
     # --- routes -------------------------------------------------------------------------
     async def resolve(self, request: web.Request) -> web.StreamResponse:
@@ -198,6 +203,8 @@ class Agent:
             self.metrics.refused.inc()
             headers = {**refusal.headers, HUB_STATUS_HEADER: str(refusal.status)}
             return web.Response(status=refusal.status, body=refusal.body, headers=headers)
+        except Unusable as unusable:
+            raise web.HTTPBadGateway(text=f"the node cache cannot serve this: {unusable}") from None
         except (aiohttp.ClientError, TimeoutError) as error:
             raise web.HTTPBadGateway(text=f"the hub is unreachable from the node cache: {error!r}") from None
         headers = {

@@ -28,6 +28,7 @@ from modelserve.api import manifests
 from modelserve.contracts.nodecache import Source
 from modelserve.contracts.operator_settings import Settings
 from modelserve.engines.base import CONTAINER_NAME, HUB_CACHE_PATH
+from modelserve.nodecache.hub import HUB_STATUS_HEADER
 from modelserve_sandbox.cluster import SMOLLM2_DISTRIBUTION, SMOLLM2_FILE, SMOLLM2_REPO, packaged_file
 from modelserve_sandbox.hub_mirror import HubFile, HubMirror, parse_bandwidth
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
@@ -417,6 +418,55 @@ def test_a_model_api_answer_over_its_bound_is_refused_not_held(bloated_hub: str,
         # 3 x 64 MiB asked for; the agent holds at most its bound (16 MiB) at a time, not the answer.
         assert status_bytes(agent.process.pid) - before < 48 * MB, (before, status_bytes(agent.process.pid))
         assert agent.process.poll() is None
+
+
+@pytest.fixture
+def hashless_heads(hub: HubMirror) -> Iterator[str]:
+    """The hub behind a front that answers a file's HEAD with no hash or size (as a proxy that drops
+    headers would) and passes every GET on as the hub answers it."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            answer = httpx.get(hub.url + self.path, headers={"Accept-Encoding": "identity"}, timeout=30)
+            self.send_response(answer.status_code)
+            for name in ("Content-Type", "X-Linked-Etag", "X-Linked-Size", "X-Repo-Commit", "ETag", "Link"):
+                if name in answer.headers:
+                    self.send_header(name, answer.headers[name])
+            self.send_header("Content-Length", str(len(answer.content)))
+            self.end_headers()
+            self.wfile.write(answer.content)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_an_answer_the_agent_cannot_use_sends_the_fetch_to_the_hub_not_to_a_failure(
+    hashless_heads: str, hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    """Issue 57 L1: the agent's own 502 (the hub named no hash) carried the hub-refusal header, so the
+    pod's fetch failed instead of asking the hub itself."""
+    with running_agent(hashless_heads, tmp_path / "store", tmp_path) as agent:
+        answer = httpx.get(f"{agent.url}/{GGUF}/resolve/main/tiny.Q4_1.gguf", timeout=30)
+        assert answer.status_code == 502 and HUB_STATUS_HEADER not in answer.headers, answer.headers
+        fetched = run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod", hashless_heads, agent.url, layout="gguf")
+    assert fetched.returncode == 0, fetched.output
+    assert fetched.result and fetched.result.source == Source.HUB and "no hash" in fetched.result.node_cache
+    (snapshot,) = (tmp_path / "pod" / "models--acme--tiny-GGUF" / "snapshots").iterdir()
+    original = next(f.path for f in files if f.name == "tiny.Q4_1.gguf")
+    assert (snapshot / "tiny.Q4_1.gguf").read_bytes() == original.read_bytes()
 
 
 def test_a_model_record_is_written_only_when_the_hub_backs_it(
