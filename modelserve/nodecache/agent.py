@@ -356,6 +356,9 @@ class Agent:
                     raise OSError(f"the hub answered {answer.status}")
                 with out:
                     async for chunk in answer.content.iter_chunked(CHUNK):
+                        if transfer.written + len(chunk) > transfer.size:  # cut at the declared size
+                            self.metrics.corrupt.inc()
+                            raise OSError(f"the hub sent more than the {transfer.size} bytes it declared")
                         out.write(chunk)
                         digest.update(chunk)
                         transfer.written += len(chunk)

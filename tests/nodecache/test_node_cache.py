@@ -420,26 +420,36 @@ def test_a_model_api_answer_over_its_bound_is_refused_not_held(bloated_hub: str,
         assert agent.process.poll() is None
 
 
-@pytest.fixture
-def hashless_heads(hub: HubMirror) -> Iterator[str]:
-    """The hub behind a front that answers a file's HEAD with no hash or size (as a proxy that drops
-    headers would) and passes every GET on as the hub answers it."""
+@contextlib.contextmanager
+def _hub_front(hub: HubMirror, hashless_heads: bool = False, extra_bytes: int = 0) -> Iterator[str]:
+    """The hub behind a front that misbehaves as a broken proxy or hub would: answers a file's HEAD
+    with no hash or size (`hashless_heads`), or sends `extra_bytes` past each file's end (close-
+    delimited, no length); everything else is passed on as the hub answers it."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_HEAD(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
+            answer = httpx.head(hub.url + self.path, timeout=30)
+            self.send_response(200 if hashless_heads else answer.status_code)
+            for name, value in () if hashless_heads else answer.headers.items():
+                if name.lower() not in ("date", "server", "connection"):
+                    self.send_header(name, value)
             self.end_headers()
 
         def do_GET(self) -> None:
             answer = httpx.get(hub.url + self.path, headers={"Accept-Encoding": "identity"}, timeout=30)
+            overlong = extra_bytes and "/resolve/" in self.path
             self.send_response(answer.status_code)
             for name in ("Content-Type", "X-Linked-Etag", "X-Linked-Size", "X-Repo-Commit", "ETag", "Link"):
                 if name in answer.headers:
                     self.send_header(name, answer.headers[name])
-            self.send_header("Content-Length", str(len(answer.content)))
+            if not overlong:
+                self.send_header("Content-Length", str(len(answer.content)))
             self.end_headers()
-            self.wfile.write(answer.content)
+            with contextlib.suppress(OSError):  # the reader cuts it
+                self.wfile.write(answer.content)
+                for _ in range(extra_bytes // MB if overlong else 0):
+                    self.wfile.write(b"\0" * MB)
+            self.close_connection = True
 
         def log_message(self, *_: object) -> None:
             pass
@@ -447,10 +457,18 @@ def hashless_heads(hub: HubMirror) -> Iterator[str]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def hashless_heads(hub: HubMirror) -> Iterator[str]:
+    with _hub_front(hub, hashless_heads=True) as url:
+        yield url
 
 
 def test_an_answer_the_agent_cannot_use_sends_the_fetch_to_the_hub_not_to_a_failure(
@@ -467,6 +485,23 @@ def test_an_answer_the_agent_cannot_use_sends_the_fetch_to_the_hub_not_to_a_fail
     (snapshot,) = (tmp_path / "pod" / "models--acme--tiny-GGUF" / "snapshots").iterdir()
     original = next(f.path for f in files if f.name == "tiny.Q4_1.gguf")
     assert (snapshot / "tiny.Q4_1.gguf").read_bytes() == original.read_bytes()
+
+
+def test_a_download_is_cut_at_the_size_the_hub_declared(hub: HubMirror, files: list[HubFile], tmp_path: Path) -> None:
+    """Issue 57 L4: a hub (or a proxy) sending past a file's declared end had 42.6 MiB written for a
+    4 MiB file; now the agent and the fetch stop reading at the size, and the pod's fetch says why."""
+    size = _size(files, GGUF, "tiny.Q4_1.gguf")
+    with (
+        _hub_front(hub, extra_bytes=40 * MB) as overlong,
+        running_agent(overlong, tmp_path / "store", tmp_path) as agent,
+    ):
+        fetched = run_fetch(f"{GGUF}:Q4_1", tmp_path / "pod", overlong, agent.url, layout="gguf")
+        downloaded = agent.metrics()["modelserve_nodecache_hub_bytes_total"]
+        assert agent.metrics()["modelserve_nodecache_corrupt_files_total"] >= 1
+    assert fetched.returncode != 0 and fetched.result and "do not match" in fetched.result.error, fetched.output
+    assert downloaded <= size, downloaded  # was the 3 MB file and the 40 MB past it
+    assert not list((tmp_path / "store" / "partial").iterdir()), "a cut download is not kept"
+    assert not list((tmp_path / "pod").rglob("*.incomplete"))
 
 
 def test_a_model_record_is_written_only_when_the_hub_backs_it(
