@@ -4,13 +4,15 @@ Reading JSON of millions of values (a 10 MiB body of `[],[],...`) takes the json
 second, and a C call holds the interpreter throughout: in a thread it stalls the loop all the same.
 So a proxy hands such work to one helper process, at most `pending` at a time (more: busy, for the
 caller to refuse), and its loop goes on serving every other request meanwhile. The helper is started
-at first use, from a fork server (a clean process, not a fork of this one with its loop and threads),
-and what goes back to the loop must be small: unpickling a million values would stall it again.
+at first use, spawned (a clean interpreter, not a fork of this one with its loop and threads), and
+what goes back to the loop must be small: unpickling a million values would stall it again.
 
 The helper's memory is bounded (its data segment, `memory_bytes`): a body whose values would take
 more (10 MiB of `[[],[],...]` took 549 MiB, past the pod's limit) ends in a MemoryError there, not in
 the OOM killer's choice of process, and is TOO_LARGE here. A helper that dies all the same (killed)
-is replaced at the next call; the calls it had are GONE.
+is replaced at the next call; the calls it had are GONE. It dies with the process that started it
+(PR_SET_PDEATHSIG), so a proxy killed, or ending with os._exit as a worker does, leaves no helper (nor
+the resource tracker it kept alive) behind; a fork server would outlive it, as would the helper.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import resource
+import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
+
+from .workers import die_with_parent
 
 BUSY = object()  # `run`'s answer when `pending` calls are in progress already
 TOO_LARGE = object()  # `run`'s answer when the work needed more than the helper's memory bound
@@ -29,8 +34,10 @@ GONE = object()  # `run`'s answer when the helper died under the call (the next 
 MEMORY_BYTES = 256 * 1024 * 1024  # the helper's data segment: a 10 MiB body of long text reads in ~40 MiB
 
 
-def _bound_memory(limit: int) -> None:
-    """In the helper, before any work: its heap (brk and anonymous mappings) at most `limit` bytes."""
+def _start_helper(limit: int) -> None:
+    """In the helper, before any work: killed when its starter dies; its heap (brk and anonymous
+    mappings) at most `limit` bytes."""
+    die_with_parent(signal.SIGKILL)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
@@ -39,7 +46,7 @@ class OffLoop:
         self.pending = pending
         self.memory_bytes = memory_bytes
         self.running = 0
-        self.replaced = 0  # helpers found dead and replaced, for the owner's metrics
+        self.replaced = 0  # helpers found dead and replaced
         self._executor: ProcessPoolExecutor | None = None
 
     async def run(self, function: Callable[..., Any], *args: Any) -> Any:
@@ -50,8 +57,8 @@ class OffLoop:
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
                 1,
-                mp_context=multiprocessing.get_context("forkserver"),
-                initializer=_bound_memory,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_helper,
                 initargs=(self.memory_bytes,),
             )
         executor = self._executor

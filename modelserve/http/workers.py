@@ -28,6 +28,11 @@ RESTART_WINDOW_SECONDS = 60.0
 STARTUP_FAILURE = 3  # uvicorn's exit code when the port is taken or the app cannot start
 
 
+def die_with_parent(signum: int) -> None:
+    """This process gets `signum` when the thread that started it ends (Linux: PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+
+
 def share(limit: int, among: int) -> int:
     """One process's (or replica's) part of a limit: rounded up, so nothing is refused everywhere
     below the limit (together they allow at most `among` - 1 more than it)."""
@@ -61,7 +66,7 @@ Worker = Callable[[int, list[socket.socket]], None]
 def _run_child(index: int, host: str, port: int, parent: int, worker: Worker) -> int:
     """In the forked child: die with the parent, bind, serve until stopped; the exit code."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        die_with_parent(signal.SIGTERM)
         os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the parent only, which stops each worker once
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(number, signal.SIG_DFL)
