@@ -96,6 +96,7 @@ class Opened:
     def __init__(self, max_age: float = OPENED_MEMORY_SECONDS, max_entries: int = MAX_ENTRIES) -> None:
         self.max_age = max_age
         self._seen: Recent[tuple[bytes, Key], None] = Recent(max_entries)
+        self._keys: Recent[bytes, None] = Recent(max_entries)  # the keys of `_seen`, when last proven
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -104,9 +105,16 @@ class Opened:
         seen = self._seen.get((key_digest, model))
         return seen is not None and (time.monotonic() if now is None else now) - seen[0] < self.max_age
 
+    def opens_some(self, key_digest: bytes, now: float | None = None) -> bool:
+        """Whether the key opened any model lately: a key a replica accepted, not one made up."""
+        seen = self._keys.get(key_digest)
+        return seen is not None and (time.monotonic() if now is None else now) - seen[0] < self.max_age
+
     def learn(self, key_digest: bytes, model: Key, opened: bool | None, now: float | None = None) -> None:
         """`opened` as `proof` gives it: True remembers (afresh), False forgets, None leaves it."""
         if opened:
             self._seen.put((key_digest, model), None, time.monotonic() if now is None else now)
+            self._keys.put(key_digest, None, time.monotonic() if now is None else now)
         elif opened is False:
             self._seen.pop((key_digest, model))
+            self._keys.pop(key_digest)  # until a replica accepts it again

@@ -54,8 +54,10 @@ NO_MODEL: Key = ("", "")
 # The routes whose `"stream": true` answers are OpenAI's SSE streams: kept alive while held.
 SSE_ROUTES = frozenset({routes.CHAT, routes.COMPLETIONS})
 # Bodies read off the event loop at once (http/off_loop.py): one helper process per gateway process
-# reads them one at a time; more than this many waiting for it are refused.
-OFF_LOOP_PENDING = 4
+# reads them one at a time; more than this many waiting for it are refused, and more than
+# OFF_LOOP_PER_OWNER of one owner's (a proven key, else a client address: `_reader_share`).
+OFF_LOOP_PENDING = 8
+OFF_LOOP_PER_OWNER = 1
 OFF_LOOP_BUSY = "This gateway is reading too many very large request bodies; retry later."
 OFF_LOOP_GONE = "This gateway's body reader stopped while reading this request; retry."
 OFF_LOOP_OUTCOMES = ((BUSY, "busy"), (TOO_LARGE, "too_large"), (GONE, "gone"))  # the metric's labels
@@ -130,7 +132,7 @@ class GatewayProxy(Pipeline):
         self.session: aiohttp.ClientSession | None = None  # the model lists' (catalog.py), opened by the lifespan
         self.in_flight: dict[str, int] = {}  # replica address -> requests this gateway has on it
         self.guards = versions.Guards()  # the versions' answers, and the guards they tripped
-        self.off_loop_work = OffLoop(OFF_LOOP_PENDING)  # bodies too large to read on the loop (`read`)
+        self.off_loop_work = OffLoop(OFF_LOOP_PENDING, per_owner=OFF_LOOP_PER_OWNER)  # bodies too large for the loop
         self.rng = random.Random()
 
     # --- the pipeline's steps ---------------------------------------------------------------------
@@ -210,9 +212,17 @@ class GatewayProxy(Pipeline):
             return errors.server_busy(OFF_LOOP_GONE)
         return None
 
-    async def read(self, body: bytes) -> RequestRead | errors.ErrorResponse:
+    def _reader_share(self, authorization: bytes | None, peer: str | None) -> tuple[str, object]:
+        """Whose places in the body reader a request takes: a key a replica accepted has its own; any
+        other request (keyless, or a key never proven) its client address's, however many keys it makes up."""
+        if authorization is not None and self.opened.opens_some(digest(authorization)):
+            return ("key", digest(authorization))
+        return ("client", client_bucket(peer))
+
+    async def read(self, body: bytes, headers: Headers, peer: str | None) -> RequestRead | errors.ErrorResponse:
         """The summary of a body of very many JSON values, read in the off-loop process."""
-        summary = await self.off_loop_work.run(request_read.read, body)
+        owner = self._reader_share(authorization_header(headers), peer)
+        summary = await self.off_loop_work.run(request_read.read, body, owner=owner)
         outcome = next((name for marker, name in OFF_LOOP_OUTCOMES if summary is marker), "read")
         self.metrics.read_off_loop.labels(outcome).inc()
         return self._off_loop_refusal(summary) or summary
@@ -226,7 +236,8 @@ class GatewayProxy(Pipeline):
         meanwhile (held_streams.py); once they started its answer, the rest goes through it. First, a
         body read off the loop that needs another model name is renamed there too."""
         if plan.rename_to is not None:
-            renamed = await self.off_loop_work.run(request_read.renamed, plan.body, plan.rename_to)
+            owner = self._reader_share(plan.authorization, peer)
+            renamed = await self.off_loop_work.run(request_read.renamed, plan.body, plan.rename_to, owner=owner)
             if not isinstance(renamed, bytes):
                 exchange.status = await answer(client, self._off_loop_refusal(renamed) or renamed)
                 return False

@@ -144,9 +144,9 @@ class Pipeline:
         """Whether reading `body` would stall the event loop: then `read` reads it off the loop first."""
         return False
 
-    async def read(self, body: bytes) -> Any:
+    async def read(self, body: bytes, headers: Headers, peer: str | None) -> Any:
         """`body` read off the event loop (`off_loop`): what `plan` finds in `exchange.read`, or an
-        `errors.ErrorResponse` to answer."""
+        `errors.ErrorResponse` to answer. `headers` and `peer`: whose request it is."""
         raise NotImplementedError
 
     def plan(
@@ -279,7 +279,7 @@ class Pipeline:
             if body is None:
                 return
             if self.off_loop(body):
-                read = await self.read(body)
+                read = await self.read(body, headers, peer)
                 if isinstance(read, errors.ErrorResponse):
                     exchange.status = await answer(client, read)
                     return

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -208,6 +209,47 @@ def _bounded_and_replaced(url: str, app: Dispatcher) -> None:
     assert outcomes[-1] == 200 and outcomes.count(503) <= 1 and set(outcomes) <= {200, 503}, outcomes
     assert _read_off_loop(app, "gone") - gone == outcomes.count(503)
     assert work.helper_pids() and work.helper_pids() != [helper] and work.replaced >= 1
+
+
+def test_many_large_bodies_from_one_client_leave_the_body_reader_to_others(replica: str) -> None:
+    """Issue 57 N16: the body reader's places were one queue for everyone: 4 connections sending large
+    bodies kept them, and 0 of 60 legitimate large requests were served. Now a key a replica accepted
+    has its own place and any other request takes its address's one: eight connections of made-up keys
+    hold one place between them while every large request of the proven key is read."""
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    heavy = json.dumps({**request, "x": [[]] * 200_000})  # 800 KB: under the body limit
+    stop = threading.Event()
+    attacks: list[int] = []
+
+    def attacker(number: int) -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer made-up-{number}"}, timeout=60) as client:
+            for _ in range(10_000):
+                if stop.is_set():
+                    return
+                attacks.append(client.post(url + "/v1/chat/completions", content=heavy).status_code)
+
+    with _gateway(replica, public=False, budget=64 * 1024 * 1024) as (url, app):
+        assert httpx.post(url + "/v1/chat/completions", json=request, headers=KEYED, timeout=60).status_code == 200
+        threads = [threading.Thread(target=attacker, args=(n,), daemon=True) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_until(
+                lambda: _read_off_loop(app, "busy") >= 8,
+                20,
+                "the attackers to fill their share",
+                on_timeout=lambda: f"{sorted(set(attacks))} {len(attacks)} read={_read_off_loop(app, 'read')}",
+            )
+            served = [
+                httpx.post(url + "/v1/chat/completions", content=heavy, headers=KEYED, timeout=60).status_code
+                for _ in range(12)
+            ]
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
+    assert served == [200] * 12, served
+    assert set(attacks) <= {401, 503} and attacks.count(503) >= 8, sorted(set(attacks))
 
 
 def _zombie(pid: int) -> bool:

@@ -317,12 +317,13 @@ def test_the_keys_seen_opening_a_model_are_remembered_for_a_week() -> None:
     good, other, model = digest(b"Bearer good"), digest(b"Bearer other"), ("ns", "m")
     opened.learn(good, model, proof(200), now=0.0)
     assert opened.opens(good, model, now=OPENED_MEMORY_SECONDS - 1)
+    assert opened.opens_some(good, now=1.0) and not opened.opens_some(other, now=1.0)
     assert not opened.opens(good, model, now=OPENED_MEMORY_SECONDS + 1)
     assert not opened.opens(good, ("ns", "other"), now=1.0) and not opened.opens(other, model, now=1.0)
     opened.learn(good, model, proof(503), now=2.0)  # says nothing: still remembered, from 0
     assert opened.opens(good, model, now=OPENED_MEMORY_SECONDS - 1)
     opened.learn(good, model, proof(401), now=3.0)  # the key was revoked
-    assert not opened.opens(good, model, now=4.0)
+    assert not opened.opens(good, model, now=4.0) and not opened.opens_some(good, now=4.0)
     for i in range(5):  # made-up keys cannot fill it: only a replica's answer puts one in
         opened.learn(digest(f"Bearer {i}".encode()), model, proof(401), now=5.0)
     assert len(opened) == 0
