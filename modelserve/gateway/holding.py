@@ -119,7 +119,7 @@ class Holding:
         self, key: Key, timeout: float, disconnected: asyncio.Future[Any], unverified_from: str | None = None
     ) -> Outcome:
         """Wait until `wake(key)`, `timeout` seconds, or the client's disconnect, whichever first.
-        `unverified_from`: the client (keys.client_bucket) of a request held in the unverified share."""
+        `unverified_from`: the client (http/limits.client_bucket) of a request held in the unverified share."""
         if not self.admits(key, unverified_from):
             return Outcome.FULL
         future = self._wake.get(key)

@@ -7,7 +7,6 @@ never all of them: a flood of made-up keys cannot grow it, nor wipe what real ca
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import time
 from collections.abc import Hashable
 from typing import Generic, TypeVar
@@ -18,7 +17,6 @@ from modelserve.contracts.names import Key
 # quiet days at zero, so its users are held with the verified requests, not the small share.
 OPENED_MEMORY_SECONDS = 7 * 24 * 3600.0
 MAX_ENTRIES = 100_000
-IPV6_CLIENT_PREFIX = 64  # one host's usual share of IPv6: an address per request costs nothing there
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -47,21 +45,6 @@ def proof(status: int) -> bool | None:
     if status >= 500 or status in BEFORE_THE_KEY_CHECK:
         return None
     return True
-
-
-def client_bucket(host: str | None) -> str:
-    """Whom a per-client limit counts: the client's address, an IPv6 one by its /64."""
-    if not host:
-        return ""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, IPV6_CLIENT_PREFIX), strict=False))
-    return str(address)
 
 
 class Recent(Generic[K, V]):

@@ -26,6 +26,7 @@ from modelserve.contracts.names import Key
 from modelserve.http import errors
 from modelserve.http.downstream import Downstream, Exchange, Headers, answer
 from modelserve.http.json_body import many_values
+from modelserve.http.limits import client_bucket
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
 from modelserve.http.off_loop import BUSY, GONE, TOO_LARGE, OffLoop
 from modelserve.http.pipeline import RETRIABLE, NoUpstream, PassedOn, Pipeline, Plan, Upstream
@@ -37,7 +38,7 @@ from . import request_read, versions
 from .directory import Ambiguous, Directory, Model, served_name
 from .held_streams import KeepAlive, StartedStream, comment
 from .holding import Holding, Outcome
-from .keys import Opened, client_bucket, digest, keyless, proof
+from .keys import Opened, digest, keyless, proof
 from .metrics import GatewayMetrics
 from .request_read import RequestRead, parse_request, with_model
 from .routing import affinity_key, conversation_prefix, least_in_flight

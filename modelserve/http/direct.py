@@ -27,7 +27,7 @@ from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol
 
 from .downstream import ClientGone, Exchange, Headers, hung_up
-from .limits import RESERVED_CONNECTIONS, BodyBudget, ConnectionLimits, cut, refusal
+from .limits import RESERVED_CONNECTIONS, BodyBudget, ConnectionLimits, client_bucket, cut, refusal
 
 log = logging.getLogger(__name__)
 
@@ -465,6 +465,7 @@ class DirectProtocol(HttpToolsProtocol):
     _in_body = False
     _body_held = 0
     _body_last = 0.0  # when its last body bytes came
+    _body_client = ""  # whose share of the budget they are (limits.client_bucket), once it holds any
     _chunk_bytes = 0
     _refused = False
     _own_only = False  # one of the connections past the cap: the server's own routes only
@@ -801,9 +802,10 @@ class DirectProtocol(HttpToolsProtocol):
             budget = self.budget
             if not self._body_held:
                 budget.holders[self] = None
+                self._body_client = client_bucket(self.client[0] if self.client else None)
             self._body_held += size
             self._body_last = self.loop.time()
-            budget.used += size
+            budget.add(self._body_client, size)
             if budget.used > budget.limit and not self._make_room():
                 self._release_body()
                 self._refuse(503, BUDGET_MESSAGE, "server_busy", "body_budget")
@@ -838,18 +840,20 @@ class DirectProtocol(HttpToolsProtocol):
     def _release_body(self) -> None:
         if self._body_held:
             budget = self.budget
-            budget.used -= self._body_held
+            budget.remove(self._body_client, self._body_held)
             budget.holders.pop(self, None)
             self._body_held = 0
 
     def _make_room(self) -> bool:
-        """Cut the bodies whose last bytes came longest ago until the budget holds this one's bytes
-        again: this one's came just now, so it gets in unless alone it is more than the budget (False).
-        Only when the budget is full: a scan of the connections holding body bytes (at most the
-        connection cap)."""
+        """Cut bodies until the budget holds this one's bytes again: each time the stalest body (its
+        last bytes came longest ago) of the client holding the most (limits.py). False when that is
+        this one: its client holds the most and it is the stalest of them (alone, more than the
+        budget). Only when the budget is full: scans of the connections holding body bytes (at most
+        the connection cap)."""
         budget = self.budget
         while budget.used > budget.limit:
-            stalest = min(budget.holders, key=_last_body_bytes)
+            heaviest = budget.heaviest()
+            stalest = min((h for h in budget.holders if h._body_client == heaviest), key=_last_body_bytes)
             if stalest is self:
                 return False
             stalest._release_body()

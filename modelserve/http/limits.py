@@ -17,13 +17,16 @@ included). These bounds hold for every connection, with or without a key:
   the server's own routes only (health, readiness, load, metrics): the probes' answers never depend
   on what clients hold; past those, 503 and close;
 - request bodies being received, process-wide: a budget no client can hold for the others. When a
-  body's bytes would cross it, the bodies whose last bytes came longest ago are cut to make room (503
-  and close): stalled bodies, with or without a key, give way to a request that is being sent (the
-  arriving one is refused only if alone it is more than the budget).
+  body's bytes would cross it, the client (`client_bucket`: its address) holding the most of it gives
+  way: its body whose last bytes came longest ago is cut (503 and close), again until the arriving
+  bytes fit. So stalled bodies, with or without a key, give way to a request that is being sent, and
+  a client keeping many bodies fresh (issue 57 N14: touching each just before it sends more) cuts its
+  own, never another client's smaller upload. Clients behind one address share one part.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import resource
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -102,16 +105,52 @@ def cut(reason: str) -> None:
     CUT[reason] += 1
 
 
-class BodyBudget:
-    """The bytes of request bodies being received by one process (not yet complete), and the
-    connections holding them (the protocol's, direct.py: cut slowest first when it is full)."""
+IPV6_CLIENT_PREFIX = 64  # one host's usual share of IPv6: an address per request costs nothing there
 
-    __slots__ = ("holders", "limit", "used")
+
+def client_bucket(host: str | None) -> str:
+    """Whom a per-client limit counts: the client's address, an IPv6 one by its /64."""
+    if not host:
+        return ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, IPV6_CLIENT_PREFIX), strict=False))
+    return str(address)
+
+
+class BodyBudget:
+    """The bytes of request bodies being received by one process (not yet complete), the connections
+    holding them (the protocol's, direct.py) and each client's bytes (`client_bucket`): when it is
+    full, the client holding the most gives way, its stalest body first."""
+
+    __slots__ = ("by_client", "holders", "limit", "used")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
         self.holders: dict[Any, None] = {}
+        self.by_client: dict[str, int] = {}
+
+    def add(self, client: str, size: int) -> None:
+        self.used += size
+        self.by_client[client] = self.by_client.get(client, 0) + size
+
+    def remove(self, client: str, size: int) -> None:
+        self.used -= size
+        left = self.by_client.get(client, 0) - size
+        if left > 0:
+            self.by_client[client] = left
+        else:
+            self.by_client.pop(client, None)
+
+    def heaviest(self) -> str:
+        """The client holding the most bytes (the budget holds some)."""
+        return max(self.by_client, key=self.by_client.__getitem__)
 
 
 def raise_file_limit() -> int:

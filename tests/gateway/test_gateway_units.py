@@ -16,7 +16,7 @@ from modelserve.contracts.gateway import held_from_json, held_to_json
 from modelserve.gateway.catalog import model_objects, ollama_entries
 from modelserve.gateway.directory import Ambiguous, Directory, Model, model_of, served_name
 from modelserve.gateway.holding import Holding, Outcome
-from modelserve.gateway.keys import OPENED_MEMORY_SECONDS, Opened, Recent, client_bucket, digest, keyless, proof
+from modelserve.gateway.keys import OPENED_MEMORY_SECONDS, Opened, Recent, digest, keyless, proof
 from modelserve.gateway.metrics import GatewayMetrics
 from modelserve.gateway.proxy import GatewayProxy
 from modelserve.gateway.request_read import parse_request
@@ -24,6 +24,7 @@ from modelserve.gateway.routing import Ring, affinity_key, conversation_prefix, 
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.http.downstream import Exchange
 from modelserve.http.errors import ErrorResponse, unauthorized
+from modelserve.http.limits import client_bucket
 from modelserve.operator.autoscaling import gateway_addresses, total_held
 
 A, B, C = "10.88.0.2:8080", "10.88.0.3:8080", "10.88.0.4:8080"

@@ -39,9 +39,11 @@ def error_code(body: bytes) -> str:
     return json.loads(body)["error"]["code"]
 
 
-def connect(base: str, timeout: float = 10.0) -> socket.socket:
+def connect(base: str, timeout: float = 10.0, source: str | None = None) -> socket.socket:
+    """A connection to `base`; `source`: the local address it comes from (another 127.x.y.z: another
+    client as the server counts them)."""
     host, port = base.removeprefix("http://").rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=timeout)
+    return socket.create_connection((host, int(port)), timeout=timeout, source_address=(source, 0) if source else None)
 
 
 def send_until_answered(connection: socket.socket, pieces: Iterable[bytes], max_bytes: int) -> int:

@@ -274,6 +274,51 @@ def test_stalled_bodies_that_fill_the_budget_make_room_for_another_keys_request(
     assert cut - cut_before == len(refused)
 
 
+def test_a_client_keeping_many_bodies_fresh_cuts_its_own_not_another_clients_upload(sidecar: Sidecar) -> None:
+    """Issue 57 N14: the budget cut the stalest body, so a client that touched each of its bodies just
+    before sending more made every honest upload arriving over several reads the stalest, and the one
+    cut (0 of 25 served). Now the client holding the most of the budget gives way: the attacker (from
+    another address, with a key) loses its own bodies and the upload is served."""
+    declared = 10 * 1024 * 1024
+    head = chat_head(headers={"Authorization": f"Bearer {OTHER_KEY}", "Content-Length": str(declared)}) + b"\r\n"
+    attacker: list[socket.socket] = []
+    cut_before = metric_value(sidecar.metrics(), 'modelserve_sidecar_connections_cut_total{reason="body_budget"}')
+
+    def send_or_replace(index: int, data: bytes, stack: ExitStack) -> None:
+        """Send on the attacker's connection `index`; one that was cut (answered) comes back anew, as
+        an attacker would, so the budget stays full."""
+        answered, _, _ = select.select([attacker[index]], [], [], 0)
+        try:
+            if not answered:
+                attacker[index].sendall(data)
+                return
+        except OSError:
+            pass
+        attacker[index] = stack.enter_context(connect(sidecar.url, source="127.0.0.2"))
+        attacker[index].sendall(head + b" " * (160 * 1024))
+
+    upload = json.dumps(
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi " * 100_000}], "max_tokens": 4}
+    ).encode()  # 300 KB, in 12 reads
+    pieces = [upload[i : i + 25_600] for i in range(0, len(upload), 25_600)]
+    with ExitStack() as stack:
+        for _ in range(6):  # 960 KiB of the 1 MiB budget
+            attacker.append(stack.enter_context(connect(sidecar.url, source="127.0.0.2")))
+            attacker[-1].sendall(head + b" " * (160 * 1024))
+        honest = stack.enter_context(connect(sidecar.url))
+        honest.sendall(chat_head(headers={**KEYED, "Content-Length": str(len(upload))}) + b"\r\n")
+        for number, piece in enumerate(pieces):
+            honest.sendall(piece)
+            time.sleep(0.05)  # the upload's pace (4 Mbit/s): its pieces come in reads of their own
+            for index in range(len(attacker)):  # each of its bodies touched: fresher than the upload
+                send_or_replace(index, b" ", stack)
+            send_or_replace(number % len(attacker), b" " * (64 * 1024), stack)  # and more: over the budget
+        outcome = read_outcome(honest, 30)
+    assert outcome.answer is not None and outcome.answer.status == 200, outcome
+    cut = metric_value(sidecar.metrics(), 'modelserve_sidecar_connections_cut_total{reason="body_budget"}')
+    assert cut - cut_before >= 1, (cut, cut_before)  # the attacker's own bodies gave way
+
+
 def test_a_key_over_its_limits_holds_no_body(sidecar: Sidecar, replay: ReplayEngine) -> None:
     """Issue 45 N1: a key's limits were checked once its body was in, so a key limited to 2 requests
     in flight could keep any number of bodies arriving. Now they are checked from the head: the third
