@@ -141,12 +141,16 @@ def component(ms: ModelServer) -> str:
     return external.COMPONENT if ms.spec.external else engine_for(ms.spec.profile).name
 
 
+MANAGED_BY = {"app.kubernetes.io/managed-by": "modelserve-operator"}  # on every pod the operator makes
+PREFETCH_POD_LABELS = {"app.kubernetes.io/component": "prefetch", **MANAGED_BY}
+
+
 def labels(ms: ModelServer) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "modelserver",
         "app.kubernetes.io/instance": ms.name,
         "app.kubernetes.io/component": component(ms),
-        "app.kubernetes.io/managed-by": "modelserve-operator",
+        **MANAGED_BY,
         SELECTOR_LABEL: ms.name,
     }
 
@@ -427,8 +431,9 @@ def prefetch_job(ms: ModelServer, settings: Settings, node: str) -> dict[str, An
             "activeDeadlineSeconds": settings.startup_seconds,
             # Gone a while after it ends: the node's label says from then on whether it holds the model.
             "ttlSecondsAfterFinished": 600,
-            # Not the ModelServer's selector label: its pods are no replicas.
-            "template": {"metadata": {"labels": {"app.kubernetes.io/component": "prefetch"}}, "spec": pod},
+            # Not the ModelServer's selector label: its pods are no replicas. The operator's label: the
+            # node agent's NetworkPolicy lets in the pods it makes.
+            "template": {"metadata": {"labels": PREFETCH_POD_LABELS}, "spec": pod},
         },
     }
 

@@ -63,7 +63,8 @@ def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str,
     # Per watched namespace, the operator's Role and the gateway's (the release's namespace is
     # watched, so the operator needs no extra Role there to read the gateway's pods); and leader election's.
     assert len(by_kind(rendered, "Role")) == (5 if scope == "watched-namespaces" else 1)
-    assert len(by_kind(rendered, "NetworkPolicy")) == (2 if scope == "watched-namespaces" else 1)
+    # The model pods' per namespace, and the node agents' own.
+    assert len(by_kind(rendered, "NetworkPolicy")) == (2 if scope == "watched-namespaces" else 1) + 1
 
 
 def test_install_and_uninstall(cluster: Cluster, namespace: str) -> None:

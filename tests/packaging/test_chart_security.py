@@ -1,5 +1,6 @@
-"""The chart's opt-in NetworkPolicy for model pods and its ClusterRoles for the cluster's default
-user roles, rendered by helm and matched against what the operator really labels and serves."""
+"""The chart's opt-in NetworkPolicy for model pods, the node agents' own, and its ClusterRoles for the
+cluster's default user roles, rendered by helm and matched against what the operator really labels
+and serves."""
 
 from __future__ import annotations
 
@@ -27,13 +28,46 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
 
 
-def test_no_network_policy_unless_asked(helm: Helm) -> None:
-    assert not by_kind(helm(*template_args("ms", "modelserve-system")).stdout, "NetworkPolicy")
+def _model_policies(rendered: str) -> list[dict[str, Any]]:
+    return [p for p in by_kind(rendered, "NetworkPolicy") if p["metadata"]["name"].endswith("-model-ingress")]
+
+
+def test_no_network_policy_for_model_pods_unless_asked(helm: Helm) -> None:
+    assert not _model_policies(helm(*template_args("ms", "modelserve-system")).stdout)
+
+
+def _agent_policy(rendered: str) -> dict[str, Any]:
+    (policy,) = [p for p in by_kind(rendered, "NetworkPolicy") if p["metadata"]["name"] == "ms-modelserve-nodecache"]
+    return policy
+
+
+def test_only_the_operators_pods_and_monitoring_reach_the_node_agents(helm: Helm) -> None:
+    """Issue 57 M4: every pod in the cluster reached every node's agent (all its routes, one port)."""
+    rendered = helm(*template_args("ms", "modelserve-system")).stdout
+    policy = _agent_policy(rendered)["spec"]
+    (agents,) = by_kind(rendered, "DaemonSet")
+    assert _selects(policy["podSelector"]["matchLabels"], agents["spec"]["template"]["metadata"]["labels"])
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert {p["name"] for c in agents["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])} == {"http"}
+    pods, monitoring = rule["from"]
+    assert pods["namespaceSelector"] == {}  # the operator watches every namespace
+    ms = ModelServer.from_manifest(yaml.safe_load((REPO / "examples" / "smollm2-135m-cpu.yaml").read_text()))
+    prefetch = manifests.prefetch_job(ms, Settings(sidecar_image="s:1"), "node-1")["spec"]["template"]
+    for pod in (_example_pod("smollm2-135m-cpu.yaml"), _example_pod("lfm2-1.2b.yaml"), prefetch):
+        assert _selects(pods["podSelector"]["matchLabels"], pod["metadata"]["labels"])
+    for other in ("ms-modelserve", "ms-modelserve-gateway"):  # the chart's own pods: Helm's, not the operator's
+        assert not _selects(pods["podSelector"]["matchLabels"], _pod_labels(rendered, other))
+    assert monitoring == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    watched = _agent_policy(helm(*template_args("ms", "x", "operator.watchNamespaces={team-a,team-b}")).stdout)
+    namespaces = [source["namespaceSelector"].get("matchLabels") for source in watched["spec"]["ingress"][0]["from"]]
+    assert namespaces[:2] == [{"kubernetes.io/metadata.name": "team-a"}, {"kubernetes.io/metadata.name": "team-b"}]
+    assert not by_kind(helm(*template_args("ms", "x", "nodeCache.networkPolicy=false")).stdout, "NetworkPolicy")
 
 
 def test_the_policy_guards_every_model_pod_in_each_namespace(helm: Helm) -> None:
     rendered = helm(*template_args("ms", "modelserve-system", *POLICY_ON)).stdout
-    policies = by_kind(rendered, "NetworkPolicy")
+    policies = _model_policies(rendered)
     assert [p["metadata"]["namespace"] for p in policies] == ["team-a", "team-b"]
     policy = policies[0]["spec"]
     assert policy["policyTypes"] == ["Ingress"]
@@ -53,7 +87,7 @@ def _pod_labels(rendered: str, name: str) -> dict[str, str]:
 def test_the_policy_lets_in_the_operator_gateway_monitoring_and_chosen_namespaces_only(helm: Helm) -> None:
     sets = (*POLICY_ON, "networkPolicy.allowedNamespaces={apps}")
     rendered = helm(*template_args("ms", "modelserve-system", *sets)).stdout
-    (rule,) = by_kind(rendered, "NetworkPolicy")[0]["spec"]["ingress"]
+    (rule,) = _model_policies(rendered)[0]["spec"]["ingress"]
     operator, gateway, monitoring, apps = rule["from"]
     release_namespace = {"kubernetes.io/metadata.name": "modelserve-system"}
     operator_labels = _pod_labels(rendered, "ms-modelserve")
@@ -71,7 +105,7 @@ def test_the_policy_lets_in_the_operator_gateway_monitoring_and_chosen_namespace
 
 def test_without_gateway_or_monitoring_only_the_operator_gets_in(helm: Helm) -> None:
     sets = (*POLICY_ON, "gateway.enabled=false", "networkPolicy.monitoringNamespace=")
-    policy = by_kind(helm(*template_args("ms", "x", *sets)).stdout, "NetworkPolicy")[0]
+    policy = _model_policies(helm(*template_args("ms", "x", *sets)).stdout)[0]
     (rule,) = policy["spec"]["ingress"]
     components = [source["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for source in rule["from"]]
     assert components == ["operator"]
@@ -79,7 +113,7 @@ def test_without_gateway_or_monitoring_only_the_operator_gets_in(helm: Helm) -> 
 
 def test_the_policy_defaults_to_the_watched_namespaces_and_needs_some(helm: Helm) -> None:
     sets = ("networkPolicy.enabled=true", "operator.watchNamespaces={team-a}")
-    (policy,) = by_kind(helm(*template_args("ms", "x", *sets)).stdout, "NetworkPolicy")
+    (policy,) = _model_policies(helm(*template_args("ms", "x", *sets)).stdout)
     assert policy["metadata"]["namespace"] == "team-a"
     refused = helm(*template_args("ms", "x", "networkPolicy.enabled=true"), check=False)
     assert refused.returncode != 0 and "networkPolicy.enabled needs networkPolicy.namespaces" in refused.stderr
