@@ -94,6 +94,11 @@ class Metrics:
             registry=self.registry,
         )
         self.evicted = Counter("modelserve_nodecache_evicted_models", "Models evicted", registry=self.registry)
+        self.cut = Counter(
+            "modelserve_nodecache_cut_answers",
+            "File answers cut because their client read none of them for the send timeout",
+            registry=self.registry,
+        )
         self.store_bytes = Gauge("modelserve_nodecache_store_bytes", "Bytes held", registry=self.registry)
         self.limit_bytes = Gauge("modelserve_nodecache_limit_bytes", "The store's size limit", registry=self.registry)
         self.models = Gauge("modelserve_nodecache_models", "Models held whole", registry=self.registry)
@@ -145,8 +150,10 @@ class Agent:
         session: aiohttp.ClientSession,
         in_use: Callable[[], Awaitable[set[str] | None]],
         changed: Callable[[], None] = lambda: None,
+        send_seconds: float = 60.0,
     ) -> None:
         self.store = store
+        self.send_seconds = send_seconds  # a client reading none of an answer this long is cut
         self.hub = hub
         self.session = session
         self.in_use = in_use  # the models pods on this node use now (None: unknown)
@@ -381,6 +388,15 @@ class Agent:
             transfer.notify()
 
     # --- serving --------------------------------------------------------------------------
+    async def _send(self, response: web.StreamResponse, chunk: bytes) -> None:
+        """`chunk` to the client, or the answer cut if it reads none of it for `send_seconds` (its file
+        is no longer pinned, its buffers freed)."""
+        try:
+            await asyncio.wait_for(response.write(chunk), self.send_seconds)
+        except TimeoutError:
+            self.metrics.cut.inc()
+            raise ConnectionAbortedError(f"the client read nothing for {self.send_seconds:g} s") from None
+
     async def _prepare(
         self, request: web.Request, headers: dict[str, str], size: int, source: str
     ) -> web.StreamResponse:
@@ -404,7 +420,7 @@ class Agent:
                     chunk = file.read(min(CHUNK, limit - sent))
                     if not chunk:
                         raise ConnectionAbortedError(f"{transfer.oid} ended early")
-                    await response.write(chunk)
+                    await self._send(response, chunk)
                     self.metrics.served.labels(source).inc(len(chunk))
                     sent += len(chunk)
                 elif transfer.failed is not None:
@@ -432,7 +448,7 @@ class Agent:
                     pending += chunk
                     if len(pending) > HOLDBACK:
                         send, pending = pending[:-HOLDBACK], pending[-HOLDBACK:]
-                        await response.write(send)
+                        await self._send(response, send)
                         self.metrics.served.labels("node").inc(len(send))
             if read != info.size or not digest.matches():
                 self.metrics.corrupt.inc()
@@ -440,7 +456,7 @@ class Agent:
                 self.store.discard(info.oid)
                 self.changed()
                 raise ConnectionAbortedError(f"{info.oid} was corrupt")
-            await response.write(pending)
+            await self._send(response, pending)
             self.metrics.served.labels("node").inc(len(pending))
             self.store.touched(info.oid)
             await response.write_eof()
@@ -456,7 +472,7 @@ class Agent:
                 raise web.HTTPBadGateway(text=f"the hub answered {answer.status}")
             response = await self._prepare(request, headers, info.size, "hub")
             async for chunk in answer.content.iter_chunked(CHUNK):
-                await response.write(chunk)
+                await self._send(response, chunk)
                 self.metrics.hub.inc(len(chunk))
                 self.metrics.served.labels("hub").inc(len(chunk))
             await response.write_eof()

@@ -26,3 +26,6 @@ class Settings:
     node_name: str = env_setting("MODELSERVE_NODECACHE_NODE_NAME", non_empty, default="")
     # How often the node's labels and the pods' models are brought up to date.
     sync_seconds: float = env_setting("MODELSERVE_NODECACHE_SYNC_SECONDS", positive_float, default=10.0)
+    # A file's answer is cut once its client has read none of it for this long: a client that does not
+    # read would otherwise pin the file from eviction, and hold the agent's memory, for good.
+    send_timeout_seconds: float = env_setting("MODELSERVE_NODECACHE_SEND_TIMEOUT_SECONDS", positive_float, default=60.0)

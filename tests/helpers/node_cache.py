@@ -40,7 +40,8 @@ class Agent:
 
 
 @contextmanager
-def running_agent(hub: str, root: Path, logs: Path, size_limit: str = "1Gi") -> Iterator[Agent]:
+def running_agent(hub: str, root: Path, logs: Path, size_limit: str = "1Gi", **settings: str) -> Iterator[Agent]:
+    """The agent on `root`, before `hub`; `settings`: more of its MODELSERVE_NODECACHE_* by lower-case name."""
     (port,) = free_ports(1)
     env = {
         **os.environ,
@@ -49,6 +50,7 @@ def running_agent(hub: str, root: Path, logs: Path, size_limit: str = "1Gi") -> 
         "MODELSERVE_NODECACHE_LISTEN_HOST": "127.0.0.1",
         "MODELSERVE_NODECACHE_HUB": hub,
         "MODELSERVE_NODECACHE_SIZE_LIMIT": size_limit,
+        **{f"MODELSERVE_NODECACHE_{name.upper()}": value for name, value in settings.items()},
     }
     process = start_process("modelserve-nodecache", [script("modelserve-nodecache")], logs, env=env)
     agent = Agent(process, f"http://127.0.0.1:{port}", root, logs / "modelserve-nodecache.log")

@@ -45,6 +45,7 @@ GGUF = "acme/tiny-GGUF"
 HF = "acme/tiny-hf"
 GATED = "acme/tiny-gated-GGUF"
 OTHER = "acme/other-GGUF"
+BIG = "acme/big-GGUF"
 TOKEN = "hf_" + "a" * 40
 MB = 1_000_000
 
@@ -66,6 +67,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> list[HubFile]:
         HubFile(HF, "config.json", _write(d / "config", 100, 5)),
         HubFile(GATED, "tiny.Q4_1.gguf", d / "q4"),
         HubFile(OTHER, "other.Q4_1.gguf", _write(d / "other", 2 * MB, 6)),
+        HubFile(BIG, "big.Q4_1.gguf", _write(d / "big", 24 * MB, 7)),  # more than a socket's buffers hold
     ]
 
 
@@ -502,6 +504,31 @@ def test_a_download_is_cut_at_the_size_the_hub_declared(hub: HubMirror, files: l
     assert downloaded <= size, downloaded  # was the 3 MB file and the 40 MB past it
     assert not list((tmp_path / "store" / "partial").iterdir()), "a cut download is not kept"
     assert not list((tmp_path / "pod").rglob("*.incomplete"))
+
+
+def test_a_client_that_reads_nothing_is_cut(hub: HubMirror, tmp_path: Path) -> None:
+    """Issue 57 M3: a client that did not read pinned its file from eviction for good (300 of them held
+    about 500 MiB of the agent). Now an answer its client reads none of for the send timeout is cut."""
+    with running_agent(hub.url, tmp_path / "store", tmp_path, send_timeout_seconds="1") as agent:
+        host, port = agent.url.removeprefix("http://").split(":")
+        with socket.socket() as reader:
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+            reader.connect((host, int(port)))
+            reader.sendall(f"GET /{BIG}/resolve/main/big.Q4_1.gguf HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            cut = "modelserve_nodecache_cut_answers_total"
+            wait_until(lambda: agent.metrics().get(cut, 0) >= 1, 60, "the agent to cut the client that reads nothing")
+            reader.settimeout(10)
+            received = 0
+            with contextlib.suppress(OSError):  # reset, once what was buffered is read
+                for _ in range(10_000):
+                    if not (chunk := reader.recv(1 << 20)):
+                        break
+                    received += len(chunk)
+        assert received < 24 * MB, received  # the answer ended short: cut, not sent whole
+        # The agent goes on serving: the next client gets the file whole.
+        fetched = run_fetch(f"{BIG}:Q4_1", tmp_path / "pod", hub.url, agent.url, layout="gguf")
+        assert fetched.returncode == 0, fetched.output
+        assert agent.process.poll() is None
 
 
 def test_a_model_record_is_written_only_when_the_hub_backs_it(
