@@ -333,13 +333,15 @@ class Agent:
         """Why the file cannot be cached ("" when it can, after evicting what no pod uses)."""
         if info.size > self.store.limit:
             return "too_large"
-        # The downloads under way will take their whole size: count it as taken already.
+        # The downloads under way will take their whole size: what they have written counts against
+        # the limit (partial files are not in the store's `used`: L2), what is left is needed too.
+        written = sum(t.written for t in self.transfers.values())
         need = info.size + sum(t.size - t.written for t in self.transfers.values())
-        if need <= self.store.room():
+        if need <= self.store.room(written):
             return ""
         busy = set(self.transfers) | {oid for oid, readers in self.reading.items() if readers}
         before = set(self.store.models)
-        fits = self.store.make_room(need, await self.in_use(), busy)
+        fits = self.store.make_room(need, await self.in_use(), busy, written)
         gone = before - set(self.store.models)
         if gone:
             self.metrics.evicted.inc(len(gone))

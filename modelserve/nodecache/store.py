@@ -143,13 +143,15 @@ class Store:
     def used(self) -> int:
         return sum(size for size, _ in self.blobs.values())
 
-    def room(self) -> int:
-        """Bytes a new file may take: under the limit, and within the disk's free space."""
+    def room(self, partial: int = 0) -> int:
+        """Bytes a new file may take: under the limit with `partial` (what downloads under way have
+        written so far, not yet in `used`) counted too, and within the disk's free space (which
+        counts them already)."""
         try:
             free = shutil.disk_usage(self.root).free
         except OSError:
             free = 0
-        return max(0, min(self.limit - self.used, free))
+        return max(0, min(self.limit - self.used - partial, free))
 
     def blob(self, oid: str) -> Path:
         return self.root / "blobs" / oid
@@ -202,9 +204,10 @@ class Store:
         """Keys of the models whose every file is here."""
         return {key for key, record in self.models.items() if all(self.has(o, s) for o, s in record.files)}
 
-    def make_room(self, need: int, in_use: set[str] | None, busy: set[str]) -> bool:
-        """Evict to fit `need` more bytes; False when they cannot fit (the file is then not cached)."""
-        plan = plan_eviction(self.blobs, self.models, in_use, busy, need, self.room())
+    def make_room(self, need: int, in_use: set[str] | None, busy: set[str], partial: int = 0) -> bool:
+        """Evict to fit `need` more bytes (`partial`: as in `room`); False when they cannot fit (the
+        file is then not cached)."""
+        plan = plan_eviction(self.blobs, self.models, in_use, busy, need, self.room(partial))
         if plan is None:
             return False
         for key in plan.models:
@@ -212,4 +215,4 @@ class Store:
             self.forget(key)
         for oid in plan.oids:
             self.discard(oid)
-        return need <= self.room()
+        return need <= self.room(partial)

@@ -262,6 +262,38 @@ def test_a_full_node_evicts_the_least_recently_used_model_no_pod_uses(
         assert hub_file_bytes(hub) == first + second
 
 
+@pytest.fixture
+def slower_hub(files: list[HubFile]) -> Iterator[HubMirror]:
+    """The same hub behind a 4 Mbit/s uplink: a 3 MB file takes about 6 s."""
+    (port,) = free_ports(1)
+    mirror = HubMirror(files, "127.0.0.1", port, bandwidth=parse_bandwidth("4M")).start()
+    yield mirror
+    mirror.stop()
+
+
+def test_the_size_limit_counts_what_downloads_under_way_have_written(
+    slower_hub: HubMirror, files: list[HubFile], tmp_path: Path
+) -> None:
+    """Issue 57 L2: the limit counted only what a download under way had left to write, so a second
+    file started meanwhile was cached past the limit. Here 3 MB are on their way (over 1.2 MB written)
+    when a 2 MB file is asked for, under a 4 MB limit: it passes through uncached."""
+    first, second = _size(files, GGUF, "tiny.Q4_1.gguf"), _size(files, OTHER, "other.Q4_1.gguf")
+    with running_agent(slower_hub.url, tmp_path / "store", tmp_path, size_limit="4M") as agent:
+        url = f"{agent.url}/{GGUF}/resolve/main/tiny.Q4_1.gguf"
+        answers: list[httpx.Response] = []
+        downloading = threading.Thread(target=lambda: answers.append(httpx.get(url, timeout=60)), daemon=True)
+        downloading.start()
+        written = "modelserve_nodecache_hub_bytes_total"
+        wait_until(lambda: agent.metrics().get(written, 0) >= 1.2 * MB, 30, "the first download to be under way")
+        other = httpx.get(f"{agent.url}/{OTHER}/resolve/main/other.Q4_1.gguf", timeout=60)
+        downloading.join(timeout=60)
+        assert other.status_code == 200 and len(other.content) == second
+        assert answers and answers[0].status_code == 200 and len(answers[0].content) == first
+        assert agent.metrics()['modelserve_nodecache_uncached_files_total{reason="no_room"}'] == 1
+        held = sum(p.stat().st_size for p in (tmp_path / "store" / "blobs").iterdir())
+        assert held == first <= 4 * MB, held  # was first + second: 5 MB under a 4 MB limit
+
+
 def test_a_model_larger_than_the_cache_passes_through_uncached(
     hub: HubMirror, files: list[HubFile], tmp_path: Path
 ) -> None:
