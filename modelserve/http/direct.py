@@ -465,7 +465,7 @@ class DirectProtocol(HttpToolsProtocol):
     _in_body = False
     _body_held = 0
     _body_last = 0.0  # when its last body bytes came
-    _body_client = ""  # whose share of the budget they are (limits.client_bucket), once it holds any
+    _body_client: str | None = None  # whose share of the budget they are (limits.client_bucket), once known
     _chunk_bytes = 0
     _refused = False
     _own_only = False  # one of the connections past the cap: the server's own routes only
@@ -802,10 +802,11 @@ class DirectProtocol(HttpToolsProtocol):
             budget = self.budget
             if not self._body_held:
                 budget.holders[self] = None
-                self._body_client = client_bucket(self.client[0] if self.client else None)
+                if self._body_client is None:  # once per connection
+                    self._body_client = client_bucket(self.client[0] if self.client else None)
             self._body_held += size
             self._body_last = self.loop.time()
-            budget.add(self._body_client, size)
+            budget.add(self._body_client or "", size)
             if budget.used > budget.limit and not self._make_room():
                 self._release_body()
                 self._refuse(503, BUDGET_MESSAGE, "server_busy", "body_budget")
@@ -840,7 +841,7 @@ class DirectProtocol(HttpToolsProtocol):
     def _release_body(self) -> None:
         if self._body_held:
             budget = self.budget
-            budget.remove(self._body_client, self._body_held)
+            budget.remove(self._body_client or "", self._body_held)
             budget.holders.pop(self, None)
             self._body_held = 0
 
