@@ -63,7 +63,8 @@ PROBE_PERIOD_SECONDS = 10
 # startup probe looks this often, so that its readiness is seen then and not up to 10 s later (a wake
 # from zero waits for it). Only such pods: a new period in every template would roll every pod.
 FAST_STARTUP_PERIOD_SECONDS = 2
-# The engine's preStop sleep lasts the sidecar's drain; this covers the engine's own shutdown after it.
+# The engine's preStop lasts until the sidecar's drain is done (at most its budget); this covers the
+# engine's own shutdown after it.
 ENGINE_SHUTDOWN_SECONDS = 30
 # The sidecar keeps accepting new connections this long after the pod is deleted, while the
 # endpoint removal reaches every kube-proxy; only then does SIGTERM start its drain.
@@ -247,7 +248,10 @@ def sidecar_container(ms: ModelServer, settings: Settings) -> dict[str, Any]:
         "env": [{"name": name, "value": value} for name, value in sidecar.to_env().items()],
         # Cold starts pull a large image and download weights before /readyz can pass.
         "startupProbe": _http_probe(contract.READY_ROUTE, startup, settings.startup_seconds // startup),
-        "readinessProbe": _http_probe(contract.READY_ROUTE, 5, 3),
+        # Each second, and one failure is enough: an engine that dies in place stops getting traffic
+        # within about a second (it was up to 15 s). A slow engine does not flap: /readyz answers from
+        # its last finished check while one runs, and turns false only past the probe timeout.
+        "readinessProbe": _http_probe(contract.READY_ROUTE, 1, 1),
         "livenessProbe": _http_probe(contract.HEALTH_ROUTE, PROBE_PERIOD_SECONDS, 3),
         "resources": sidecar_resources(sidecar.workers),
         "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_PROPAGATION_SECONDS}}},
@@ -318,7 +322,10 @@ def _containers(ms: ModelServer, settings: Settings) -> tuple[list[dict[str, Any
     engine = engine_for(ms.spec.profile)
     engine_image = settings.engine_image(engine.name, engine.image)
     fetched = versions.node_cache(ms, settings)
-    engine_container = engine.container(ms, engine_image, done_seconds, settings.hub_endpoint, fetched=fetched)
+    port = sidecar_settings(ms, settings).listen_port
+    engine_container = engine.container(
+        ms, engine_image, done_seconds, settings.hub_endpoint, fetched=fetched, sidecar_port=port
+    )
     return [engine_container, sidecar], engine, done_seconds + ENGINE_SHUTDOWN_SECONDS
 
 
@@ -507,8 +514,10 @@ def leader_worker_set(ms: ModelServer, settings: Settings, replicas: int | None 
     fetched = versions.node_cache(ms, settings)
 
     def pod(role: Role) -> dict[str, Any]:
-        engine_container = engine.container(ms, image, done_seconds, settings.hub_endpoint, role, fetched)
         leader = role == Role.LEADER
+        # The leader's engine stops once its sidecar is done; the workers' (no sidecar) after the drain.
+        port = sidecar_settings(ms, settings).listen_port if leader else None
+        engine_container = engine.container(ms, image, done_seconds, settings.hub_endpoint, role, fetched, port)
         containers = [engine_container, sidecar_container(ms, settings)] if leader else [engine_container]
         # Workers keep running until their leader's drain is over: the same grace period.
         pod = _pod_spec(ms, containers, engine, grace_seconds, with_keys=leader)

@@ -57,7 +57,11 @@ METRICS_ROUTE = "/metrics"
 # What the operator's autoscaler reads from each pod: requests in flight and when the last one
 # arrived, as JSON (`PodLoad`); no key needed, like the probes (it carries no request content).
 LOAD_ROUTE = "/load"
-OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, LOAD_ROUTE, ADAPTERS_ROUTE})
+# What the engine's preStop asks (the kubelet, as the pod is deleted): answered once the sidecar is done
+# with the pod (told to stop, and nothing in flight in any of its workers, or its drain's end), so the
+# engine stops then, not a fixed drain budget later.
+DRAINED_ROUTE = "/drained"
+OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, LOAD_ROUTE, ADAPTERS_ROUTE, DRAINED_ROUTE})
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from modelserve.contracts.choices import Dtype
 from modelserve.contracts.engine_routes import EngineRoutes
 from modelserve.contracts.nodecache import Layout
 from modelserve.contracts.operator_settings import ENGINE_IMAGE_PREFIX
+from modelserve.contracts.sidecar import DRAINED_ROUTE
 
 from . import token_rates, view
 from .view import ServedModel, SpecView
@@ -310,10 +311,13 @@ class Engine:
         hub_endpoint: str = "",
         role: Role = Role.SINGLE,
         fetched: bool = False,
+        sidecar_port: int | None = None,
     ) -> dict[str, Any]:
         """The engine container: no ports (nothing outside the pod may reach it), no probes (the
-        sidecar's readiness covers the engine), and a preStop sleep so it keeps answering while the
-        sidecar drains. A group's workers get the same image, environment and volumes as its leader
+        sidecar's readiness covers the engine), and a preStop so it keeps answering while the sidecar
+        drains: with `sidecar_port` (the sidecar is in this pod), a GET of its DRAINED_ROUTE, which
+        answers once the sidecar is done (bounded by `drain_seconds` after its stop); without, a sleep of
+        `drain_seconds`. A group's workers get the same image, environment and volumes as its leader
         (each loads its part of the weights). `fetched`: the model is in the hub cache already (the
         node cache's init container put it there)."""
         spec = ms.spec
@@ -340,7 +344,8 @@ class Engine:
             container["volumeMounts"].append(
                 {"name": CHAT_TEMPLATE_VOLUME, "mountPath": CHAT_TEMPLATE_DIR, "readOnly": True}
             )
-        container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain_seconds}}}
+        drained = {"httpGet": {"path": DRAINED_ROUTE, "port": sidecar_port}} if sidecar_port else None
+        container["lifecycle"] = {"preStop": drained or {"sleep": {"seconds": drain_seconds}}}
         container["securityContext"] = self.security_context()
         # An engine that refuses its arguments says why on its last log line: keep it in the
         # container's status, where the operator's CrashLoop condition reads it.

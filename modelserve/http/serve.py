@@ -55,6 +55,20 @@ def config(
     )
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the app (its `stop()`, when it has one) that it was told to stop: the
+    sidecar's `/drained` waits for it (sidecar/drained.py)."""
+
+    def __init__(self, config: uvicorn.Config, app: Any) -> None:
+        super().__init__(config)
+        self._stop = getattr(app, "stop", None)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        if self._stop is not None:
+            self._stop()
+
+
 def serve(
     app: Any,
     host: str,
@@ -70,7 +84,7 @@ def serve(
     # collector's sight, a full collection no longer walks it while requests allocate.
     gc.collect()
     gc.freeze()
-    server = uvicorn.Server(config(app, host, port, drain_seconds, direct, log_level, limits))
+    server = _Server(config(app, host, port, drain_seconds, direct, log_level, limits), app)
     server.run(sockets=sockets)
     if not server.started:  # as uvicorn.run: the port was taken, or the lifespan's start failed
         sys.exit(STARTUP_FAILURE)

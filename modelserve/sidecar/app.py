@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from modelserve.contracts import routes
 from modelserve.contracts.adapters import ADAPTERS_ROUTE
 from modelserve.contracts.sidecar import (
+    DRAINED_ROUTE,
     HEALTH_ROUTE,
     LOAD_ROUTE,
     METRICS_ROUTE,
@@ -33,6 +34,7 @@ from modelserve.http.upstream import METRICS_TIMEOUT, open_pool, open_session
 from modelserve.http.worker_views import Siblings, ask, for_the_pod, merge_metrics
 
 from .adapters import Adapters
+from .drained import Drain
 from .keys import KeyStore
 from .metrics import SidecarMetrics
 from .ollama_asgi import OllamaAdapter
@@ -56,10 +58,15 @@ class Dispatcher:
     Anything else that is not a consumer route is refused here (allowlist.py); Ollama's routes go to
     their adapter, which wraps the same proxy."""
 
-    def __init__(self, api: FastAPI, proxy: Proxy, ollama: OllamaAdapter) -> None:
+    def __init__(self, api: FastAPI, proxy: Proxy, ollama: OllamaAdapter, drain: Drain) -> None:
         self.api = api
         self.proxy = proxy
         self.ollama = ollama
+        self.drain = drain
+
+    def stop(self) -> None:
+        """The server was told to stop (http/serve.py calls it from its signal handler)."""
+        self.drain.stop()
 
     def direct_routes(self) -> DirectRoutes:
         """The requests the server hands the proxy without ASGI (direct.py): exactly those this
@@ -97,6 +104,7 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
     readiness.adapters = adapters
     pod = PodCounts(siblings.rows, siblings.index) if siblings is not None and siblings.rows is not None else None
     proxy = Proxy(settings, keys, metrics, adapters, pod)
+    drain = Drain(proxy.demand.in_flight, pod, metrics.drain_waiting)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -109,6 +117,7 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
         connections = max(settings.upstream_max_connections, settings.engine_concurrency)
         proxy.pool = open_pool(connections, settings.upstream_timeout_seconds)
         tasks = [asyncio.create_task(readiness.watch())] if primary else []
+        tasks.append(asyncio.create_task(drain.publish()))
         loop = asyncio.get_running_loop()
         if pod is not None:  # the other workers wake this one when a slot it is first for frees
             loop.add_signal_handler(NUDGE, proxy.fair.nudged)
@@ -123,6 +132,7 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
         try:
             yield
         finally:
+            drain.finished()
             if pod is not None:  # before the loop closes: its handler would become the default, to exit
                 pod.listen(False)
                 loop.remove_signal_handler(NUDGE)
@@ -163,6 +173,11 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
             return forwarded
         ready, reason = await readiness.status()
         return JSONResponse({"ready": ready, "reason": reason}, status_code=200 if ready else 503)
+
+    @api.get(DRAINED_ROUTE)
+    async def drained() -> Response:
+        why = await drain.until_drained(settings.drain_seconds)
+        return JSONResponse({"drained": why == "drained", "reason": why})
 
     @api.get(LOAD_ROUTE)
     async def load(request: Request) -> Response:
@@ -210,4 +225,4 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
         metrics.upstream_errors.labels("metrics").inc()
         return None
 
-    return Dispatcher(api, proxy, OllamaAdapter(proxy, settings))
+    return Dispatcher(api, proxy, OllamaAdapter(proxy, settings), drain)

@@ -47,6 +47,11 @@ class SidecarMetrics:
             r,
         )
         self.in_flight = Gauge(f"{PREFIX}_in_flight_requests", "Proxied requests being served now.", registry=r)
+        self.drain_waiting = Gauge(
+            f"{PREFIX}_drain_waiting_requests",
+            "Requests waiting on /drained: the engine's preStop, while a deleted pod's sidecar drains.",
+            registry=r,
+        )
         self.auth_failures = Counter(
             f"{PREFIX}_auth_failures",
             "Refused requests by reason (missing, malformed, invalid).",

@@ -18,7 +18,8 @@ VIRTUAL = 1  # the start tag of the last request served
 HEAD_START = 2  # the next waiting request's start tag + 1 (0: none waits)
 HEAD_SINCE = 3  # since when it waits (monotonic ns)
 PID = 4  # the worker's process, once it takes nudges (0: not yet)
-HEADER = 5
+IN_FLIGHT = 5  # once told to stop: its requests in flight + 1 (0: not published yet; drained.py)
+HEADER = 6
 MAX_NAMES = 4096  # per worker (the Secret's names, and the ones forgotten since, reused)
 FINISH = 3  # a name's field after its KeyCounts
 NUDGE = signal.SIGUSR1  # ignored until a worker listens (http/serve.py), then handled by its loop
@@ -73,6 +74,14 @@ class PodCounts:
         if heads:
             with contextlib.suppress(ProcessLookupError):  # it died: its row is cleared as it starts again
                 os.kill(min(heads)[2], NUDGE)
+
+    def publish_in_flight(self, count: int) -> None:
+        self.own[IN_FLIGHT] = count + 1
+
+    def in_flight_elsewhere(self) -> int | None:
+        """The other workers' requests in flight as they published them; None while one has not."""
+        published = [row[IN_FLIGHT] for row in self.others]
+        return None if not all(published) else sum(published) - len(published)
 
     def publish_finish(self, name: str, finish: int) -> None:
         self.names.publish(name, (finish,), FINISH)

@@ -20,6 +20,7 @@ from modelserve.api.spec import ModelServer
 from modelserve.contracts.names import SELECTOR_LABEL
 from modelserve.contracts.nodecache import POD_MODEL_LABEL, FetchSettings, Layout, model_key, node_label
 from modelserve.contracts.operator_settings import Settings
+from modelserve.contracts.sidecar import DRAINED_ROUTE
 from modelserve.engines.base import HUB_CACHE_PATH
 
 GOLDEN_DIR = Path(__file__).with_name("golden")
@@ -326,8 +327,12 @@ def test_termination_grace_outlasts_the_drain() -> None:
     # outlives both, and the grace period outlives the engine's shutdown.
     propagation = sidecar["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert propagation == manifests.ENDPOINT_PROPAGATION_SECONDS > 0
-    assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] == propagation + SETTINGS.drain_seconds
+    # The engine stops once its sidecar says it is done (at most its drain after its stop), not a fixed
+    # sleep of the whole budget later: the kubelet asks the sidecar's port as the pod is deleted.
+    port = sidecar["ports"][0]["containerPort"]
+    assert engine["lifecycle"]["preStop"] == {"httpGet": {"path": DRAINED_ROUTE, "port": port}}
     assert pod["terminationGracePeriodSeconds"] > propagation + SETTINGS.drain_seconds
+    assert sidecar["readinessProbe"]["periodSeconds"] == 1 and sidecar["readinessProbe"]["failureThreshold"] == 1
 
 
 @pytest.mark.parametrize("name", ["lfm2-1.2b", "lfm2-24b-a2b-16gpu"])
@@ -336,10 +341,16 @@ def test_a_fractional_drain_goes_to_the_sidecar_and_rounds_up_in_whole_seconds(n
     pod = manifests.serving_pod_template(manifests.workload(_example(name), settings))["spec"]
     containers = {container["name"]: container for container in pod["containers"]}
     assert _env(containers["sidecar"])["MODELSERVE_DRAIN_SECONDS"] == "30.5"
-    # Kubernetes takes whole seconds for a preStop sleep and the grace period: never shorter than the drain.
-    engine_sleep = containers["engine"]["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert type(engine_sleep) is int and engine_sleep == manifests.ENDPOINT_PROPAGATION_SECONDS + 31
-    assert type(pod["terminationGracePeriodSeconds"]) is int and pod["terminationGracePeriodSeconds"] > engine_sleep
+    # Kubernetes takes whole seconds for a preStop sleep (a group's workers, which have no sidecar to ask)
+    # and the grace period: never shorter than the drain.
+    assert "httpGet" in containers["engine"]["lifecycle"]["preStop"]
+    done = manifests.ENDPOINT_PROPAGATION_SECONDS + 31
+    workload = manifests.workload(_example(name), settings)
+    if workload["kind"] == manifests.LWS_KIND:
+        (worker,) = workload["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]
+        engine_sleep = worker["lifecycle"]["preStop"]["sleep"]["seconds"]
+        assert type(engine_sleep) is int and engine_sleep == done
+    assert type(pod["terminationGracePeriodSeconds"]) is int and pod["terminationGracePeriodSeconds"] > done
 
 
 def test_engine_image_comes_from_spec_then_operator_settings_then_the_pinned_tag() -> None:

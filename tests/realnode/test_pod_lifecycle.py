@@ -4,12 +4,15 @@ runs, and a pod that starts from the hub while its node's cache is down."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import threading
 import time
 
 import httpx
 
+from modelserve.api import manifests
+from modelserve.contracts.operator_settings import Settings
 from modelserve.operator.starts import fetch_result
 from modelserve_sandbox import realnode
 from modelserve_sandbox.cluster import NODE_CACHE_NAME, NODE_CACHE_NAMESPACE, SMOLLM2_FILE, SMOLLM2_REPO
@@ -54,6 +57,36 @@ def test_key_rotation_through_the_secret_volume(node: NodeView) -> None:
     print(f"key rotation: new key accepted {delay:.1f}s after the Secret was edited")
 
 
+KEEP = "serving.modelserve.dev/test-keeps-the-pod"  # a finalizer: the pod's final status stays readable
+
+
+def _keep(node: NodeView, pod: str) -> None:
+    node.kubectl("patch", "pod", pod, "--type=merge", "-p", json.dumps({"metadata": {"finalizers": [KEEP]}}))
+
+
+def _engine_stopped_after_deletion(node: NodeView, pod: str) -> float:
+    """Seconds from the pod's deletion to its engine's exit, both as the cluster recorded them (the
+    API server's deletionTimestamp, the kubelet's finishedAt); the kept pod then let go."""
+    stopped: dict = {}
+
+    def engine_stopped() -> bool:
+        found = json.loads(node.kubectl("get", "pod", pod, "-o", "json").stdout)
+        for status in found["status"].get("containerStatuses", []):
+            if status["name"] == "engine" and "terminated" in status.get("state", {}):
+                stopped.update(deleted=found["metadata"]["deletionTimestamp"], **status["state"]["terminated"])
+        return bool(stopped)
+
+    try:
+        node.wait(engine_stopped, f"{pod}'s engine to exit", timeout=150)
+    finally:
+        node.kubectl("patch", "pod", pod, "--type=json", "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]')
+    return (_instant(stopped["finishedAt"]) - _instant(stopped["deleted"])).total_seconds()
+
+
+def _instant(stamp: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
 def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
     node.apply(cpu_server("draining", public=True, replicas={"min": 2, "buffer": 0, "max": 2}))
     node.wait(lambda: len(node.ready_pods("draining")) == 2, "two ready replicas", timeout=180)
@@ -93,6 +126,7 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
                 serving = pod["metadata"]["name"]
         time.sleep(0.1)
     assert serving, "no replica shows the stream in flight"
+    _keep(node, serving)
     node.kubectl("delete", "pod", serving, "--wait=false")
     timeline.add(f"deleted {serving}")
     answered, failures = 0, []
@@ -115,6 +149,10 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
     assert body.rstrip().endswith(b"data: [DONE]"), f"stream cut:\n{body[-300:]!r}\n{timeline}"
     assert failures == [], f"{failures}\n{timeline}"
     assert answered >= 10
+    # The engine stopped once its sidecar's drain was done (the stream over), not after a fixed preStop
+    # sleep of the whole drain budget (5 + 60 s: a deleted pod held its engine, and its GPU, that long).
+    streaming = _engine_stopped_after_deletion(node, serving)
+    assert streaming < manifests.sidecar_done_seconds(Settings()), (streaming, str(timeline))
     # The deleted pod's replacement reads the whole model from the node's cache, no byte from the hub.
     hub_before = hub_file_bytes(node.cluster)
     node.wait(
@@ -129,6 +167,13 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
     assert result and (result.hub_bytes, result.source) == (0, "node"), result
     assert result.node_bytes == hub_model_size(node.cluster, SMOLLM2_REPO, SMOLLM2_FILE)
     assert hub_file_bytes(node.cluster) == hub_before
+    # An idle replica deleted: its engine stops once the endpoints had their 5 s and nothing is in flight.
+    (idle,) = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != serving]
+    _keep(node, idle)
+    node.kubectl("delete", "pod", idle, "--wait=false")
+    idle_seconds = _engine_stopped_after_deletion(node, idle)
+    assert idle_seconds < manifests.ENDPOINT_PROPAGATION_SECONDS + 15, idle_seconds
+    print(f"deleted pod to its engine's exit: {streaming:.0f} s with a stream in flight, {idle_seconds:.0f} s idle")
 
 
 def test_a_bad_engine_flag_shows_as_crash_loop(node: NodeView) -> None:

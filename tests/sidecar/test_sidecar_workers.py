@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -143,12 +144,30 @@ def test_a_dead_worker_is_started_again_and_sigterm_drains_every_worker(workers:
     for _ in range(6):
         assert chat(workers.url + "/v1/chat/completions").status_code == 200
 
-    with ThreadPoolExecutor(2) as pool:
-        streams = [
-            pool.submit(chat, workers.url + "/v1/chat/completions", **{"x-replay-stall": "5.0"}) for _ in range(2)
-        ]
-        wait_until(lambda: pod_in_flight(workers) == 2, 20, "2 in flight")
+    # The engine's preStop (the kubelet's GET /drained as the pod is deleted) reaches worker 0 while both
+    # requests are on worker 1: it is answered once they have ended, not before and not a budget later.
+    ended: list[float] = []
+    with worker_client(workers, 1) as second, worker_client(workers, 0) as first, ThreadPoolExecutor(3) as pool:
+
+        def stream() -> httpx.Response:
+            answer = second.post(
+                "/v1/chat/completions", json=CHAT, headers={"authorization": f"Bearer {API_KEY}", **STALL}
+            )
+            ended.append(time.monotonic())
+            return answer
+
+        streams = [pool.submit(stream) for _ in range(2)]
+        serving = "modelserve_sidecar_in_flight_requests"
+        wait_until(lambda: own_count(workers, 1, serving) == 2, 20, "2 in flight at worker 1")
+        drained = pool.submit(first.get, "/drained", timeout=60)
+        waiting = "modelserve_sidecar_drain_waiting_requests"
+        wait_until(lambda: own_count(workers, 0, waiting) == 1, 20, "the preStop's request waiting at worker 0")
+        assert not drained.done()  # no stop yet: the pod is not being deleted
         workers.process.send_signal(signal.SIGTERM)
         assert [stream.result().status_code for stream in streams] == [200, 200]
         assert all(stream.result().json()["choices"] for stream in streams)
+        answer = drained.result()
+        answered = time.monotonic()
+    assert answer.status_code == 200 and answer.json() == {"drained": True, "reason": "drained"}, answer.text
+    assert answered >= max(ended)  # after the last request on the other worker ended
     assert workers.process.wait(timeout=30) == 0  # after every worker exited (it waits for them)
