@@ -56,12 +56,12 @@ def config(
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, telling the app (its `stop()`, when it has one) that it was told to stop: the
-    sidecar's `/drained` waits for it (sidecar/drained.py)."""
+    """uvicorn's server, telling the app (its `told_to_stop()`, when it has one) that a signal told it
+    to stop: the sidecar's `/drained` waits for that (sidecar/drained.py)."""
 
     def __init__(self, config: uvicorn.Config, app: Any) -> None:
         super().__init__(config)
-        self._stop = getattr(app, "stop", None)
+        self._stop = getattr(app, "told_to_stop", None)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)

@@ -64,7 +64,7 @@ class Dispatcher:
         self.ollama = ollama
         self.drain = drain
 
-    def stop(self) -> None:
+    def told_to_stop(self) -> None:
         """The server was told to stop (http/serve.py calls it from its signal handler)."""
         self.drain.stop()
 
