@@ -17,6 +17,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -71,30 +72,35 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> list[HubFile]:
     ]
 
 
+@contextlib.contextmanager
+def _mirror(files: list[HubFile], **options: Any) -> Iterator[HubMirror]:
+    """The hub mirror of `files` on a free port; `options`: HubMirror's (bandwidth, gated, compress)."""
+    (port,) = free_ports(1)
+    mirror = HubMirror(files, "127.0.0.1", port, **options).start()
+    try:
+        yield mirror
+    finally:
+        mirror.stop()
+
+
 @pytest.fixture
 def hub(files: list[HubFile]) -> Iterator[HubMirror]:
-    (port,) = free_ports(1)
-    mirror = HubMirror(files, "127.0.0.1", port, gated={GATED: frozenset({TOKEN})}).start()
-    yield mirror
-    mirror.stop()
+    with _mirror(files, gated={GATED: frozenset({TOKEN})}) as mirror:
+        yield mirror
 
 
 @pytest.fixture
 def slow_hub(files: list[HubFile]) -> Iterator[HubMirror]:
     """The same hub behind a 16 Mbit/s uplink: a 3 MB file takes about 1.5 s."""
-    (port,) = free_ports(1)
-    mirror = HubMirror(files, "127.0.0.1", port, bandwidth=parse_bandwidth("16M")).start()
-    yield mirror
-    mirror.stop()
+    with _mirror(files, bandwidth=parse_bandwidth("16M")) as mirror:
+        yield mirror
 
 
 @pytest.fixture
 def gzip_hub(files: list[HubFile]) -> Iterator[HubMirror]:
     """The same hub gzipping its answers to a client that accepts gzip, as the hub does text files."""
-    (port,) = free_ports(1)
-    mirror = HubMirror(files, "127.0.0.1", port, compress=True).start()
-    yield mirror
-    mirror.stop()
+    with _mirror(files, compress=True) as mirror:
+        yield mirror
 
 
 def _size(files: list[HubFile], repo: str, name: str) -> int:
@@ -265,10 +271,8 @@ def test_a_full_node_evicts_the_least_recently_used_model_no_pod_uses(
 @pytest.fixture
 def slower_hub(files: list[HubFile]) -> Iterator[HubMirror]:
     """The same hub behind a 4 Mbit/s uplink: a 3 MB file takes about 6 s."""
-    (port,) = free_ports(1)
-    mirror = HubMirror(files, "127.0.0.1", port, bandwidth=parse_bandwidth("4M")).start()
-    yield mirror
-    mirror.stop()
+    with _mirror(files, bandwidth=parse_bandwidth("4M")) as mirror:
+        yield mirror
 
 
 def test_the_size_limit_counts_what_downloads_under_way_have_written(
