@@ -64,23 +64,34 @@ def _keep(node: NodeView, pod: str) -> None:
     node.kubectl("patch", "pod", pod, "--type=merge", "-p", json.dumps({"metadata": {"finalizers": [KEEP]}}))
 
 
-def _engine_stopped_after_deletion(node: NodeView, pod: str) -> float:
+def _engine_stopped_after_deletion(node: NodeView, pod: str) -> tuple[float, str]:
     """Seconds from the pod's deletion to its engine's exit, both as the cluster recorded them (the
-    API server's deletionTimestamp, the kubelet's finishedAt); the kept pod then let go."""
+    API server's deletionTimestamp, which is the deletion plus its grace period, and the kubelet's
+    finishedAt), and the pod's containers' last log lines; the kept pod then let go."""
     stopped: dict = {}
 
     def engine_stopped() -> bool:
         found = json.loads(node.kubectl("get", "pod", pod, "-o", "json").stdout)
+        metadata = found["metadata"]
         for status in found["status"].get("containerStatuses", []):
             if status["name"] == "engine" and "terminated" in status.get("state", {}):
-                stopped.update(deleted=found["metadata"]["deletionTimestamp"], **status["state"]["terminated"])
+                deleted = _instant(metadata["deletionTimestamp"]) - datetime.timedelta(
+                    seconds=metadata["deletionGracePeriodSeconds"]
+                )
+                stopped.update(deleted=deleted, **status["state"]["terminated"])
         return bool(stopped)
 
     try:
         node.wait(engine_stopped, f"{pod}'s engine to exit", timeout=150)
+        logs = "\n".join(
+            node.kubectl("logs", pod, "-c", container, "--tail=8", check=False).stdout
+            for container in ("sidecar", "engine")
+        )
+        events = node.kubectl("get", "events", "--field-selector", f"involvedObject.name={pod}", check=False)
+        logs += "\n" + events.stdout
     finally:
         node.kubectl("patch", "pod", pod, "--type=json", "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]')
-    return (_instant(stopped["finishedAt"]) - _instant(stopped["deleted"])).total_seconds()
+    return (_instant(stopped["finishedAt"]) - stopped["deleted"]).total_seconds(), logs
 
 
 def _instant(stamp: str) -> datetime.datetime:
@@ -151,8 +162,8 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
     assert answered >= 10
     # The engine stopped once its sidecar's drain was done (the stream over), not after a fixed preStop
     # sleep of the whole drain budget (5 + 60 s: a deleted pod held its engine, and its GPU, that long).
-    streaming = _engine_stopped_after_deletion(node, serving)
-    assert streaming < manifests.sidecar_done_seconds(Settings()), (streaming, str(timeline))
+    streaming, logs = _engine_stopped_after_deletion(node, serving)
+    assert streaming < manifests.sidecar_done_seconds(Settings()), (streaming, str(timeline), logs)
     # The deleted pod's replacement reads the whole model from the node's cache, no byte from the hub.
     hub_before = hub_file_bytes(node.cluster)
     node.wait(
@@ -171,8 +182,8 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
     (idle,) = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != serving]
     _keep(node, idle)
     node.kubectl("delete", "pod", idle, "--wait=false")
-    idle_seconds = _engine_stopped_after_deletion(node, idle)
-    assert idle_seconds < manifests.ENDPOINT_PROPAGATION_SECONDS + 15, idle_seconds
+    idle_seconds, logs = _engine_stopped_after_deletion(node, idle)
+    assert idle_seconds < manifests.ENDPOINT_PROPAGATION_SECONDS + 15, (idle_seconds, logs)
     print(f"deleted pod to its engine's exit: {streaming:.0f} s with a stream in flight, {idle_seconds:.0f} s idle")
 
 
