@@ -60,26 +60,28 @@ def test_key_rotation_through_the_secret_volume(node: NodeView) -> None:
 KEEP = "serving.modelserve.dev/test-keeps-the-pod"  # a finalizer: the pod's final status stays readable
 
 
-def _keep(node: NodeView, pod: str) -> None:
+def _delete_kept(node: NodeView, pod: str) -> datetime.datetime:
+    """Delete `pod`, kept (a finalizer) so its final status stays readable: when the API server took the
+    deletion (its deletionTimestamp is that plus the grace period, read before the kubelet's last
+    delete sets it anew)."""
     node.kubectl("patch", "pod", pod, "--type=merge", "-p", json.dumps({"metadata": {"finalizers": [KEEP]}}))
+    node.kubectl("delete", "pod", pod, "--wait=false")
+    metadata = json.loads(node.kubectl("get", "pod", pod, "-o", "json").stdout)["metadata"]
+    grace = datetime.timedelta(seconds=metadata["deletionGracePeriodSeconds"])
+    return _instant(metadata["deletionTimestamp"]) - grace
 
 
-def _engine_stopped_after_deletion(node: NodeView, pod: str) -> tuple[float, str]:
-    """Seconds from the pod's deletion to its engine's exit, both as the cluster recorded them (the
-    API server's deletionTimestamp, which is the deletion plus its grace period, and the kubelet's
-    finishedAt), and the pod's containers' last log lines; the kept pod then let go."""
-    stopped: dict = {}
+def _engine_stopped_after(node: NodeView, pod: str, deleted: datetime.datetime) -> tuple[float, str]:
+    """Seconds from `deleted` to the pod's engine's exit (the kubelet's finishedAt), and the pod's
+    containers' last log lines and Events; the kept pod then let go."""
+    finished: list[datetime.datetime] = []
 
     def engine_stopped() -> bool:
         found = json.loads(node.kubectl("get", "pod", pod, "-o", "json").stdout)
-        metadata = found["metadata"]
         for status in found["status"].get("containerStatuses", []):
             if status["name"] == "engine" and "terminated" in status.get("state", {}):
-                deleted = _instant(metadata["deletionTimestamp"]) - datetime.timedelta(
-                    seconds=metadata["deletionGracePeriodSeconds"]
-                )
-                stopped.update(deleted=deleted, **status["state"]["terminated"])
-        return bool(stopped)
+                finished.append(_instant(status["state"]["terminated"]["finishedAt"]))
+        return bool(finished)
 
     try:
         node.wait(engine_stopped, f"{pod}'s engine to exit", timeout=150)
@@ -91,7 +93,7 @@ def _engine_stopped_after_deletion(node: NodeView, pod: str) -> tuple[float, str
         logs += "\n" + events.stdout
     finally:
         node.kubectl("patch", "pod", pod, "--type=json", "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]')
-    return (_instant(stopped["finishedAt"]) - stopped["deleted"]).total_seconds(), logs
+    return (finished[0] - deleted).total_seconds(), logs
 
 
 def _instant(stamp: str) -> datetime.datetime:
@@ -137,8 +139,7 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
                 serving = pod["metadata"]["name"]
         time.sleep(0.1)
     assert serving, "no replica shows the stream in flight"
-    _keep(node, serving)
-    node.kubectl("delete", "pod", serving, "--wait=false")
+    deleted = _delete_kept(node, serving)
     timeline.add(f"deleted {serving}")
     answered, failures = 0, []
     while thread.is_alive() or answered < 10:
@@ -162,7 +163,7 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
     assert answered >= 10
     # The engine stopped once its sidecar's drain was done (the stream over), not after a fixed preStop
     # sleep of the whole drain budget (5 + 60 s: a deleted pod held its engine, and its GPU, that long).
-    streaming, logs = _engine_stopped_after_deletion(node, serving)
+    streaming, logs = _engine_stopped_after(node, serving, deleted)
     assert streaming < manifests.sidecar_done_seconds(Settings()), (streaming, str(timeline), logs)
     # The deleted pod's replacement reads the whole model from the node's cache, no byte from the hub.
     hub_before = hub_file_bytes(node.cluster)
@@ -180,9 +181,7 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
     assert hub_file_bytes(node.cluster) == hub_before
     # An idle replica deleted: its engine stops once the endpoints had their 5 s and nothing is in flight.
     (idle,) = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != serving]
-    _keep(node, idle)
-    node.kubectl("delete", "pod", idle, "--wait=false")
-    idle_seconds, logs = _engine_stopped_after_deletion(node, idle)
+    idle_seconds, logs = _engine_stopped_after(node, idle, _delete_kept(node, idle))
     assert idle_seconds < manifests.ENDPOINT_PROPAGATION_SECONDS + 15, (idle_seconds, logs)
     print(f"deleted pod to its engine's exit: {streaming:.0f} s with a stream in flight, {idle_seconds:.0f} s idle")
 
