@@ -247,6 +247,9 @@ def metric_value(text: str, sample: str) -> float:
     return 0.0
 
 
+SIDECAR_START_SECONDS = 90
+
+
 def launch_sidecar(
     log_dir: Path, upstream_url: str, served_model: str, env: dict[str, str], argv_prefix: tuple[str, ...] = ()
 ) -> Sidecar:
@@ -272,7 +275,9 @@ def launch_sidecar(
             return False
 
     try:
-        wait_until(alive, 30, "the sidecar to listen", on_timeout=lambda: "\n" + tail(sidecar.log))
+        # A bound, not a wait: on two cores busy with the real-node half's vLLM a sidecar once took 30 s
+        # to import and bind (its "serving" line came at 29.9 s).
+        wait_until(alive, SIDECAR_START_SECONDS, "the sidecar to listen", on_timeout=lambda: "\n" + tail(sidecar.log))
     except BaseException:
         stop_process(process)
         raise
