@@ -84,20 +84,22 @@ class Opened:
     def __len__(self) -> int:
         return len(self._seen)
 
-    def opens(self, key_digest: bytes, model: Key, now: float | None = None) -> bool:
-        seen = self._seen.get((key_digest, model))
+    def _fresh(self, seen: tuple[float, None] | None, now: float | None) -> bool:
         return seen is not None and (time.monotonic() if now is None else now) - seen[0] < self.max_age
+
+    def opens(self, key_digest: bytes, model: Key, now: float | None = None) -> bool:
+        return self._fresh(self._seen.get((key_digest, model)), now)
 
     def opens_some(self, key_digest: bytes, now: float | None = None) -> bool:
         """Whether the key opened any model lately: a key a replica accepted, not one made up."""
-        seen = self._keys.get(key_digest)
-        return seen is not None and (time.monotonic() if now is None else now) - seen[0] < self.max_age
+        return self._fresh(self._keys.get(key_digest), now)
 
     def learn(self, key_digest: bytes, model: Key, opened: bool | None, now: float | None = None) -> None:
         """`opened` as `proof` gives it: True remembers (afresh), False forgets, None leaves it."""
         if opened:
-            self._seen.put((key_digest, model), None, time.monotonic() if now is None else now)
-            self._keys.put(key_digest, None, time.monotonic() if now is None else now)
+            at = time.monotonic() if now is None else now
+            self._seen.put((key_digest, model), None, at)
+            self._keys.put(key_digest, None, at)
         elif opened is False:
             self._seen.pop((key_digest, model))
             self._keys.pop(key_digest)  # until a replica accepts it again

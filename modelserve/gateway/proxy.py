@@ -216,8 +216,9 @@ class GatewayProxy(Pipeline):
     def _reader_share(self, authorization: bytes | None, peer: str | None) -> tuple[str, object]:
         """Whose places in the body reader a request takes: a key a replica accepted has its own; any
         other request (keyless, or a key never proven) its client address's, however many keys it makes up."""
-        if authorization is not None and self.opened.opens_some(digest(authorization)):
-            return ("key", digest(authorization))
+        key = None if authorization is None else digest(authorization)
+        if key is not None and self.opened.opens_some(key):
+            return ("key", key)
         return ("client", client_bucket(peer))
 
     async def read(self, body: bytes, headers: Headers, peer: str | None) -> RequestRead | errors.ErrorResponse:

@@ -150,10 +150,11 @@ class Agent:
         session: aiohttp.ClientSession,
         in_use: Callable[[], Awaitable[set[str] | None]],
         changed: Callable[[], None] = lambda: None,
-        send_seconds: float = 60.0,
+        *,
+        send_seconds: float,
     ) -> None:
         self.store = store
-        self.send_seconds = send_seconds  # a client reading none of an answer this long is cut
+        self.send_seconds = send_seconds  # a client reading none of an answer this long is cut (settings)
         self.hub = hub
         self.session = session
         self.in_use = in_use  # the models pods on this node use now (None: unknown)

@@ -183,11 +183,10 @@ class Fetcher:
                     partial.parent.mkdir(parents=True, exist_ok=True)
                 with partial.open("wb") if partial else contextlib.nullcontext() as out:
                     async for chunk in answer.content.iter_chunked(CHUNK):
-                        if received + len(chunk) > f.size:  # cut at the listed size, never written past it
-                            received += len(chunk)
+                        received += len(chunk)
+                        if received > f.size:  # cut at the listed size, never written past it
                             break
                         digest.update(chunk)
-                        received += len(chunk)
                         if out is not None:
                             out.write(chunk)
         except (aiohttp.ClientError, TimeoutError, OSError) as error:

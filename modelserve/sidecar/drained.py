@@ -31,12 +31,10 @@ class Drain:
         self.in_flight = in_flight
         self.pod = pod
         self.waiting = waiting  # the requests in `until_drained` now
-        self.stopping = False
         self._told = asyncio.Event()
 
     def stop(self) -> None:
-        """Called in the signal handler, on the loop's thread: no await, only a flag and a wake-up."""
-        self.stopping = True
+        """Called in the signal handler, on the loop's thread: no await, only a wake-up."""
         with contextlib.suppress(RuntimeError):  # no loop running (not serving yet): nothing waits
             asyncio.get_running_loop().call_soon_threadsafe(self._told.set)
 
@@ -51,7 +49,7 @@ class Drain:
 
     def finished(self) -> None:
         """The worker's requests are over (its server's drain ended): published as they are, last."""
-        if self.stopping and self.pod is not None:
+        if self._told.is_set() and self.pod is not None:
             self.pod.publish_in_flight(self.in_flight())
 
     def pod_in_flight(self) -> int | None:
