@@ -63,6 +63,15 @@ def start_process(name: str, argv: list[str], log_dir: Path, env: dict[str, str]
         log.close()
 
 
+def ended(pid: int) -> bool:
+    """Whether process `pid` has ended: no such process, or only its exit status left for a parent to
+    reap (a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def stop_process(process: subprocess.Popen, grace_seconds: float = 10.0) -> None:
     if process.poll() is not None:
         return

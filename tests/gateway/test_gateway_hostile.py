@@ -11,7 +11,6 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 
 import httpx
 import pytest
@@ -32,7 +31,7 @@ from modelserve.gateway.directory import Model
 from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
-from modelserve_sandbox.processes import wait_until
+from modelserve_sandbox.processes import ended, wait_until
 from tests.helpers.hostile import (
     KEYED,
     chat_head,
@@ -200,7 +199,7 @@ def _bounded_and_replaced(url: str, app: Dispatcher) -> None:
     assert work.helper_pids() == [helper]  # refused inside its bound: the same helper, alive
     assert status_bytes(helper, "VmHWM") < 320 * 1024 * 1024, status_bytes(helper, "VmHWM")
     os.kill(helper, signal.SIGKILL)
-    wait_until(lambda: not Path(f"/proc/{helper}").exists() or _zombie(helper), 30, "the helper to die")
+    wait_until(lambda: ended(helper), 30, "the helper to die")
     gone = _read_off_loop(app, "gone")
     outcomes = [
         httpx.post(url + "/v1/chat/completions", content=heavy, headers=KEYED, timeout=60).status_code for _ in range(3)
@@ -250,10 +249,3 @@ def test_many_large_bodies_from_one_client_leave_the_body_reader_to_others(repli
                 thread.join(timeout=60)
     assert served == [200] * 12, served
     assert set(attacks) <= {401, 503} and attacks.count(503) >= 8, sorted(set(attacks))
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-    except OSError:
-        return True

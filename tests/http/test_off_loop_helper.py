@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from modelserve_sandbox.processes import wait_until
+from modelserve_sandbox.processes import ended, wait_until
 
 STARTER = """
 import asyncio, os, sys
@@ -30,14 +30,6 @@ if __name__ == "__main__":
 """
 
 
-def _gone(pid: int) -> bool:
-    """No such process, or only its exit status left for a parent to reap."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_the_helper_and_its_tracker_end_with_the_process_that_started_them(tmp_path: Path, signum: int) -> None:
     script = tmp_path / "starter.py"
@@ -46,13 +38,13 @@ def test_the_helper_and_its_tracker_end_with_the_process_that_started_them(tmp_p
     try:
         assert starter.stdout is not None
         pids = [int(pid) for pid in starter.stdout.readline().split()]
-        assert len(pids) == 2 and not any(_gone(pid) for pid in pids), pids  # the helper and the tracker
+        assert len(pids) == 2 and not any(ended(pid) for pid in pids), pids  # the helper and the tracker
         os.kill(starter.pid, signum)  # SIGTERM's default: gone at once, no clean-up of its own
         starter.wait(timeout=30)
-        wait_until(lambda: all(_gone(pid) for pid in pids), 30, f"helper and tracker {pids} to end")
+        wait_until(lambda: all(ended(pid) for pid in pids), 30, f"helper and tracker {pids} to end")
     finally:
         starter.kill()
         starter.wait(timeout=30)
         for pid in pids if "pids" in locals() else ():
-            if not _gone(pid):
+            if not ended(pid):
                 os.kill(pid, signal.SIGKILL)
