@@ -4,6 +4,7 @@ upstream that answers with the recorded bytes of a real vLLM server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -355,6 +356,7 @@ def read_recording(name: str) -> Recording:
 
 # Headers the replay server sets itself rather than copying (framing, and its own clock).
 _OWN_HEADERS = {"content-length", "transfer-encoding", "date", "server"}
+HOLD_SECONDS = 60  # the longest an x-replay-hold stream waits for its release
 
 
 def recording_for_chat(request: dict) -> str:
@@ -383,7 +385,8 @@ class ReplayEngine:
     `x-replay-drop-once: <id>` (close the connection instead of answering, the first time),
     `x-replay-drop-reused` (close a connection that served before instead of answering, as llama.cpp
     leaves its kept-alive connections after a stream), `x-replay-repeat: <n>` (a stream's events n
-    times over, [DONE] once at its end); and
+    times over, [DONE] once at its end), `x-replay-hold: <name>` (a stream's first event, then nothing
+    more until the test calls `release(name)`, at most HOLD_SECONDS); and
     as attributes: `healthy`, `health_delay` (seconds /health takes, as a busy SGLang's does) and
     `stall` (seconds every answer waits: a slower engine)."""
 
@@ -408,6 +411,14 @@ class ReplayEngine:
         # The connections that have answered: weakly held, so a new one never passes for an old one
         # whose id it was given.
         self._served: weakref.WeakSet[asyncio.BaseTransport] = weakref.WeakSet()
+        self._holds: dict[str, asyncio.Event] = {}
+
+    def release(self, name: str) -> None:
+        """Lets the stream held by `x-replay-hold: <name>` write the rest of its events."""
+        self._loop.call_soon_threadsafe(self._hold(name).set)
+
+    def _hold(self, name: str) -> asyncio.Event:
+        return self._holds.setdefault(name, asyncio.Event())
 
     def start(self) -> ReplayEngine:
         self._thread.start()
@@ -500,6 +511,7 @@ class ReplayEngine:
         response.enable_chunked_encoding()
         await response.prepare(request)
         gap = float(request.headers.get("x-replay-gap", 0))
+        hold = request.headers.get("x-replay-hold")
         events = recording.body.split(b"\n\n")[:-1]
         # A long stream: every event but the last ([DONE]) that many times over.
         events = events[:-1] * int(request.headers.get("x-replay-repeat", 1)) + events[-1:]
@@ -507,6 +519,10 @@ class ReplayEngine:
             for i, event in enumerate(events):
                 if i and gap:
                     await asyncio.sleep(gap)
+                if i == 1 and hold:
+                    # A bound, not a wait: a test that never releases still ends.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._hold(hold).wait(), HOLD_SECONDS)
                 await response.write(event + b"\n\n")
                 self.sent += len(event) + 2
             await response.write_eof()

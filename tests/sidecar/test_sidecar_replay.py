@@ -168,21 +168,29 @@ def test_non_streaming_answer_passes_through_byte_for_byte(replay_sidecar: Sidec
 
 
 @pytest.mark.parametrize("fixture", ["chat_stream.http", "chat_stream_usage.http"])
-def test_sse_stream_passes_through_byte_for_byte(replay_sidecar: Sidecar, fixture: str) -> None:
+def test_sse_stream_passes_through_byte_for_byte(replay_sidecar: Sidecar, replay: ReplayEngine, fixture: str) -> None:
     request = {"model": "tiny", "messages": HELLO, "max_tokens": 6, "temperature": 0, "stream": True}
     if fixture == "chat_stream_usage.http":
         request["stream_options"] = {"include_usage": True}
-    chunks = []
+    recorded = read_recording(fixture).body
+    first_event = recorded[: recorded.index(b"\n\n") + 2]
+    hold = f"byte-for-byte-{fixture}"
     with httpx.stream(
-        "POST", replay_sidecar.url + CHAT, json=request, headers={**AUTH, "x-replay-gap": "0.05"}, timeout=30
+        "POST", replay_sidecar.url + CHAT, json=request, headers={**AUTH, "x-replay-hold": hold}, timeout=30
     ) as answer:
         assert answer.status_code == 200
         assert answer.headers["content-type"] == "text/event-stream; charset=utf-8"
         assert "content-length" not in answer.headers
-        chunks = list(answer.iter_raw())
-    assert b"".join(chunks) == read_recording(fixture).body
-    # Events arrive one by one as the engine writes them, not gathered into one buffer.
-    assert len(chunks) >= read_recording(fixture).body.count(b"\n\n") - 1
+        chunks = answer.iter_raw()
+        received = b""
+        # The engine holds after its first event: a sidecar that gathered the stream into one buffer
+        # would send nothing here, and the read would time out.
+        while b"\n\n" not in received:
+            received += next(chunks)
+        assert received == first_event
+        replay.release(hold)
+        received += b"".join(chunks)
+    assert received == recorded
 
 
 def test_openai_sdk_reads_vllms_stream_through_the_sidecar(replay_sidecar: Sidecar) -> None:
