@@ -432,7 +432,8 @@ class ReplayEngine:
         self._loop.close()
 
     async def _start(self) -> None:
-        app = web.Application(middlewares=[self._record])
+        # Bodies as large as the proxies take (10 MiB as deployed), not aiohttp's 1 MiB.
+        app = web.Application(middlewares=[self._record], client_max_size=64 * 1024 * 1024)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._fixed("models.http"))
         app.router.add_get("/version", self._fixed("version.http"))

@@ -242,6 +242,11 @@ class Settings:
     )
     # The largest request body in bytes; beyond it, 413 body_too_large.
     max_body_bytes: int = env_setting("MODELSERVE_MAX_BODY_BYTES", positive_int, default=10 * 1024 * 1024)
+    # JSON values a second one key's bodies may have read on the event loop (about a fifth of a core
+    # at the default); past it they are read in the helper process (http/loop_share.py).
+    loop_share_values_per_second: int = env_setting(
+        "MODELSERVE_LOOP_SHARE_VALUES_PER_SECOND", positive_int, default=200_000
+    )
     # How long the engine may stay silent (connecting, or between two reads) before the request
     # ends with 504 engine_timeout; also the longest wait for an engine slot.
     upstream_timeout_seconds: float = env_setting(

@@ -10,6 +10,7 @@ from modelserve.http.metrics import (
     connections_cut,
     flush_on_collect,
     lifecycle_series,
+    off_loop_counter,
     refusal_counter,
 )
 from modelserve.http.pipeline import Ledger
@@ -59,15 +60,7 @@ class GatewayMetrics:
             buckets=HOLD_BUCKETS,
             registry=r,
         )
-        self.read_off_loop = Counter(
-            f"{PREFIX}_bodies_read_off_loop",
-            "Request bodies of so many JSON values that reading them would stall the event loop, read in a "
-            "helper process instead, by outcome (read; busy: refused 503 server_busy, the helper's queue full; "
-            "too_large: refused 413 too_many_values, past the helper's memory bound; gone: refused 503, the "
-            "helper died under it and is replaced).",
-            ["outcome"],
-            registry=r,
-        )
+        self.read_off_loop = off_loop_counter(PREFIX, r)
         self.keepalives = Counter(
             f"{PREFIX}_hold_keepalives",
             "SSE comments sent to held OpenAI streams while their model woke (one per stream every "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Hashable
 from time import perf_counter
 from typing import Any
 
@@ -23,12 +24,13 @@ import aiohttp
 
 from modelserve.contracts import routes
 from modelserve.contracts.names import Key
-from modelserve.http import errors
+from modelserve.http import errors, off_loop
 from modelserve.http.downstream import Downstream, Exchange, Headers, answer
 from modelserve.http.json_body import many_values
 from modelserve.http.limits import client_bucket
+from modelserve.http.loop_share import LoopShare
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
-from modelserve.http.off_loop import BUSY, GONE, TOO_LARGE, OffLoop
+from modelserve.http.off_loop import OffLoop
 from modelserve.http.pipeline import RETRIABLE, NoUpstream, PassedOn, Pipeline, Plan, Upstream
 from modelserve.http.relay import HOP_BY_HOP, authorization_header, filter_headers, upstream_error_kind
 from modelserve.http.upstream_pool import Response
@@ -59,9 +61,6 @@ SSE_ROUTES = frozenset({routes.CHAT, routes.COMPLETIONS})
 # OFF_LOOP_PER_OWNER of one owner's (a proven key, else a client address: `_reader_share`).
 OFF_LOOP_PENDING = 8
 OFF_LOOP_PER_OWNER = 1
-OFF_LOOP_BUSY = "This gateway is reading too many very large request bodies; retry later."
-OFF_LOOP_GONE = "This gateway's body reader stopped while reading this request; retry."
-OFF_LOOP_OUTCOMES = ((BUSY, "busy"), (TOO_LARGE, "too_large"), (GONE, "gone"))  # the metric's labels
 KEYLESS = errors.unauthorized("missing")  # the sidecar's own answer to a request with no key
 
 
@@ -134,6 +133,7 @@ class GatewayProxy(Pipeline):
         self.in_flight: dict[str, int] = {}  # replica address -> requests this gateway has on it
         self.guards = versions.Guards()  # the versions' answers, and the guards they tripped
         self.off_loop_work = OffLoop(OFF_LOOP_PENDING, per_owner=OFF_LOOP_PER_OWNER)  # bodies too large for the loop
+        self.loop_share = LoopShare(settings.loop_share_values_per_second)
         self.rng = random.Random()
 
     # --- the pipeline's steps ---------------------------------------------------------------------
@@ -203,15 +203,8 @@ class GatewayProxy(Pipeline):
     def off_loop(self, body: bytes) -> bool:
         return many_values(body)
 
-    def _off_loop_refusal(self, outcome: Any) -> errors.ErrorResponse | None:
-        """The answer for an off-loop call that gave no result (busy, too large, helper gone), else None."""
-        if outcome is BUSY:
-            return errors.server_busy(OFF_LOOP_BUSY)
-        if outcome is TOO_LARGE:
-            return errors.too_many_values(self.off_loop_work.memory_bytes)
-        if outcome is GONE:
-            return errors.server_busy(OFF_LOOP_GONE)
-        return None
+    def _off_loop_refusal(self, result: Any) -> errors.ErrorResponse | None:
+        return off_loop.refusal(result, "gateway", self.off_loop_work.memory_bytes)
 
     def _reader_share(self, authorization: bytes | None, peer: str | None) -> tuple[str, object]:
         """Whose places in the body reader a request takes: a key a replica accepted has its own; any
@@ -221,12 +214,14 @@ class GatewayProxy(Pipeline):
             return ("key", key)
         return ("client", client_bucket(peer))
 
-    async def read(self, body: bytes, headers: Headers, peer: str | None) -> RequestRead | errors.ErrorResponse:
-        """The summary of a body of very many JSON values, read in the off-loop process."""
-        owner = self._reader_share(authorization_header(headers), peer)
+    def owner(self, headers: Headers, peer: str | None, admitted: Any) -> tuple[str, object]:
+        return self._reader_share(authorization_header(headers), peer)
+
+    async def read(self, route: routes.Route, body: bytes, owner: Hashable) -> RequestRead | errors.ErrorResponse:
+        """The summary of a body of very many JSON values (or past its owner's share of the loop),
+        read in the off-loop process."""
         summary = await self.off_loop_work.run(request_read.read, body, owner=owner)
-        outcome = next((name for marker, name in OFF_LOOP_OUTCOMES if summary is marker), "read")
-        self.metrics.read_off_loop.labels(outcome).inc()
+        self.metrics.read_off_loop.labels(off_loop.outcome(summary)).inc()
         return self._off_loop_refusal(summary) or summary
 
     def ready(self, plan: ReplicaPlan) -> bool:  # type: ignore[override]

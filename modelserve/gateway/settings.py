@@ -67,6 +67,11 @@ class GatewaySettings:
     wake_history: int = env_setting("MODELSERVE_GATEWAY_WAKE_HISTORY", positive_int, default=5)
     # The largest request body in bytes; beyond it, 413 body_too_large.
     max_body_bytes: int = env_setting("MODELSERVE_GATEWAY_MAX_BODY_BYTES", positive_int, default=10 * 1024 * 1024)
+    # JSON values a second one key's (else one client address's) bodies may have read on the event
+    # loop (about a fifth of a core at the default); past it they are read in the helper process.
+    loop_share_values_per_second: int = env_setting(
+        "MODELSERVE_GATEWAY_LOOP_SHARE_VALUES_PER_SECOND", positive_int, default=200_000
+    )
     # How long a replica may stay silent (connecting, or between two reads) before the request ends.
     upstream_timeout_seconds: float = env_setting(
         "MODELSERVE_GATEWAY_UPSTREAM_TIMEOUT_SECONDS", positive_float, default=600.0

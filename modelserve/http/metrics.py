@@ -248,6 +248,26 @@ class RequestSeries:
             del self._tallies[cached]
 
 
+OFF_LOOP_OUTCOMES = ("read", "busy", "too_large", "gone")
+
+
+def off_loop_counter(prefix: str, registry: CollectorRegistry) -> Counter:
+    """Bodies read in the off-loop helper (http/off_loop.py), by outcome, every one present from the start."""
+    counter = Counter(
+        f"{prefix}_bodies_read_off_loop",
+        "Request bodies read in a helper process instead of on the event loop, by outcome: bodies of so "
+        "many JSON values that reading them would stall the loop, and any body past its owner's share of "
+        "the loop (a key's, else a client address's). read; busy: refused 503 server_busy, the helper's "
+        "places (or its owner's) taken; too_large: refused 413 too_many_values, past the helper's memory "
+        "bound; gone: refused 503, the helper died under it and is replaced.",
+        ["outcome"],
+        registry=registry,
+    )
+    for outcome in OFF_LOOP_OUTCOMES:
+        counter.labels(outcome)
+    return counter
+
+
 def refusal_counter(prefix: str, registry: CollectorRegistry) -> Counter:
     """Requests outside the consumer routes (routes.py) by why, every class present from the start."""
     counter = Counter(

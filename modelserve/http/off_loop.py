@@ -29,12 +29,31 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from . import errors
 from .workers import die_with_parent
 
 BUSY = object()  # `run`'s answer when `pending` calls (or `per_owner` of its owner's) are in progress already
 TOO_LARGE = object()  # `run`'s answer when the work needed more than the helper's memory bound
 GONE = object()  # `run`'s answer when the helper died under the call (the next call gets a new one)
 MEMORY_BYTES = 256 * 1024 * 1024  # the helper's data segment: a 10 MiB body of long text reads in ~40 MiB
+_OUTCOMES = ((BUSY, "busy"), (TOO_LARGE, "too_large"), (GONE, "gone"))  # the metric's labels (http/metrics.py)
+
+
+def outcome(result: Any) -> str:
+    """The metric's label for what `OffLoop.run` gave: read, or why it gave no result."""
+    return next((name for marker, name in _OUTCOMES if result is marker), "read")
+
+
+def refusal(result: Any, program: str, memory_bytes: int) -> errors.ErrorResponse | None:
+    """The answer for a call that gave no result (busy, too large, helper gone), else None.
+    `program`: whose reader, in the client's words (this gateway, this sidecar)."""
+    if result is BUSY:
+        return errors.server_busy(f"This {program} is reading too many very large request bodies; retry later.")
+    if result is TOO_LARGE:
+        return errors.too_many_values(memory_bytes)
+    if result is GONE:
+        return errors.server_busy(f"This {program}'s body reader stopped while reading this request; retry.")
+    return None
 
 
 def _start_helper(limit: int) -> None:

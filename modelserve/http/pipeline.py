@@ -7,8 +7,9 @@ the ASGI way and the direct protocol's task (`serve`), and the express lane (`ex
     admit    from the head alone, before the body is read: the key and its limits (a refusal, or what
              the request is let in with, which `end` gives back: no body is held for a request that
              its key's limits refuse)
-    read     only for a body whose reading would stall the event loop (`off_loop`): read off the loop
-             first, for `plan` (the gateway's JSON of millions of values, http/off_loop.py)
+    read     only for a body whose reading would stall the event loop (`off_loop`), or would take
+             its owner past its share of the loop (`loop_share`, http/loop_share.py): read off the
+             loop first, for `plan` (JSON of millions of values, http/off_loop.py)
     plan     from the body: its route's checks and rewrites -> a `Plan` (what to send), or a refusal
     wait     until the plan can be sent (`ready`): the gateway holds a model with no ready replica
              (and may start the answer meanwhile, a held stream's keep-alives: then the rest
@@ -42,7 +43,7 @@ proxies export the counts, and the tests check them after their traffic (harness
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from time import perf_counter
 from typing import Any, ClassVar
 
@@ -52,6 +53,8 @@ from . import errors
 from .direct import DirectDownstream
 from .downstream import AsgiDownstream, Downstream, Exchange, Headers, answer
 from .express import FirstTry, Forward, answer_now
+from .json_body import value_count
+from .loop_share import LoopShare
 from .relay import read_limited_body, relay
 from .upstream_pool import ConnectFailed, Disconnected, Pool, Response, UpstreamError
 
@@ -131,6 +134,8 @@ class Pipeline:
         self.max_body_bytes = max_body_bytes
         self.ledger = Ledger()
         self.pool: Pool | None = None  # opened by the app's lifespan
+        # Each owner's share of the loop for reading bodies: a proxy that reads off the loop sets it.
+        self.loop_share: LoopShare | None = None
 
     # --- the steps: each proxy's own ----------------------------------------------------------------
 
@@ -144,9 +149,14 @@ class Pipeline:
         """Whether reading `body` would stall the event loop: then `read` reads it off the loop first."""
         return False
 
-    async def read(self, body: bytes, headers: Headers, peer: str | None) -> Any:
+    def owner(self, headers: Headers, peer: str | None, admitted: Any) -> Hashable:
+        """Whose share of the loop and of the off-loop places a request's body takes (`peer`: the
+        client's address; `admitted`: what `admit` let it in with, or NOT_YET)."""
+        return None
+
+    async def read(self, route: routes.Route, body: bytes, owner: Hashable) -> Any:
         """`body` read off the event loop (`off_loop`): what `plan` finds in `exchange.read`, or an
-        `errors.ErrorResponse` to answer. `headers` and `peer`: whose request it is."""
+        `errors.ErrorResponse` to answer. `owner`: whose places it takes."""
         raise NotImplementedError
 
     def plan(
@@ -226,7 +236,9 @@ class Pipeline:
             request.body_size > self.max_body_bytes
             or request.write_paused
             or self.pool is None
-            or self.off_loop(request.body())
+            or self.reads_off_loop(
+                request.body(), request.headers, request.client_host, request.admission if request.admitted else NOT_YET
+            )
         ):
             return False
         exchange = self._begin(request.path)
@@ -278,8 +290,9 @@ class Pipeline:
             body = await read_limited_body(headers, client, self.max_body_bytes, exchange)
             if body is None:
                 return
-            if self.off_loop(body):
-                read = await self.read(body, headers, peer)
+            route = self.table.get((method, path))
+            if route is not None and self.reads_off_loop(body, headers, peer, admitted):
+                read = await self.read(route, body, self.owner(headers, peer, admitted))
                 if isinstance(read, errors.ErrorResponse):
                     exchange.status = await answer(client, read)
                     return
@@ -323,6 +336,16 @@ class Pipeline:
         exchange.ended = True
         self.ledger.ended += 1
         self.end(exchange)
+
+    def reads_off_loop(self, body: bytes, headers: Headers, peer: str | None, admitted: Any) -> bool:
+        """Whether `body` is read off the loop: too many values for it, or more than its owner's share
+        of it has left (which is then spent by its values)."""
+        if self.off_loop(body):
+            return True
+        share = self.loop_share
+        if share is None or not body:
+            return False
+        return not share.take(self.owner(headers, peer, admitted), value_count(body))
 
     def _plan(
         self, exchange: Exchange, method: str, path: str, headers: Headers, body: bytes

@@ -141,6 +141,7 @@ def build_app(settings: Settings, siblings: Siblings | None = None) -> Dispatche
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await readiness.close()
+            proxy.off_loop_work.close()
             await proxy.pool.close()
             await session.close()
 

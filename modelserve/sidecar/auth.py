@@ -36,8 +36,3 @@ def identify(headers: Iterable[tuple[bytes, bytes]], keys: KeyStore, now: float)
     if expires is not None and now >= expires:
         return entry, "expired"
     return entry, None
-
-
-def refusal_reason(headers: Iterable[tuple[bytes, bytes]], keys: KeyStore, now: float) -> str | None:
-    """Why the request's key is refused, or None if it is good."""
-    return identify(headers, keys, now)[1]

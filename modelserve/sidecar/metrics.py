@@ -10,6 +10,7 @@ from modelserve.http.metrics import (
     connections_cut,
     flush_on_collect,
     lifecycle_series,
+    off_loop_counter,
     refusal_counter,
     status_class,
 )
@@ -59,6 +60,7 @@ class SidecarMetrics:
             registry=r,
         )
         self.refused = refusal_counter(PREFIX, r)
+        self.read_off_loop = off_loop_counter(PREFIX, r)
         connections_cut(PREFIX, r)
         self.upstream_errors = Counter(
             f"{PREFIX}_upstream_errors",

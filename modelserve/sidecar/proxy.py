@@ -6,15 +6,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from time import perf_counter
 
 from modelserve.contracts import routes
 from modelserve.contracts.key_entries import KeyEntry
 from modelserve.contracts.sidecar import Settings
-from modelserve.http import errors
+from modelserve.http import errors, off_loop
 from modelserve.http.downstream import Downstream, Exchange, Headers, answer
+from modelserve.http.json_body import many_values
+from modelserve.http.limits import client_bucket
+from modelserve.http.loop_share import LoopShare
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
+from modelserve.http.off_loop import OffLoop
 from modelserve.http.pipeline import Pipeline, Plan, Upstream
 from modelserve.http.relay import HOP_BY_HOP, filter_headers, upstream_error_kind
 from modelserve.http.usage import usage_from_tail
@@ -30,7 +34,7 @@ from .keys import KeyStore
 from .metrics import SidecarMetrics, route_label
 from .pod_counts import PodCounts
 from .replica_share import ReplicaShare
-from .request_checks import check_body, request_model
+from .request_checks import Checked, check_body, checked_off_loop, request_model
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,14 @@ DROP_TO_ENGINE = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authoriz
 RETRY_AFTER_SECONDS = 5
 PUBLIC = ""  # the fair share's one queue when no key names a request (public mode)
 ENGINE_BUSY = "engine_busy"
+# Bodies read off the event loop (http/off_loop.py), as the gateway does: one helper process per
+# worker, started at the first such body; at most this many waiting for it, and this many of one
+# key's (else one client address's), so one key cannot hold every place.
+OFF_LOOP_PENDING = 8
+OFF_LOOP_PER_OWNER = 4
+# The helper's heap: beside one worker within the sidecar's 512Mi (each further worker brings 256Mi
+# more); a 10 MiB body of long text reads in about 40 MiB, 300,000 Ollama messages in about 150.
+OFF_LOOP_MEMORY_BYTES = 256 * 1024 * 1024
 
 
 class EnginePlan(Plan):
@@ -105,6 +117,8 @@ class Proxy(Pipeline):
         # The route's own path, the one that was checked: never the raw path the client spelt, and no
         # query (no consumer route takes one; an engine might read one).
         self._targets = {path: settings.upstream_url + path for _, path in routes.FORWARDED}
+        self.off_loop_work = OffLoop(OFF_LOOP_PENDING, OFF_LOOP_MEMORY_BYTES, OFF_LOOP_PER_OWNER)
+        self.loop_share = LoopShare(settings.loop_share_values_per_second)
 
     def key_refusal(self, headers: Iterable[tuple[bytes, bytes]]) -> errors.ErrorResponse | None:
         """The 401 for a request whose key is refused (and counted), or None when it may pass."""
@@ -144,33 +158,73 @@ class Proxy(Pipeline):
         self.demand.arrived()  # refused requests wake nothing up
         return key
 
+    def off_loop(self, body: bytes) -> bool:
+        return many_values(body)
+
+    def owner(self, headers: Headers, peer: str | None, admitted: object) -> tuple[str, str]:
+        """A request's named key (its places are the key's: every client reaches a sidecar from the
+        gateway's address), else its client's address (public mode)."""
+        if isinstance(admitted, KeyEntry):
+            return ("key", admitted.name)
+        return ("client", client_bucket(peer))
+
+    async def read(self, route: routes.Route, body: bytes, owner: Hashable) -> Checked | errors.ErrorResponse:
+        """The request checks of a body of very many JSON values (or past its owner's share of the
+        loop), in the helper process."""
+        settings = self.settings
+        adapters = self._adapters()
+        checked = await self.off_loop_work.run(
+            checked_off_loop,
+            route,
+            body,
+            settings.served_model,
+            settings.vision,
+            dict(settings.sampling_defaults),
+            dict(settings.sampling_aliases),
+            settings.upstream_model,
+            dict(adapters.engine_names) if adapters else None,
+            owner=owner,
+        )
+        self.metrics.read_off_loop.labels(off_loop.outcome(checked)).inc()
+        return off_loop.refusal(checked, "sidecar", self.off_loop_work.memory_bytes) or checked
+
     def plan(
         self, route: routes.Route, headers: Headers, body: bytes, exchange: Exchange
     ) -> EnginePlan | errors.ErrorResponse:
         """The body to send the engine and the model label (with adapters), or the error to answer;
-        the named key the request holds is `exchange.admitted` (admit)."""
+        the named key the request holds is `exchange.admitted` (admit); a body checked off the loop
+        already is `exchange.read` (read)."""
         model = None
         if route.method == "POST":
             settings = self.settings
-            adapters = self.adapters if self.adapters is not None and self.adapters.enabled else None
-            checked = check_body(
-                route,
-                body,
-                settings.served_model,
-                settings.vision,
-                settings.sampling_defaults,
-                settings.sampling_aliases,
-                settings.upstream_model,
-                adapters.engine_names if adapters else {},
-            )
-            if isinstance(checked, errors.ErrorResponse):
-                return checked
+            adapters = self._adapters()
+            read: Checked | None = exchange.read
+            if read is None:
+                checked = check_body(
+                    route,
+                    body,
+                    settings.served_model,
+                    settings.vision,
+                    settings.sampling_defaults,
+                    settings.sampling_aliases,
+                    settings.upstream_model,
+                    adapters.engine_names if adapters else {},
+                )
+                if isinstance(checked, errors.ErrorResponse):
+                    return checked
+                # Only with adapters: one more parse of the body, for usage per adapter.
+                named = request_model(checked) if adapters else None
+            else:
+                checked, named = read.body, read.model
             body = checked
             if adapters:
-                # Only with adapters: one more parse of the body, for usage per adapter.
-                model = self._model_label(request_model(body), adapters)
+                model = self._model_label(named, adapters)
         key = exchange.admitted if route.method == "POST" else None
         return EnginePlan(route, body, filter_headers(headers, DROP_TO_ENGINE), model, key)
+
+    def _adapters(self) -> Adapters | None:
+        """The adapters served beside the base model, or None (none, or disabled)."""
+        return self.adapters if self.adapters is not None and self.adapters.enabled else None
 
     def ready(self, plan: EnginePlan) -> bool:  # type: ignore[override]
         """An engine slot taken now (a GET never needs one: the model list is no work)."""

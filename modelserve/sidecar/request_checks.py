@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -75,6 +76,34 @@ def check_body(
         return body
     changed = encode({**request, **changes})
     return invalid_json(changed.reason) if isinstance(changed, BadJson) else changed
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A body checked off the event loop (http/off_loop.py): what to send, and the model it names."""
+
+    body: bytes
+    model: str | None  # request_model's, asked for only where the caller counts usage per adapter
+
+
+def checked_off_loop(
+    route: Route,
+    body: bytes,
+    served_model: str,
+    vision: bool,
+    sampling_defaults: dict[str, Any],
+    sampling_aliases: dict[str, str],
+    upstream_model: str,
+    adapter_models: dict[str, str] | None,
+) -> Checked | ErrorResponse:
+    """check_body in the helper process (plain dicts: a mapping proxy does not pickle); with
+    `adapter_models` (None: no adapters served), the model the checked body names too."""
+    checked = check_body(
+        route, body, served_model, vision, sampling_defaults, sampling_aliases, upstream_model, adapter_models or {}
+    )
+    if isinstance(checked, ErrorResponse):
+        return checked
+    return Checked(checked, request_model(checked) if adapter_models is not None else None)
 
 
 def request_model(body: bytes) -> str | None:

@@ -63,9 +63,12 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @contextmanager
-def _gateway(replica: str, public: bool, budget: int = BUDGET_BYTES) -> Iterator[tuple[str, Dispatcher]]:
+def _gateway(
+    replica: str, public: bool, budget: int = BUDGET_BYTES, loop_share: int = 200_000
+) -> Iterator[tuple[str, Dispatcher]]:
     """The gateway before the private model `tiny` (and, with `public`, a public model `open` on the
-    same replica: a request without a key must then be read to know its model)."""
+    same replica: a request without a key must then be read to know its model); `loop_share`: the
+    JSON values a second an owner's bodies may have read on its event loop."""
     route = {"replicas": (replica,), "pods": {replica: "pod-0"}, "ring": Ring([replica])}
     models = [Model("hostile", "tiny", False, **route)] + ([Model("hostile", "open", True, **route)] if public else [])
     (port,) = free_ports(1)
@@ -75,6 +78,7 @@ def _gateway(replica: str, public: bool, budget: int = BUDGET_BYTES) -> Iterator
             "MODELSERVE_GATEWAY_HEAD_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
             "MODELSERVE_GATEWAY_BODY_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
             "MODELSERVE_GATEWAY_BODY_BUDGET_BYTES": str(budget),
+            "MODELSERVE_GATEWAY_LOOP_SHARE_VALUES_PER_SECOND": str(loop_share),
         }
     )
     with serving_gateway_app(settings, FixedDiscovery(models)) as served:
@@ -174,6 +178,24 @@ def test_a_body_of_very_many_values_is_read_off_the_event_loop(gateway_app: tupl
     assert _read_off_loop(app, "read") == before + 1
     still_serves(url)  # a light body is read on the loop
     assert _read_off_loop(app, "read") == before + 1
+
+
+def test_bodies_past_their_owners_share_of_the_loop_are_read_off_it(replica: str) -> None:
+    """Issue 57 N18: bodies just under the off-loop threshold (20,000 values, about 20 ms each) were all
+    read on the event loop, and one connection sending them held it at 100%. Now each owner has a share
+    of the loop (values a second); a body past it is read in the helper process, answered as any other,
+    while a light body stays on the loop. Here the share (5,000 a second) is below one such body."""
+    request = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    under_threshold = json.dumps({**request, "x": [0] * 9_000})  # about 9,000 values: read on the loop before
+    with _gateway(replica, public=False, loop_share=5_000) as (url, app):
+        before = _read_off_loop(app, "read")
+        for _ in range(3):
+            answer = httpx.post(url + "/v1/chat/completions", content=under_threshold, headers=KEYED, timeout=60)
+            assert answer.status_code == 200, answer.text
+        assert _read_off_loop(app, "read") == before + 3
+        light = httpx.post(url + "/v1/chat/completions", json=request, headers=KEYED, timeout=60)
+        assert light.status_code == 200, light.text
+        assert _read_off_loop(app, "read") == before + 3  # within its share: on the loop
 
 
 def test_the_body_reader_is_bounded_in_memory_and_replaced_when_it_dies(replica: str) -> None:

@@ -275,6 +275,32 @@ def test_hostile_json_is_a_400_in_the_routes_shape_and_no_traceback(
     assert "Traceback" not in sidecar.logs()
 
 
+def test_bodies_of_very_many_values_are_checked_off_the_sidecars_loop(
+    replay: ReplayEngine, start_sidecar: StartSidecar
+) -> None:
+    """Issue 57 N7: one Ollama /api/chat of 300,000 messages took the sidecar's event loop 0.5-0.85 s
+    from every other key's requests. Such a body is read (translated, then checked) in the sidecar's
+    helper process, and so is a body past its owner's share of the loop (here 5,000 values a second,
+    below a body of 9,000); each is answered as any other, and a light body stays on the loop."""
+    sidecar = start_sidecar(
+        replay.url, "tiny", MODELSERVE_AUTH="public", MODELSERVE_LOOP_SHARE_VALUES_PER_SECOND="5000"
+    )
+    read = 'modelserve_sidecar_bodies_read_off_loop_total{outcome="read"}'
+    headers = {"Content-Type": "application/json"}
+    turns = [{"role": "user", "content": "x"}] * 300_000
+    huge = json.dumps({"model": "tiny", "stream": False, "messages": turns}, separators=(",", ":")).encode()
+    assert len(huge) < 10 * 1024 * 1024  # under the body limit as deployed
+    answer = raw_request(sidecar.url, "POST", "/api/chat", headers, huge)
+    assert answer.status == 200 and answer.json()["done"] is True, answer
+    assert metric_value(sidecar.metrics(), read) == 2  # translated there, and the engine's request checked there
+    under_threshold = json.dumps({"model": "tiny", "messages": HELLO, "max_tokens": 4, "x": [0] * 9_000})
+    assert chat(sidecar, under_threshold.encode(), {}).status_code == 200
+    assert metric_value(sidecar.metrics(), read) == 3
+    assert chat(sidecar, {"model": "tiny", "messages": HELLO, "max_tokens": 4}).status_code == 200
+    assert metric_value(sidecar.metrics(), read) == 3
+    assert "Traceback" not in sidecar.logs()
+
+
 def test_ollama_json_nested_to_the_limit_is_a_400_and_no_traceback(
     replay: ReplayEngine, start_sidecar: StartSidecar
 ) -> None:

@@ -21,7 +21,7 @@ from modelserve.http import errors, json_body
 from modelserve.http.downstream import Exchange
 from modelserve.http.json_body import NESTED_TOO_DEEPLY, BadJson, encode, parse
 from modelserve.http.usage import ResponseTail, usage_from_tail
-from modelserve.sidecar.auth import extract_key, refusal_reason
+from modelserve.sidecar.auth import extract_key, identify
 from modelserve.sidecar.keys import KeyStore, key_files
 from modelserve.sidecar.metrics import SidecarMetrics, route_label
 from modelserve.sidecar.proxy import DROP_TO_ENGINE, HOP_BY_HOP, Proxy, filter_headers
@@ -149,15 +149,15 @@ def test_key_store_without_a_directory_refuses_everything(tmp_path: Path) -> Non
     assert len(store) == 0 and not store.matches(b"anything")
 
 
-def test_refusal_reason(tmp_path: Path) -> None:
+def test_identify_says_why_a_key_is_refused(tmp_path: Path) -> None:
     secret = SecretDir(tmp_path / "keys")
     secret.write({"api-key": API_KEY})
     store = KeyStore(secret.path)
-    assert refusal_reason([(b"authorization", f"Bearer {API_KEY}".encode())], store, 0) is None
-    assert refusal_reason([(b"authorization", f"key {API_KEY}".encode())], store, 0) is None
-    assert refusal_reason([(b"authorization", b"Bearer wrong")], store, 0) == "invalid"
-    assert refusal_reason([(b"authorization", b"Token x")], store, 0) == "malformed"
-    assert refusal_reason([(b"accept", b"*/*")], store, 0) == "missing"
+    assert identify([(b"authorization", f"Bearer {API_KEY}".encode())], store, 0)[1] is None
+    assert identify([(b"authorization", f"key {API_KEY}".encode())], store, 0)[1] is None
+    assert identify([(b"authorization", b"Bearer wrong")], store, 0)[1] == "invalid"
+    assert identify([(b"authorization", b"Token x")], store, 0)[1] == "malformed"
+    assert identify([(b"accept", b"*/*")], store, 0)[1] == "missing"
 
 
 def test_unauthorized_is_openai_shaped_with_a_challenge() -> None:
