@@ -157,6 +157,11 @@ class LastStart(BaseModel):
     node_cache: str | None = Field(
         None, description="Why the node's cache was not used (it was down, full, or failed a file); unset when it was."
     )
+    hub_unreachable: bool | None = Field(
+        None,
+        description="True when the hub could not be reached and the node's cache served its copy of the model "
+        "(only ever a public one: a gated or private model needs the hub's word for the pod's token).",
+    )
 
 
 class NodeWarmth(BaseModel):

@@ -124,6 +124,8 @@ class FetchResult:
     files: int = 0
     node_cache: str = ""
     error: str = ""  # why the fetch failed (the pod's init container fails with it)
+    # The hub could not be reached: the node cache answered from its records (a public model it holds whole).
+    hub_unreachable: bool = False
 
     @property
     def source(self) -> Source:
@@ -149,6 +151,8 @@ class FetchResult:
             body["nodeCache"] = self.node_cache[:1000]
         if self.error:
             body["error"] = self.error[:2000]
+        if self.hub_unreachable:
+            body["hubUnreachable"] = True
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -165,6 +169,7 @@ class FetchResult:
                 files=int(body.get("files", 0)),
                 node_cache=str(body.get("nodeCache", "")),
                 error=str(body.get("error", "")),
+                hub_unreachable=body.get("hubUnreachable") is True,
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None

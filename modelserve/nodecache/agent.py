@@ -13,10 +13,17 @@
 4. a file that does not fit (over the size limit, or no room once models no pod uses are evicted)
    passes through uncached.
 `/api/models/<org>/<name>[/revision|tree/...]` passes through to the hub (info and listings, never
-cached, bounded in size; no other hub route, no `..`). `POST /v1/fetched` records a
-model a fetch found whole here, for the node's labels and eviction, once the hub (asked with the
-caller's token) backs the claim. Nothing else: no route changes
-what is cached. Answers carry X-Modelserve-Source (node: held here; hub: this request fetched it).
+cached, bounded in size; no other hub route, no `..`).
+
+While the hub cannot be reached (no connection, no answer within the settings' hub answer timeout,
+or a 5xx), a model held whole here that the hub named public (neither gated nor private) when its
+record was checked is answered from that record: its info, its tree as recorded, its files, each
+answer marked OFFLINE_HEADER. A gated or private model never is: only the hub can say a token opens it, so a
+401, 403 or 404 is never treated as an outage, and without the hub such a model's start fails.
+
+`POST /v1/fetched` records a model a fetch found whole here, for the node's labels and eviction,
+once the hub (asked with the caller's token) backs the claim. Nothing else: no route changes what is
+cached. Answers carry X-Modelserve-Source (node: held here; hub: this request fetched it).
 """
 
 from __future__ import annotations
@@ -26,11 +33,12 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import aiohttp
 from aiohttp import web
@@ -42,8 +50,10 @@ from modelserve.contracts.nodecache import model_key
 from .hub import (
     FETCHED_ROUTE,
     HUB_STATUS_HEADER,
+    OFFLINE_HEADER,
     SOURCE_HEADER,
     Digest,
+    RepoFile,
     hub_api_path,
     hub_oid,
     hub_size,
@@ -63,6 +73,9 @@ CHUNK = 256 * 1024
 HOLDBACK = 64 * 1024  # the bytes kept back until a file's hash is known to match
 STALL_SECONDS = 120.0  # a reader waits this long for a download's next bytes before giving up
 HUB_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=15, sock_connect=15, sock_read=120)
+# After the hub was found down, public held files are served without asking it for this long, so a
+# silent hub costs one timeout per start, not one per file.
+HUB_DOWN_SECONDS = 30.0
 PASSED_ON = ("Content-Type", "X-Error-Code", "X-Error-Message", "Link")
 # A model's info or one page of its tree is kilobytes (the hub pages trees); anything larger is not
 # a listing, and is not held in the agent's memory.
@@ -94,6 +107,11 @@ class Metrics:
             registry=self.registry,
         )
         self.evicted = Counter("modelserve_nodecache_evicted_models", "Models evicted", registry=self.registry)
+        self.offline = Counter(
+            "modelserve_nodecache_offline_answers",
+            "Answers given from the node's records while the hub could not be reached (public models held whole)",
+            registry=self.registry,
+        )
         self.cut = Counter(
             "modelserve_nodecache_cut_answers",
             "File answers cut because their client read none of them for the send timeout",
@@ -130,6 +148,10 @@ class Refused(Exception):
         self.status, self.body, self.headers = status, body, headers
 
 
+class HubDown(Exception):
+    """The hub could not be reached, or answered 5xx: an outage, never a refusal."""
+
+
 class Unusable(Exception):
     """A hub answer the agent cannot serve from (no hash or size, a redirect loop): the agent's own
     502, not a hub refusal, so the fetch asks the hub itself."""
@@ -152,9 +174,12 @@ class Agent:
         changed: Callable[[], None] = lambda: None,
         *,
         send_seconds: float,
+        hub_answer_seconds: float,
     ) -> None:
         self.store = store
         self.send_seconds = send_seconds  # a client reading none of an answer this long is cut (settings)
+        # A file's HEAD and a listing are small: a hub silent this long on one is down (settings).
+        self.meta_timeout = aiohttp.ClientTimeout(total=None, connect=15, sock_connect=15, sock_read=hub_answer_seconds)
         self.hub = hub
         self.session = session
         self.in_use = in_use  # the models pods on this node use now (None: unknown)
@@ -163,6 +188,7 @@ class Agent:
         self.transfers: dict[str, Transfer] = {}
         self._tasks: set[asyncio.Task] = set()  # downloads outlive their first reader
         self.reading: dict[str, int] = {}  # files being served: never evicted meanwhile
+        self.hub_down_until = 0.0  # monotonic: until then public held files are served without the hub
         self.metrics.limit_bytes.set(store.limit)
         self._gauges()
 
@@ -180,8 +206,15 @@ class Agent:
         refusal (Refused). A relative redirect (a renamed repository) is followed, as huggingface_hub does."""
         url = f"{self.hub}/{repo}/resolve/{revision}/{path}"
         for _ in range(3):
-            async with self.session.head(url, headers=auth, allow_redirects=False, timeout=HUB_TIMEOUT) as answer:
+            try:
+                head = self.session.head(url, headers=auth, allow_redirects=False, timeout=self.meta_timeout)
+                answer = await head
+            except (aiohttp.ClientError, TimeoutError) as error:
+                raise HubDown(repr(error)) from None
+            async with answer:
                 oid, size = hub_oid(answer.headers), hub_size(answer.headers)
+                if answer.status >= 500:
+                    raise HubDown(f"the hub answered {answer.status}")
                 if 300 <= answer.status < 400 and oid is None and answer.headers.get("Location", "").startswith("/"):
                     url = self.hub + answer.headers["Location"]
                     continue
@@ -205,22 +238,30 @@ class Agent:
         if not safe_path(path):
             raise web.HTTPNotFound(text='{"error": "Entry not found"}', content_type="application/json")
         auth = self._auth(request)
+        offline = self._held_public(repo, revision, path) if time.monotonic() < self.hub_down_until else None
         try:
-            info = await self.file_info(repo, revision, path, auth)
+            info = offline or await self.file_info(repo, revision, path, auth)
         except Refused as refusal:
             self.metrics.refused.inc()
             headers = {**refusal.headers, HUB_STATUS_HEADER: str(refusal.status)}
             return web.Response(status=refusal.status, body=refusal.body, headers=headers)
         except Unusable as unusable:
             raise web.HTTPBadGateway(text=f"the node cache cannot serve this: {unusable}") from None
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise web.HTTPBadGateway(text=f"the hub is unreachable from the node cache: {error!r}") from None
+        except HubDown as down:
+            self._hub_down()
+            offline = self._held_public(repo, revision, path)
+            if offline is None:
+                raise web.HTTPBadGateway(text=f"the hub is unreachable from the node cache: {down}") from None
+            info = offline
         headers = {
             "X-Linked-Etag": f'"{info.oid}"',
             "X-Linked-Size": str(info.size),
             "X-Repo-Commit": info.commit,
             "ETag": f'"{info.oid}"',
         }
+        if offline is not None:
+            self.metrics.offline.inc()
+            headers[OFFLINE_HEADER] = "1"
         if request.method == "HEAD":
             return web.Response(headers={**headers, "Content-Length": str(info.size)})
         url = f"{self.hub}/{repo}/resolve/{info.commit or revision}/{path}"
@@ -252,16 +293,48 @@ class Agent:
         # Encoded as received: no URL library decodes or normalises it on the way to the hub.
         url = URL(f"{self.hub}{path}" + (f"?{query}" if query else ""), encoded=True)
         try:
-            async with self.session.get(url, headers=self._auth(request), timeout=HUB_TIMEOUT) as answer:
+            async with self.session.get(url, headers=self._auth(request), timeout=self.meta_timeout) as answer:
                 body = await _read_at_most(answer.content, API_ANSWER_BYTES)
                 if body is None:
                     return web.json_response(
                         {"error": f"the hub's answer for {path} is over {API_ANSWER_BYTES} bytes"}, status=502
                     )
-                headers = {name: answer.headers[name] for name in PASSED_ON if name in answer.headers}
-                return web.Response(status=answer.status, body=body, headers=headers)
+                if answer.status < 500:
+                    headers = {name: answer.headers[name] for name in PASSED_ON if name in answer.headers}
+                    return web.Response(status=answer.status, body=body, headers=headers)
+                down = f"the hub answered {answer.status}"
         except (aiohttp.ClientError, TimeoutError) as error:
-            raise web.HTTPBadGateway(text=f"the hub is unreachable from the node cache: {error!r}") from None
+            down = repr(error)
+        self._hub_down()
+        listing = self._listing_public(path)
+        if listing is None:
+            raise web.HTTPBadGateway(text=f"the hub is unreachable from the node cache: {down}")
+        self.metrics.offline.inc()
+        return web.json_response(listing, headers={OFFLINE_HEADER: "1"})
+
+    def _hub_down(self) -> None:
+        self.hub_down_until = time.monotonic() + HUB_DOWN_SECONDS
+
+    def _held_public(self, repo: str, revision: str, path: str) -> FileInfo | None:
+        """A file of a public model held whole here, as its record lists it (the hub unreachable)."""
+        held = self.store.public_files(repo, revision)
+        entry = next((entry for entry in held[1] if entry[0] == path), None) if held else None
+        return None if held is None or entry is None else FileInfo(entry[1], entry[2], held[0])
+
+    def _listing_public(self, path: str) -> object | None:
+        """A public model's info or tree as its record holds them (the hub unreachable), else None:
+        `/api/models/<org>/<name>[/revision/<revision>]` and `/api/models/<org>/<name>/tree/<revision>`."""
+        segments = [unquote(segment) for segment in path.removeprefix("/api/models/").split("/")]
+        repo = "/".join(segments[:2])
+        view, revision = (segments[2], "/".join(segments[3:])) if len(segments) > 3 else ("revision", "main")
+        held = self.store.public_files(repo, revision)
+        if held is None or (view == "tree" and len(segments) != 4):
+            return None
+        commit, files = held
+        if view == "tree":
+            return [_tree_entry(RepoFile(p, size, oid, lfs)) for p, oid, size, lfs in files]
+        siblings = [{"rfilename": p} for p, *_ in files]
+        return {"id": repo, "modelId": repo, "sha": commit, "private": False, "gated": False, "siblings": siblings}
 
     async def fetched(self, request: web.Request) -> web.Response:
         """A fetch found this model whole here: record it, only if every file is here, as stated, and
@@ -281,41 +354,45 @@ class Agent:
             raise web.HTTPBadRequest(text=f"a model id, a revision, a 40-hex commit and at most {RECORD_FILES} files")
         if not all(self.store.has(oid, size) for oid, size in files):
             return web.json_response({"recorded": False, "reason": "not every file is held here"}, status=409)
-        why = await self._unbacked(repo, revision, commit, set(files), self._auth(request))
+        why, public, listed = await self._backing(repo, revision, commit, set(files), self._auth(request))
         if why:
             return web.json_response({"recorded": False, "reason": why}, status=409)
-        record = ModelRecord(model_key(model, revision), model, revision, commit, files)
+        paths = tuple(sorted((f.path, f.oid, f.size, f.lfs) for f in listed if (f.oid, f.size) in set(files)))
+        record = ModelRecord(model_key(model, revision), model, revision, commit, files, paths, public)
         if not self.store.record(record):
             return web.json_response({"recorded": False}, status=409)
         self.changed()
         self._gauges()
         return web.json_response({"recorded": True, "key": record.key})
 
-    async def _unbacked(
+    async def _backing(
         self, repo: str, revision: str, commit: str, files: set[tuple[str, int]], auth: dict[str, str]
-    ) -> str:
-        """Why the hub does not back the claim that `files` are `repo` at `commit` (= `revision`), or ""."""
+    ) -> tuple[str, bool, list[RepoFile]]:
+        """Why the hub does not back the claim that `files` are `repo` at `commit` (= `revision`), or
+        ""; whether it names the model public (neither gated nor private); and its tree's files."""
         try:
             info, _ = await self._hub_page(f"/api/models/{repo}/revision/{quote(revision, safe='')}", auth)
             if not isinstance(info, dict) or info.get("sha") != commit:
-                return f"the hub does not name {commit} as {repo}@{revision}"
-            listed: set[tuple[str, int]] = set()
+                return f"the hub does not name {commit} as {repo}@{revision}", False, []
+            listed: list[RepoFile] = []
             path: str | None = f"/api/models/{repo}/tree/{commit}?recursive=true"
             for _ in range(TREE_PAGES):
                 if path is None:
                     break
                 page, path = await self._hub_page(path, auth)
-                listed |= {(f.oid, f.size) for f in tree_files(page if isinstance(page, list) else [])}
+                listed += tree_files(page if isinstance(page, list) else [])
         except Refused as refusal:
-            return f"the hub answered {refusal.status} for {repo}"
+            return f"the hub answered {refusal.status} for {repo}", False, []
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-            return f"the hub could not be asked about {repo}: {type(error).__name__}"
-        missing = files - listed
-        return f"the hub's tree of {repo}@{commit} lists {len(missing)} of these files not" if missing else ""
+            return f"the hub could not be asked about {repo}: {type(error).__name__}", False, []
+        missing = files - {(f.oid, f.size) for f in listed}
+        if missing:
+            return f"the hub's tree of {repo}@{commit} lists {len(missing)} of these files not", False, []
+        return "", info.get("gated") is False and info.get("private") is False, listed
 
     async def _hub_page(self, path: str, auth: dict[str, str]) -> tuple[object, str | None]:
         """A hub API answer (JSON, at most API_ANSWER_BYTES) and the path of its next page, if any."""
-        async with self.session.get(f"{self.hub}{path}", headers=auth, timeout=HUB_TIMEOUT) as answer:
+        async with self.session.get(f"{self.hub}{path}", headers=auth, timeout=self.meta_timeout) as answer:
             body = await _read_at_most(answer.content, API_ANSWER_BYTES)
             if answer.status != 200 or body is None:
                 raise Refused(answer.status if answer.status != 200 else 502, b"", {})
@@ -485,6 +562,14 @@ class Agent:
         self.reading[oid] -= 1
         if not self.reading[oid]:
             del self.reading[oid]
+
+
+def _tree_entry(f: RepoFile) -> dict[str, object]:
+    """A file as the hub's tree lists it (what hub.tree_files reads back)."""
+    entry: dict[str, object] = {"type": "file", "path": f.path, "size": f.size, "oid": f.oid}
+    if f.lfs:
+        entry["lfs"] = {"oid": f.oid, "size": f.size}
+    return entry
 
 
 def _model_id(repo: str) -> bool:

@@ -8,6 +8,8 @@ the hub's listing. When the node agent cannot be reached (a short connect timeou
 internalTrafficPolicy Local drops packets when the node has none) or fails on a file, that file comes
 from the hub directly, and the result says why the node's cache was not used. A refusal from the hub
 (an unknown repository, a gated one the token does not open) ends the fetch: the hub would say the same.
+While the hub cannot be reached, the agent answers a public model it holds whole from its records
+(nodecache/agent.py); the result then says the start went without the hub (`hub_unreachable`).
 
 What it did goes to its termination message (contracts.nodecache.FetchResult), where the operator
 reads the weights phase and the bytes by source.
@@ -31,6 +33,7 @@ from modelserve.contracts.nodecache import FetchResult, FetchSettings, Layout
 from .hub import (
     FETCHED_ROUTE,
     HUB_STATUS_HEADER,
+    OFFLINE_HEADER,
     RAW_BYTES,
     SOURCE_HEADER,
     Digest,
@@ -69,6 +72,7 @@ class Tally:
     local: int = 0
     files: int = 0
     problems: list[str] = field(default_factory=list)
+    offline: bool = False  # the agent answered from its records: the hub could not be reached
 
     def problem(self, what: str) -> None:
         log.warning("node cache: %s", what)
@@ -93,6 +97,8 @@ class Fetcher:
             total=None, connect=settings.connect_seconds, sock_connect=settings.connect_seconds, sock_read=120
         )
         self.hub_timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
+        # A listing is small: a hub silent this long is down (huggingface_hub gives metadata 10 s).
+        self.listing_timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=20)
 
     # --- requests, through the agent first ---------------------------------------------------
     def _give_up_agent(self, why: str) -> None:
@@ -106,7 +112,7 @@ class Fetcher:
                 return await self._json_from(self.settings.node_cache, path, self.agent_timeout, agent=True)
             except CacheProblem as problem:
                 self._give_up_agent(str(problem))
-        return await self._json_from(self.settings.hub, path, self.hub_timeout, agent=False)
+        return await self._json_from(self.settings.hub, path, self.listing_timeout, agent=False)
 
     async def _json_from(
         self, base: str, path: str, timeout: aiohttp.ClientTimeout, agent: bool
@@ -115,6 +121,7 @@ class Fetcher:
             async with self.session.get(base + path, headers=self.auth, timeout=timeout) as answer:
                 body = await answer.read()
                 if answer.status == 200:
+                    self.tally.offline |= agent and OFFLINE_HEADER in answer.headers
                     page = next_page(answer.headers.get("Link"))
                     return json.loads(body), (path_of(page) if page else None)
                 if agent and HUB_STATUS_HEADER not in answer.headers and answer.status >= 500:
@@ -179,6 +186,7 @@ class Fetcher:
                         raise CacheProblem(f"the node cache answered {answer.status} for {f.path}: {body}")
                     raise HubRefused(f"the hub answered {answer.status} for {f.path}: {body}")
                 source = answer.headers.get(SOURCE_HEADER, "hub") if agent else "hub"
+                self.tally.offline |= agent and OFFLINE_HEADER in answer.headers
                 if partial is not None:
                     partial.parent.mkdir(parents=True, exist_ok=True)
                 with partial.open("wb") if partial else contextlib.nullcontext() as out:
@@ -283,4 +291,5 @@ async def fetch(settings: FetchSettings, token: str) -> FetchResult:
         files=tally.files,
         node_cache="; ".join(tally.problems),
         error=error,
+        hub_unreachable=tally.offline,
     )

@@ -18,6 +18,9 @@ from modelserve.contracts.nodecache import Layout
 SOURCE_HEADER = "X-Modelserve-Source"
 HUB_STATUS_HEADER = "X-Modelserve-Hub-Status"
 FETCHED_ROUTE = "/v1/fetched"
+# On an agent's answer given from its records because the hub could not be reached (a public model
+# held whole): what the fetch reports, so the start says it began without the hub.
+OFFLINE_HEADER = "X-Modelserve-Hub-Unreachable"
 # What every request to the hub (and to the agent) asks for: the bytes as stored. The hub gzips text
 # files for a client that accepts it, and what is hashed and written must be the raw bytes the tree's
 # oid names (huggingface_hub sends the same on its metadata requests).

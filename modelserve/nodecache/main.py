@@ -47,7 +47,15 @@ async def _serve(settings: Settings) -> None:
         async def in_use() -> set[str] | None:
             return await node.models_in_use() if node else set()
 
-        agent = Agent(store, settings.hub, session, in_use, changed.set, send_seconds=settings.send_timeout_seconds)
+        agent = Agent(
+            store,
+            settings.hub,
+            session,
+            in_use,
+            changed.set,
+            send_seconds=settings.send_timeout_seconds,
+            hub_answer_seconds=settings.hub_answer_timeout_seconds,
+        )
         runner = web.AppRunner(build_app(agent), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, settings.listen_host, settings.listen_port).start()

@@ -29,3 +29,9 @@ class Settings:
     # A file's answer is cut once its client has read none of it for this long: a client that does not
     # read would otherwise pin the file from eviction, and hold the agent's memory, for good.
     send_timeout_seconds: float = env_setting("MODELSERVE_NODECACHE_SEND_TIMEOUT_SECONDS", positive_float, default=60.0)
+    # How long the hub may stay silent on a file's HEAD or a model's listing before it is taken for
+    # down (huggingface_hub gives these 10 s): then a public model held whole is answered from the
+    # node's records. A hub that took connections and never answered cost 241 s per attempt.
+    hub_answer_timeout_seconds: float = env_setting(
+        "MODELSERVE_NODECACHE_HUB_ANSWER_TIMEOUT_SECONDS", positive_float, default=20.0
+    )

@@ -3,7 +3,8 @@ of them, and what to evict when a new file needs room.
 
     <root>/blobs/<oid>          a file whose size and hash matched the hub's, named by that hash
     <root>/partial/<oid>.<n>    a download in progress (removed at start: never served whole)
-    <root>/models/<key>.json    a model held whole: its files and when a pod last fetched it
+    <root>/models/<key>.json    a model held whole: its files (with their paths, as the hub listed
+                                them) and whether the hub opens it to anyone (public)
 
 A file's modification time is when it was last served (the agent touches it), so least-recently used
 survives a restart. Eviction takes whole models, never one a pod on the node uses.
@@ -20,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .hub import split_model
+
 log = logging.getLogger(__name__)
 
 
@@ -30,6 +33,11 @@ class ModelRecord:
     revision: str
     commit: str
     files: tuple[tuple[str, int], ...]  # (oid, size)
+    # The files as the hub's tree listed them when the record was checked: (path, oid, size, lfs).
+    # With `public` (the hub named the model neither gated nor private), what the agent answers from
+    # while the hub cannot be reached. A record written before either was kept has neither.
+    paths: tuple[tuple[str, str, int, bool], ...] = ()
+    public: bool = False
 
     @property
     def oids(self) -> frozenset[str]:
@@ -42,13 +50,17 @@ class ModelRecord:
     def to_json(self) -> str:
         files = [{"oid": oid, "size": size} for oid, size in self.files]
         body = {"key": self.key, "model": self.model, "revision": self.revision, "commit": self.commit, "files": files}
+        body["paths"] = [{"path": p, "oid": o, "size": s, "lfs": lfs} for p, o, s, lfs in self.paths]
+        body["public"] = self.public
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
     def parse(cls, text: str) -> ModelRecord:
         body = json.loads(text)
         files = tuple((str(f["oid"]), int(f["size"])) for f in body["files"])
-        return cls(str(body["key"]), str(body["model"]), str(body["revision"]), str(body["commit"]), files)
+        paths = tuple((str(f["path"]), str(f["oid"]), int(f["size"]), bool(f["lfs"])) for f in body.get("paths", ()))
+        head = (str(body["key"]), str(body["model"]), str(body["revision"]), str(body["commit"]), files)
+        return cls(*head, paths, body.get("public") is True)
 
 
 @dataclass(frozen=True)
@@ -199,6 +211,21 @@ class Store:
         os.replace(temporary, path)
         self.models[record.key] = record
         return True
+
+    def public_files(self, repo: str, revision: str) -> tuple[str, tuple[tuple[str, str, int, bool], ...]] | None:
+        """What the node holds whole of a public model `repo` at `revision` (a branch or tag as
+        recorded, or its commit): (commit, its recorded files), for answering while the hub cannot be
+        reached; None when it holds none. Records of one repository (its quantizations) at one
+        commit are answered together."""
+        commit, paths = None, {}
+        for record in self.models.values():
+            answers = record.public and record.paths and revision in (record.revision, record.commit)
+            if not answers or split_model(record.model)[0] != repo or commit not in (None, record.commit):
+                continue
+            if all(self.has(oid, size) for oid, size in record.files):
+                commit = record.commit
+                paths.update({entry[0]: entry for entry in record.paths})
+        return None if commit is None else (commit, tuple(paths[path] for path in sorted(paths)))
 
     def held(self) -> set[str]:
         """Keys of the models whose every file is here."""

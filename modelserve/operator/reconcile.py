@@ -239,6 +239,9 @@ class Reconciler:
             if start.fetch is not None and start.fetch.node_cache:
                 why = f"pod {start.pod} read its model from the hub, not the node's cache: {start.fetch.node_cache}"
                 events.append(Transition("Warning", "NodeCacheUnavailable", why))
+            if start.fetch is not None and start.fetch.hub_unreachable:
+                why = f"pod {start.pod} started from the node's copy of its model: the hub could not be reached"
+                events.append(Transition("Warning", "HubUnreachable", why))
             for event in events:
                 try:
                     self.kube.create(manifests.event(body, event, now, socket.gethostname()))

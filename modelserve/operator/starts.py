@@ -47,6 +47,7 @@ class Start:
             hub_bytes=fetch.hub_bytes if fetch else None,
             node_bytes=fetch.node_bytes if fetch else None,
             node_cache=(fetch.node_cache or None) if fetch else None,
+            hub_unreachable=True if fetch and fetch.hub_unreachable else None,
         )
 
     def describe(self) -> str:

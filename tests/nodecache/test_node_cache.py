@@ -596,3 +596,56 @@ def test_a_model_record_is_written_only_when_the_hub_backs_it(
         assert json.loads(record.read_text())["commit"] == held["commit"]  # not overwritten
         bad = httpx.post(f"{agent.url}/v1/fetched", json={**claim, "model": "../../x"}, timeout=30)
         assert bad.status_code == 400, bad.text
+
+
+@contextlib.contextmanager
+def _silent(port: int) -> Iterator[None]:
+    """A hub on `port` that takes connections (the kernel's backlog) and never answers one."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(64)
+        yield
+
+
+def test_a_hub_outage_starts_the_public_models_a_node_holds_and_no_gated_one(
+    files: list[HubFile], tmp_path: Path
+) -> None:
+    """Issue 57 M2: with the hub down every start failed, on a warm node too, and a hub that took
+    connections and never answered cost 241 s per attempt. Now a public model the node holds whole
+    starts from the node's records (the result and the agent's metrics say the hub was not reached);
+    a gated one never does, even with a token the hub granted before: only the hub can say it opens
+    it. Here the hub goes silent (it takes connections, answers nothing) and then refuses them."""
+    size = _size(files, GGUF, "tiny.Q4_1.gguf")
+    store = tmp_path / "store"
+    with _mirror(files, gated={GATED: frozenset({TOKEN})}) as hub:
+        hub_url, port = hub.url, int(hub.url.rsplit(":", 1)[1])
+        with running_agent(hub_url, store, tmp_path) as agent:
+            for model, pod, token in ((f"{GGUF}:Q4_1", "pod-up", ""), (f"{GATED}:Q4_1", "pod-gated-up", TOKEN)):
+                fetched = run_fetch(model, tmp_path / pod, hub_url, agent.url, token, layout="gguf")
+                assert fetched.returncode == 0 and fetched.result and not fetched.result.hub_unreachable, fetched.output
+    # The records say which model is public (the hub's own words, gated and private, when it backed them).
+    records = {json.loads(p.read_text())["model"]: json.loads(p.read_text()) for p in (store / "models").glob("*.json")}
+    assert (records[f"{GGUF}:Q4_1"]["public"], records[f"{GATED}:Q4_1"]["public"]) == (True, False)
+    assert [entry["path"] for entry in records[f"{GGUF}:Q4_1"]["paths"]] == ["tiny.Q4_1.gguf"]
+    outages = {"silent": _silent(port), "refused": contextlib.nullcontext()}
+    for outage, hub_down in outages.items():
+        with hub_down, running_agent(hub_url, store, tmp_path, hub_answer_timeout_seconds="2") as agent:
+            public = run_fetch(f"{GGUF}:Q4_1", tmp_path / f"pod-{outage}", hub_url, agent.url, layout="gguf")
+            assert public.returncode == 0, (outage, public.output)
+            assert public.result and public.result.hub_unreachable and public.result.source == Source.NODE, outage
+            assert public.result.node_bytes == size and not public.result.error
+            held = next(f.path for f in files if f.repo == GGUF and f.name == "tiny.Q4_1.gguf").read_bytes()
+            (snapshot,) = (tmp_path / f"pod-{outage}" / "models--acme--tiny-GGUF" / "snapshots").iterdir()
+            assert (snapshot / "tiny.Q4_1.gguf").read_bytes() == held
+            if outage == "refused":  # the same outage to the agent; the fetch's own way to the hub fails at once
+                gated = run_fetch(
+                    f"{GATED}:Q4_1", tmp_path / f"pod-gated-{outage}", hub_url, agent.url, TOKEN, layout="gguf"
+                )
+                assert gated.returncode != 0 and gated.result and gated.result.error, (outage, gated.output)
+                assert not list((tmp_path / f"pod-gated-{outage}").rglob("*.gguf"))
+                never_held = run_fetch(
+                    f"{OTHER}:Q4_1", tmp_path / f"pod-other-{outage}", hub_url, agent.url, layout="gguf"
+                )
+                assert never_held.returncode != 0, (outage, never_held.output)
+            assert agent.metrics()["modelserve_nodecache_offline_answers_total"] >= 3  # info, tree, file
