@@ -16,7 +16,10 @@ class Condition(BaseModel):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
-    type: str = Field(description="Ready, Progressing or Degraded.")
+    type: str = Field(
+        description="Ready, Progressing or Degraded; TrafficGuard with spec.traffic.guard, Prefetched with "
+        "spec.cache.prefetch."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason, e.g. InsufficientGPU or ModelLoading.")
     message: str = Field("", description="Human-readable detail.")
@@ -221,7 +224,8 @@ class ModelServerStatus(BaseModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Progressing and Degraded; TrafficGuard with spec.traffic.guard.",
+        description="Ready, Progressing and Degraded; TrafficGuard with spec.traffic.guard; Prefetched with "
+        "spec.cache.prefetch.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     key_secret: KeySecretStatus | None = Field(
