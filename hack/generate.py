@@ -24,7 +24,7 @@ from modelserve.api import crd, spec_table
 from modelserve.contracts import sidecar
 
 REPO = Path(__file__).resolve().parents[1]
-CRD_FILES = (REPO / "crds" / "modelserver.yaml", REPO / "charts" / "modelserve" / "crds" / "modelserver.yaml")
+CRD_FILES = (REPO / "crds" / "modelserver.yaml", REPO / "charts" / "modelserve" / "files" / "modelserver-crd.yaml")
 
 
 def write(path: Path, text: str) -> None:

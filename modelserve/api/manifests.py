@@ -329,6 +329,17 @@ def _containers(ms: ModelServer, settings: Settings) -> tuple[list[dict[str, Any
     return [engine_container, sidecar], engine, done_seconds + ENGINE_SHUTDOWN_SECONDS
 
 
+def pull_secrets(ms: ModelServer, settings: Settings) -> list[str]:
+    """The Secrets a model's pods pull their images with: its own first, then the operator's, once each."""
+    return list(dict.fromkeys([*(ref.name for ref in ms.spec.image_pull_secrets), *settings.image_pull_secrets]))
+
+
+def _with_pull_secrets(ms: ModelServer, settings: Settings, pod: dict[str, Any]) -> None:
+    names = pull_secrets(ms, settings)
+    if names:
+        pod["imagePullSecrets"] = [{"name": name} for name in names]
+
+
 def _engine_pod_security(engine: Engine | None) -> dict[str, Any]:
     return engine.pod_security_context() if engine else {}
 
@@ -427,6 +438,7 @@ def prefetch_job(ms: ModelServer, settings: Settings, node: str) -> dict[str, An
     tolerations += [toleration.to_wire() for toleration in ms.spec.tolerations]
     if tolerations:
         pod["tolerations"] = tolerations
+    _with_pull_secrets(ms, settings, pod)  # it runs the sidecar's image
     metadata = _metadata(ms, prefetch_job_name(ms, node))
     metadata["labels"][PREFETCH_NODE_LABEL] = node
     return {
@@ -470,6 +482,7 @@ def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None)
     containers, engine, grace_seconds = _containers(ms, settings)
     pod = _pod_spec(ms, containers, engine, grace_seconds, with_keys=True)
     _with_node_cache(ms, settings, engine, pod)
+    _with_pull_secrets(ms, settings, pod)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -523,6 +536,7 @@ def leader_worker_set(ms: ModelServer, settings: Settings, replicas: int | None 
         pod = _pod_spec(ms, containers, engine, grace_seconds, with_keys=leader)
         pod["affinity"] = _one_pod_per_node(ms)
         _with_node_cache(ms, settings, engine, pod)  # every pod of a group loads the weights
+        _with_pull_secrets(ms, settings, pod)
         return _pod_template(ms, pod)
 
     return {

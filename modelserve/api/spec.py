@@ -304,6 +304,10 @@ class SecretKeyRef(WireModel):
     )
 
 
+class LocalObjectReference(WireModel):
+    name: ObjectName = Field(description="Secret in the ModelServer's namespace.")
+
+
 class Prefetch(WireModel):
     """Nodes to place the model on before any pod needs it (a fetch Job per node, in this namespace)."""
 
@@ -559,6 +563,13 @@ def _external_rules() -> tuple[Rule, ...]:
     )
 
 
+def _refuse_repeats(field: str, names: list[str]) -> None:
+    """A list keyed by name holds each name once: the CRD says the same with x-kubernetes-list-type map."""
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"{field} names must be unique; repeated: {', '.join(duplicates)}")
+
+
 class ModelServerSpec(WireModel):
     """What to serve and how; the operator turns it into a Deployment, a Service and a key Secret."""
 
@@ -648,6 +659,13 @@ class ModelServerSpec(WireModel):
     )
     cache: Cache | None = Field(
         None, description="Hub cache volume at /root/.cache/huggingface; unset: an emptyDir per pod."
+    )
+    image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=16)] = Field(
+        default_factory=list,
+        description="Secrets (kubernetes.io/dockerconfigjson, in the ModelServer's namespace) the model's pods and "
+        "prefetch Jobs pull the sidecar and engine images with, before the operator's own "
+        "(MODELSERVE_IMAGE_PULL_SECRETS, the chart's modelPods.imagePullSecrets).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     image: Annotated[str, StringConstraints(pattern=r"^[^\s]+$", max_length=512)] | None = Field(
         None,
@@ -766,21 +784,19 @@ class ModelServerSpec(WireModel):
     @field_validator("env")
     @classmethod
     def _unique_env_names(cls, env: list[EnvVar]) -> list[EnvVar]:
-        # The CRD says the same with x-kubernetes-list-type: map keyed by name.
-        names = [var.name for var in env]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"env names must be unique; repeated: {', '.join(duplicates)}")
+        _refuse_repeats("env", [var.name for var in env])
         return env
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _unique_pull_secrets(cls, secrets: list[LocalObjectReference]) -> list[LocalObjectReference]:
+        _refuse_repeats("imagePullSecrets", [secret.name for secret in secrets])
+        return secrets
 
     @field_validator("adapters")
     @classmethod
     def _unique_adapter_names(cls, adapters: list[Adapter] | None) -> list[Adapter] | None:
-        # The CRD says the same with x-kubernetes-list-type: map keyed by name.
-        names = [adapter.name for adapter in adapters or []]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"adapters names must be unique; repeated: {', '.join(duplicates)}")
+        _refuse_repeats("adapters", [adapter.name for adapter in adapters or []])
         return adapters
 
     # The sizes an engine works out (engines/view.py), for the operator's other readers.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,18 @@ def _addresses(raw: str) -> tuple[str, ...]:
         if not host or not port.isdigit():
             raise ValueError(f"{address!r} is not host:port")
     return addresses
+
+
+# A Secret's name (a DNS-1123 subdomain), as the API server checks it.
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _secret_names(raw: str) -> tuple[str, ...]:
+    names = comma_list(raw)
+    for name in names:
+        if len(name) > 253 or not _SECRET_NAME.match(name):
+            raise ValueError(f"{name!r} is not a Secret name (lower case letters, digits, '-' and '.')")
+    return tuple(dict.fromkeys(names))
 
 
 def _lease(raw: str) -> str:
@@ -90,6 +103,10 @@ class Settings:
     # own spec.image still wins. One variable per engine of the registry, named by its Engine
     # (Engine.image_env: MODELSERVE_ENGINE_IMAGE_<name in upper case>), so a new engine needs no field.
     engine_images: Mapping[str, str] = env_map(ENGINE_IMAGE_PREFIX, non_empty, key="ENGINE")
+    # Secrets every model pod and prefetch Job pulls its images with (a private registry or mirror),
+    # comma-separated names; each must exist in every namespace with ModelServers. A ModelServer's own
+    # spec.imagePullSecrets come first.
+    image_pull_secrets: tuple[str, ...] = env_setting("MODELSERVE_IMAGE_PULL_SECRETS", _secret_names, default=())
     # The operator's own /metrics; 0: not served.
     metrics_port: int = env_setting("MODELSERVE_METRICS_PORT", _metrics_port, default=0)
     # The gateway's base URL, written to every status.gatewayEndpoint.

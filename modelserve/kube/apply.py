@@ -183,6 +183,13 @@ class Kube:
                 return None
             raise
 
+    def exists(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Whether the object exists, asked as a metadata-only LIST by name: the list verb is enough
+        (the operator may list Secrets' metadata, never get one), and no data comes back."""
+        query = [("fieldSelector", f"metadata.name={name}")]
+        found = self._call("GET", path(api_version, kind, namespace), query, accept=METADATA_LIST)
+        return bool(found.get("items"))
+
     def list(
         self, api_version: str, kind: str, namespace: str | None, label_selector: str | None = None
     ) -> list[dict[str, Any]]:

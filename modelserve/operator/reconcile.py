@@ -42,6 +42,7 @@ from .status import (
     invalid_spec_status,
     key_secret_status,
     missing_kind_status,
+    pulls_failing,
     serving_pods,
     transitions,
 )
@@ -194,7 +195,7 @@ class Reconciler:
         prefetched = self._prefetch(ms)
         status = compute_status(
             ms,
-            Observed(generation, workload, pods, previous, apply_error),
+            Observed(generation, workload, pods, previous, apply_error, self._missing_pull_secrets(ms, pods)),
             Reported(
                 now,
                 endpoint,
@@ -255,6 +256,19 @@ class Reconciler:
             return LastStart.model_validate(reported) if reported else None
         except ValueError:
             return None
+
+    def _missing_pull_secrets(self, ms: ModelServer, pods: list[dict[str, Any]]) -> tuple[str, ...]:
+        """The pull Secrets the namespace lacks, asked only while a pod cannot pull an image."""
+        names = manifests.pull_secrets(ms, self.settings)
+        if not names or not pulls_failing(pods):
+            return ()
+        try:
+            return tuple(name for name in names if not self.kube.exists("v1", "Secret", ms.namespace, name))
+        except ApiException as error:
+            if is_gone(error):
+                raise
+            log.warning("%s/%s: looking up imagePullSecrets: %s", ms.namespace, ms.name, error_message(error))
+            return ()
 
     def _prefetch(self, ms: ModelServer) -> prefetch.Plan | None:
         """spec.cache.prefetch: a fetch Job for each selected node that does not hold the model (applied

@@ -114,8 +114,20 @@ def unschedulable_problem(name: str, message: str, gpus: int) -> Problem:
     return Problem(reason, f"{what}: {message}")
 
 
-def pod_problem(pod: dict[str, Any], gpus: int) -> Problem | None:
-    """Why one pod cannot serve, if the pod says so."""
+def pulls_failing(pods: list[dict[str, Any]]) -> bool:
+    """Whether a container of these pods waits on an image it cannot pull (then the pull Secrets are
+    worth checking: a missing one is the usual cause on a private registry)."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            if ((container.get("state") or {}).get("waiting") or {}).get("reason") in IMAGE_PULL_REASONS:
+                return True
+    return False
+
+
+def pod_problem(pod: dict[str, Any], gpus: int, missing_pull_secrets: tuple[str, ...] = ()) -> Problem | None:
+    """Why one pod cannot serve, if the pod says so; `missing_pull_secrets`: the pull Secrets its
+    namespace lacks, named where an image cannot be pulled."""
     name = pod["metadata"]["name"]
     status = pod.get("status") or {}
     for condition in status.get("conditions") or []:
@@ -138,7 +150,11 @@ def pod_problem(pod: dict[str, Any], gpus: int) -> Problem | None:
         reason = waiting.get("reason", "")
         detail = waiting.get("message") or reason
         if reason in IMAGE_PULL_REASONS:
-            return Problem("ImagePullError", f"pod {name} container {container['name']}: {detail}")
+            lacking = ""
+            if missing_pull_secrets:
+                namespace = pod["metadata"].get("namespace", "")
+                lacking = f"; imagePullSecrets not found in namespace {namespace}: {', '.join(missing_pull_secrets)}"
+            return Problem("ImagePullError", f"pod {name} container {container['name']}: {detail}{lacking}")
         if reason == "CrashLoopBackOff":
             last = (container.get("lastState") or {}).get("terminated") or {}
             exit_detail = f"{last.get('reason', 'exited')} with code {last.get('exitCode', '?')}"
@@ -181,13 +197,18 @@ def serving_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [p for p in pods if (p["metadata"].get("labels") or {}).get(LWS_WORKER_INDEX_LABEL, "0") == "0"]
 
 
-def first_problem(ms: ModelServer, workload: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Problem | None:
+def first_problem(
+    ms: ModelServer,
+    workload: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+    missing_pull_secrets: tuple[str, ...] = (),
+) -> Problem | None:
     for condition in ((workload or {}).get("status") or {}).get("conditions") or []:
         if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
             return Problem("ReplicaFailure", condition.get("message", ""))
     live = [pod for pod in pods if not pod["metadata"].get("deletionTimestamp")]
     for pod in sorted(live, key=lambda p: p["metadata"]["name"]):
-        problem = pod_problem(pod, ms.spec.gpus_per_node)
+        problem = pod_problem(pod, ms.spec.gpus_per_node, missing_pull_secrets)
         if problem:
             return problem
     return None
@@ -293,6 +314,7 @@ class Observed:
     pods: list[dict[str, Any]]
     previous: dict[str, Any] | None = None  # keeps lastTransitionTime of unchanged conditions
     apply_error: str | None = None
+    missing_pull_secrets: tuple[str, ...] = ()  # looked up only while an image cannot be pulled
 
 
 @dataclass(frozen=True)
@@ -384,7 +406,7 @@ def _progress(ms: ModelServer, seen: Observed, desired: int) -> _Progress:
     if seen.apply_error:
         problem: Problem | None = Problem("ApplyFailed", seen.apply_error)
     else:
-        problem = first_problem(ms, seen.workload, seen.pods)
+        problem = first_problem(ms, seen.workload, seen.pods, seen.missing_pull_secrets)
     waiting = _waiting(seen.workload, seen.pods, ms.spec.node_count)
     if problem and problem.reason == "InsufficientGPU" and ready >= desired > 0 and not rolled_out:
         # Every replica still serves: only the rollout's new pod waits (Surge needs spare GPUs).

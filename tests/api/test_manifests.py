@@ -460,3 +460,21 @@ def test_one_node_keeps_the_deployment_and_its_service_selects_every_pod() -> No
     ms = _example("lfm2-24b-a2b-16gpu", gpus=8, nodes=1)
     assert [obj["kind"] for obj in manifests.server_side_applied(ms, SETTINGS)] == ["Deployment", "Service"]
     assert manifests.service(ms)["spec"]["selector"] == {SELECTOR_LABEL: ms.name}
+
+
+def test_pull_secrets_reach_every_model_pod_and_prefetch_job_the_modelservers_own_first() -> None:
+    settings = dataclasses.replace(NODE_CACHE, image_pull_secrets=("mirror", "regcred"))
+    own = [{"name": "regcred"}, {"name": "team-registry"}]
+    wanted = [{"name": "regcred"}, {"name": "team-registry"}, {"name": "mirror"}]
+    one_node = _example(ENGINE_EXAMPLES[0], imagePullSecrets=own)
+    pod = manifests.serving_pod_template(manifests.workload(one_node, settings))["spec"]
+    assert pod["imagePullSecrets"] == wanted
+    spanning = _example("lfm2-24b-a2b-16gpu", imagePullSecrets=own)
+    templates = manifests.pod_templates(manifests.workload(spanning, settings))
+    assert len(templates) == 2 and all(t["spec"]["imagePullSecrets"] == wanted for t in templates)
+    prefetching = _example(ENGINE_EXAMPLES[0], imagePullSecrets=own, cache={"prefetch": {"nodeSelector": {"a": "b"}}})
+    job = manifests.prefetch_job(prefetching, settings, "gpu-0")
+    assert job["spec"]["template"]["spec"]["imagePullSecrets"] == wanted
+    # None named: the pods say nothing (what every pod that runs today was made with: nothing rolls).
+    plain = manifests.serving_pod_template(manifests.workload(_example(ENGINE_EXAMPLES[0]), NODE_CACHE))["spec"]
+    assert "imagePullSecrets" not in plain

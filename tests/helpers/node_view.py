@@ -179,6 +179,9 @@ def install_chart(cluster: Any, release: str, namespace: str) -> None:
         "--namespace",
         namespace,
         "--create-namespace",
+        # The sandbox applies the CRD itself (as GitOps would), for every release of the run.
+        "--set",
+        "crds.enabled=false",
         "--set",
         f"hub.endpoint={cluster.hub_endpoint}",
         "--set",

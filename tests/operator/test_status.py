@@ -18,6 +18,7 @@ from modelserve.operator.status import (
     invalid_spec_status,
     key_secret_status,
     missing_kind_status,
+    pulls_failing,
     scheduler_causes,
     transitions,
     unschedulable_reason,
@@ -514,3 +515,15 @@ def test_a_kept_back_upgrade_is_an_event_once() -> None:
     assert [(e.reason, e.message) for e in transitions(done, kept)] == [
         ("UpgradeAvailable", "3 sidecar workers: kept back")
     ]
+
+
+def test_an_image_that_cannot_be_pulled_names_the_pull_secrets_its_namespace_lacks() -> None:
+    pull = _pod(node="gpu-0", containerStatuses=_waiting("ErrImagePull", "401 Unauthorized"))
+    pull["metadata"]["namespace"] = "team-a"
+    seen = Observed(3, _deployment(), [pull], None, None, ("regcred",))
+    degraded = _degraded(compute_status(model_server(), seen, Reported(T0, ENDPOINT)))
+    assert (degraded["status"], degraded["reason"]) == ("True", "ImagePullError")
+    assert degraded["message"] == (
+        "pod m-1 container engine: 401 Unauthorized; imagePullSecrets not found in namespace team-a: regcred"
+    )
+    assert pulls_failing([pull]) and not pulls_failing([_pod(node="gpu-0", conditions=READY)])

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
+import yaml
 
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import wait_until
-from tests.helpers.chart import CHART, by_kind, objects, template_args
+from tests.helpers.chart import CHART, REPO, by_kind, objects, template_args
+
+CRD_NAME = "modelservers.serving.modelserve.dev"
+CRD_FILE = "crds/modelserver.yaml"
 
 
 def server_version(cluster: Cluster) -> str:
@@ -69,7 +75,11 @@ def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str,
 
 def test_install_and_uninstall(cluster: Cluster, namespace: str) -> None:
     release = f"modelserve-{uuid.uuid4().hex[:6]}"  # contains the chart name: objects are named after it
-    installed = cluster.helm("install", release, str(CHART), "--namespace", namespace, "--wait", "--timeout", "120s")
+    # The session's CRD is applied apart (as GitOps would): this release does not own it.
+    installed = cluster.helm(
+        "install", release, str(CHART), "--namespace", namespace, "--set", "crds.enabled=false",
+        "--wait", "--timeout", "120s",
+    )  # fmt: skip
     assert "STATUS: deployed" in installed.stdout
     assert "kubectl get ms -n default -w" in installed.stdout  # NOTES.txt tells what to do next
     try:
@@ -77,7 +87,6 @@ def test_install_and_uninstall(cluster: Cluster, namespace: str) -> None:
         assert deployment["status"]["readyReplicas"] == 2  # KWOK ran the pods; --wait saw them Ready
         for kind in ("clusterrole", "clusterrolebinding"):
             cluster.kubectl("get", kind, release)
-        cluster.kubectl("get", "crd", "modelservers.serving.modelserve.dev")
         # The node cache's agent may patch nodes (RBAC cannot say which labels), and its policy holds
         # it to its own models.serving.modelserve.dev/ labels, as the API server enforces it.
         agent = f"--as=system:serviceaccount:{namespace}:{release}-nodecache"
@@ -110,3 +119,67 @@ def test_install_and_uninstall(cluster: Cluster, namespace: str) -> None:
         assert gone.returncode != 0 and "NotFound" in gone.stderr, f"{kind} {release} survived the uninstall"
     # Helm never deletes CRDs from crds/: ModelServers (and their models) outlive an uninstall.
     cluster.kubectl("get", "crd", "modelservers.serving.modelserve.dev")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+def previous_crd_commit() -> str:
+    """The newest commit whose CRD differs from this tree's: the release a user upgrades from."""
+    current = (REPO / CRD_FILE).read_text()
+    for commit in _git("log", "--format=%H", "--", CRD_FILE).split():
+        if _git("show", f"{commit}:{CRD_FILE}") != current:
+            return commit
+    raise AssertionError(f"no commit has another {CRD_FILE}: is the clone shallow?")
+
+
+def test_helm_upgrade_from_the_previous_crd_brings_the_new_schema_and_uninstall_keeps_it(
+    cluster: Cluster, crd_installed: None, namespace: str, tmp_path: Path
+) -> None:
+    """The chart of the last commit that changed the CRD (its CRD in crds/, which Helm installs once),
+    then `helm upgrade` to this one, as docs/how-to/upgrading.md says: a manifest with a new field,
+    refused by the old schema, is accepted and kept by the new; `helm uninstall` keeps the CRD."""
+    old = previous_crd_commit()
+    archive = subprocess.run(["git", "archive", old, "charts/modelserve", CRD_FILE], cwd=REPO, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive.stdout, check=True, timeout=60)
+    release = f"modelserve-{uuid.uuid4().hex[:6]}"
+    # A cluster where the old release put its CRD (Helm skips crds/ when the CRD exists).
+    cluster.kubectl("replace", "-f", str(tmp_path / CRD_FILE))
+    manifest = {
+        "apiVersion": "serving.modelserve.dev/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": "pulled", "namespace": namespace},
+        "spec": {"model": "LiquidAI/LFM2-1.2B", "imagePullSecrets": [{"name": "regcred"}]},
+    }
+    try:
+        cluster.helm("install", release, str(tmp_path / "charts" / "modelserve"), "--namespace", namespace)
+        refused = cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=False)
+        assert refused.returncode != 0 and "imagePullSecrets" in refused.stderr, refused
+        # Once, from a release whose CRD sat in crds/: Helm takes over only what names its release.
+        cluster.kubectl("label", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+        cluster.kubectl(
+            "annotate", "crd", CRD_NAME, f"meta.helm.sh/release-name={release}",
+            f"meta.helm.sh/release-namespace={namespace}", "--overwrite",
+        )  # fmt: skip
+        upgraded = cluster.helm("upgrade", release, str(CHART), "--namespace", namespace)
+        assert "has been upgraded" in upgraded.stdout, upgraded.stdout
+        cluster.wait_established(CRD_NAME)
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+        kept = json.loads(cluster.kubectl("get", "ms", "pulled", "-n", namespace, "-o", "json").stdout)
+        assert kept["spec"]["imagePullSecrets"] == [{"name": "regcred"}]  # not pruned by an old schema
+        served = json.loads(cluster.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
+        wanted = yaml.safe_load((REPO / CRD_FILE).read_text())["spec"]["versions"]
+        assert [v["schema"] for v in served["spec"]["versions"]] == [v["schema"] for v in wanted]
+        uninstalled = cluster.helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "120s")
+        assert "kept due to the resource policy" in uninstalled.stdout, uninstalled.stdout
+        assert json.loads(cluster.kubectl("get", "ms", "pulled", "-n", namespace, "-o", "json").stdout)["spec"]
+    finally:
+        cluster.helm("uninstall", release, "--namespace", namespace, check=False)
+        cluster.kubectl("delete", "ms", "pulled", "-n", namespace, "--ignore-not-found", "--wait=false")
+        # Back as the session's fixture applied it: this tree's CRD, owned by no release.
+        cluster.kubectl("label", "crd", CRD_NAME, "app.kubernetes.io/managed-by-", check=False)
+        release_annotations = ("meta.helm.sh/release-name-", "meta.helm.sh/release-namespace-")
+        cluster.kubectl("annotate", "crd", CRD_NAME, *release_annotations, "helm.sh/resource-policy-", check=False)
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / CRD_FILE))
+        cluster.wait_established(CRD_NAME)

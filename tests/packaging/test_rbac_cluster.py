@@ -66,6 +66,7 @@ def _install(cluster: Cluster, watched: tuple[str, ...]) -> Install:
     for namespace in watched:
         cluster.create_namespace(namespace)
     sets = ["--set", f"operator.watchNamespaces={{{','.join(watched)}}}"] if watched else []
+    sets += ["--set", "crds.enabled=false"]  # the session's CRD, applied apart
     cluster.helm(
         "install", install.release, str(CHART), "--namespace", install.namespace, *sets, "--wait", "--timeout", "120s"
     )

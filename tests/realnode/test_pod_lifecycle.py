@@ -204,6 +204,28 @@ def test_a_bad_engine_flag_shows_as_crash_loop(node: NodeView) -> None:
     assert "code 1" in warnings[0]["message"]
 
 
+def test_an_image_that_cannot_be_pulled_names_the_pull_secret_its_namespace_lacks(node: NodeView) -> None:
+    # Nothing listens on port 1 of the node's loopback: the kubelet's pull is refused at once.
+    unpullable = "127.0.0.1:1/modelserve/no-such-engine:0"
+    node.apply(cpu_server("unpullable", public=True, image=unpullable, imagePullSecrets=[{"name": "regcred"}]))
+    lacking = f"imagePullSecrets not found in namespace {node.namespace}: regcred"
+
+    def degraded_naming(wanted: bool) -> bool:
+        condition = node.condition("unpullable", "Degraded")
+        named = condition.get("reason") == "ImagePullError" and lacking in condition.get("message", "")
+        return condition.get("reason") == "ImagePullError" and named == wanted
+
+    node.wait(lambda: degraded_naming(True), "Degraded ImagePullError naming the missing Secret", 180)
+    pod = node.pods("unpullable")[0]
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}], pod["spec"]
+    config = json.dumps({"auths": {"127.0.0.1:1": {"auth": "dXNlcjpwYXNz"}}})  # user:pass, for no registry
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "regcred"}}
+    node.apply({**secret, "type": "kubernetes.io/dockerconfigjson", "stringData": {".dockerconfigjson": config}})
+    node.wait(lambda: degraded_naming(False), "Degraded ImagePullError without the Secret, once it exists", 120)
+    warnings = [e for e in node.events("unpullable") if e["reason"] == "ImagePullError" and e["type"] == "Warning"]
+    assert warnings and warnings[0]["message"].startswith("Degraded is True: "), warnings
+
+
 def test_generated_security_context_runs_as_generated(node: NodeView) -> None:
     node.apply(cpu_server("confined", public=True))
     node.wait_phase("confined", "Ready")
