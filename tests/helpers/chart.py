@@ -11,9 +11,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "modelserve"
-# The chart's minimum (Chart.yaml kubeVersion); a helm built from its Go module (as hack/ does)
-# would otherwise assume Kubernetes 1.20 when no cluster is asked.
-KUBE_VERSION = "1.29.0"
+# The sandbox's Kubernetes; a helm built from its Go module (as hack/ does) would otherwise assume
+# 1.20 when no cluster is asked. MINIMUM_KUBE_VERSION: the chart's (Chart.yaml kubeVersion).
+KUBE_VERSION = "1.33.0"
+MINIMUM_KUBE_VERSION = "1.29.0"
 
 Helm = Callable[..., subprocess.CompletedProcess]  # the `helm` fixture
 

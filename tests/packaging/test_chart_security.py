@@ -13,7 +13,7 @@ import yaml
 from modelserve.api import manifests
 from modelserve.api.spec import ModelServer
 from modelserve.contracts.operator_settings import Settings
-from tests.helpers.chart import REPO, Helm, by_kind, template_args
+from tests.helpers.chart import MINIMUM_KUBE_VERSION, REPO, Helm, by_kind, template_args
 
 POLICY_ON = ("networkPolicy.enabled=true", "networkPolicy.namespaces={team-a,team-b}")
 
@@ -153,3 +153,18 @@ def test_modelservers_join_the_default_view_and_edit_roles(helm: Helm) -> None:
         "ms-modelserve-gateway",
         "ms-modelserve-nodecache",
     }
+
+
+def test_the_node_agents_admission_policy_is_never_left_out_silently(helm: Helm) -> None:
+    (policy,) = by_kind(helm(*template_args("ms", "x")).stdout, "ValidatingAdmissionPolicy")
+    rule = policy["spec"]["validations"][0]["expression"]
+    for part in ("object.spec", "annotations", "finalizers", "ownerReferences", "labels"):
+        assert part in rule, part
+    # 1.29 does not serve it: the chart says so, and renders without it only when told to.
+    refused = helm(*template_args("ms", "x", kube_version=MINIMUM_KUBE_VERSION), check=False)
+    assert refused.returncode != 0 and "nodeCache.admissionPolicy=false" in refused.stderr, refused.stderr
+    told = helm(*template_args("ms", "x", "nodeCache.admissionPolicy=false", kube_version=MINIMUM_KUBE_VERSION))
+    assert not by_kind(told.stdout, "ValidatingAdmissionPolicy") and by_kind(told.stdout, "DaemonSet")
+    served = [*template_args("ms", "x", kube_version=MINIMUM_KUBE_VERSION), "--api-versions"]
+    served.append("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+    assert by_kind(helm(*served).stdout, "ValidatingAdmissionPolicyBinding")
