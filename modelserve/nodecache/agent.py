@@ -354,10 +354,11 @@ class Agent:
             raise web.HTTPBadRequest(text=f"a model id, a revision, a 40-hex commit and at most {RECORD_FILES} files")
         if not all(self.store.has(oid, size) for oid, size in files):
             return web.json_response({"recorded": False, "reason": "not every file is held here"}, status=409)
-        why, public, listed = await self._backing(repo, revision, commit, set(files), self._auth(request))
+        claimed = set(files)
+        why, public, listed = await self._backing(repo, revision, commit, claimed, self._auth(request))
         if why:
             return web.json_response({"recorded": False, "reason": why}, status=409)
-        paths = tuple(sorted((f.path, f.oid, f.size, f.lfs) for f in listed if (f.oid, f.size) in set(files)))
+        paths = tuple(sorted((f.path, f.oid, f.size, f.lfs) for f in listed if (f.oid, f.size) in claimed))
         record = ModelRecord(model_key(model, revision), model, revision, commit, files, paths, public)
         if not self.store.record(record):
             return web.json_response({"recorded": False}, status=409)
