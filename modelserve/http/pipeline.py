@@ -237,7 +237,8 @@ class Pipeline:
             or request.write_paused
             or self.pool is None
             or self.reads_off_loop(
-                request.body(), request.headers, request.client_host, request.admission if request.admitted else NOT_YET
+                request.body(),
+                self.owner(request.headers, request.client_host, request.admission if request.admitted else NOT_YET),
             )
         ):
             return False
@@ -291,8 +292,9 @@ class Pipeline:
             if body is None:
                 return
             route = self.table.get((method, path))
-            if route is not None and self.reads_off_loop(body, headers, peer, admitted):
-                read = await self.read(route, body, self.owner(headers, peer, admitted))
+            owner = self.owner(headers, peer, admitted)  # once: its share of the loop, and its places off it
+            if route is not None and self.reads_off_loop(body, owner):
+                read = await self.read(route, body, owner)
                 if isinstance(read, errors.ErrorResponse):
                     exchange.status = await answer(client, read)
                     return
@@ -337,15 +339,15 @@ class Pipeline:
         self.ledger.ended += 1
         self.end(exchange)
 
-    def reads_off_loop(self, body: bytes, headers: Headers, peer: str | None, admitted: Any) -> bool:
-        """Whether `body` is read off the loop: too many values for it, or more than its owner's share
+    def reads_off_loop(self, body: bytes, owner: Hashable) -> bool:
+        """Whether `body` is read off the loop: too many values for it, or more than `owner`'s share
         of it has left (which is then spent by its values)."""
         if self.off_loop(body):
             return True
         share = self.loop_share
         if share is None or not body:
             return False
-        return not share.take(self.owner(headers, peer, admitted), value_count(body))
+        return not share.take(owner, value_count(body))
 
     def _plan(
         self, exchange: Exchange, method: str, path: str, headers: Headers, body: bytes
