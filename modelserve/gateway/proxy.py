@@ -26,7 +26,6 @@ from modelserve.contracts import routes
 from modelserve.contracts.names import Key
 from modelserve.http import errors, off_loop
 from modelserve.http.downstream import Downstream, Exchange, Headers, answer
-from modelserve.http.json_body import many_values
 from modelserve.http.limits import client_bucket
 from modelserve.http.loop_share import LoopShare
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
@@ -143,7 +142,7 @@ class GatewayProxy(Pipeline):
     ) -> ReplicaPlan | errors.ErrorResponse:
         """The ModelServer the body names, the body for its replicas (named as they serve it) and the
         affinity prefix, or the error to answer with. The body is read here, or was read off the event
-        loop (`exchange.read`: `off_loop`)."""
+        loop (`exchange.read`: `read`)."""
         read: RequestRead | None = exchange.read
         request = None
         if read is None:
@@ -199,9 +198,6 @@ class GatewayProxy(Pipeline):
         if method == "POST" and not self.directory.public and keyless(authorization_header(headers)):
             return KEYLESS
         return None
-
-    def off_loop(self, body: bytes) -> bool:
-        return many_values(body)
 
     def _off_loop_refusal(self, result: Any) -> errors.ErrorResponse | None:
         return off_loop.refusal(result, "gateway", self.off_loop_work.memory_bytes)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 NESTED_TOO_DEEPLY = "nested too deeply"
-# Values in a body beyond which reading it would stall an event loop: the json module builds about a
-# million small values a second, so this many cost about 20 ms.
+# Values in a body beyond which reading it would stall an event loop (such a body is read off it:
+# pipeline.py): the json module builds about a million small values a second, so this many cost about 20 ms.
 MANY_VALUES = 20_000
 
 
@@ -38,11 +38,6 @@ def value_count(data: bytes) -> int:
     """About how many values `data`, as JSON, holds, at most (pure): its separators and openings
     counted at C speed, a few milliseconds a megabyte, plus one."""
     return data.count(b",") + data.count(b"[") + data.count(b"{") + 1
-
-
-def many_values(data: bytes) -> bool:
-    """Whether `data`, as JSON, may hold more than MANY_VALUES values (pure); a body shorter than that has fewer."""
-    return len(data) >= MANY_VALUES and value_count(data) > MANY_VALUES
 
 
 def encode(value: Any) -> bytes | BadJson:

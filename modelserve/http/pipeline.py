@@ -7,9 +7,10 @@ the ASGI way and the direct protocol's task (`serve`), and the express lane (`ex
     admit    from the head alone, before the body is read: the key and its limits (a refusal, or what
              the request is let in with, which `end` gives back: no body is held for a request that
              its key's limits refuse)
-    read     only for a body whose reading would stall the event loop (`off_loop`), or would take
-             its owner past its share of the loop (`loop_share`, http/loop_share.py): read off the
-             loop first, for `plan` (JSON of millions of values, http/off_loop.py)
+    read     only for a body whose reading would stall the event loop (more than
+             json_body.MANY_VALUES values), or would take its owner past its share of the loop
+             (`loop_share`, http/loop_share.py): read off the loop first, for `plan` (JSON of
+             millions of values, http/off_loop.py)
     plan     from the body: its route's checks and rewrites -> a `Plan` (what to send), or a refusal
     wait     until the plan can be sent (`ready`): the gateway holds a model with no ready replica
              (and may start the answer meanwhile, a held stream's keep-alives: then the rest
@@ -53,7 +54,7 @@ from . import errors
 from .direct import DirectDownstream
 from .downstream import AsgiDownstream, Downstream, Exchange, Headers, answer
 from .express import FirstTry, Forward, answer_now
-from .json_body import value_count
+from .json_body import MANY_VALUES, value_count
 from .loop_share import LoopShare
 from .relay import read_limited_body, relay
 from .upstream_pool import ConnectFailed, Disconnected, Pool, Response, UpstreamError
@@ -134,7 +135,8 @@ class Pipeline:
         self.max_body_bytes = max_body_bytes
         self.ledger = Ledger()
         self.pool: Pool | None = None  # opened by the app's lifespan
-        # Each owner's share of the loop for reading bodies: a proxy that reads off the loop sets it.
+        # Each owner's share of the loop for reading bodies: a proxy that reads off the loop (`read`)
+        # sets it; without it every body is read on the loop.
         self.loop_share: LoopShare | None = None
 
     # --- the steps: each proxy's own ----------------------------------------------------------------
@@ -145,17 +147,13 @@ class Pipeline:
         `end`, which gives back what it holds."""
         return None
 
-    def off_loop(self, body: bytes) -> bool:
-        """Whether reading `body` would stall the event loop: then `read` reads it off the loop first."""
-        return False
-
     def owner(self, headers: Headers, peer: str | None, admitted: Any) -> Hashable:
         """Whose share of the loop and of the off-loop places a request's body takes (`peer`: the
         client's address; `admitted`: what `admit` let it in with, or NOT_YET)."""
         return None
 
     async def read(self, route: routes.Route, body: bytes, owner: Hashable) -> Any:
-        """`body` read off the event loop (`off_loop`): what `plan` finds in `exchange.read`, or an
+        """`body` read off the event loop (`reads_off_loop`): what `plan` finds in `exchange.read`, or an
         `errors.ErrorResponse` to answer. `owner`: whose places it takes."""
         raise NotImplementedError
 
@@ -237,7 +235,8 @@ class Pipeline:
             or request.write_paused
             or self.pool is None
             or self.reads_off_loop(
-                request.body(), request.headers, request.client_host, request.admission if request.admitted else NOT_YET
+                request.body(),
+                self.owner(request.headers, request.client_host, request.admission if request.admitted else NOT_YET),
             )
         ):
             return False
@@ -291,8 +290,9 @@ class Pipeline:
             if body is None:
                 return
             route = self.table.get((method, path))
-            if route is not None and self.reads_off_loop(body, headers, peer, admitted):
-                read = await self.read(route, body, self.owner(headers, peer, admitted))
+            owner = self.owner(headers, peer, admitted)  # once: its share of the loop, and its places off it
+            if route is not None and self.reads_off_loop(body, owner):
+                read = await self.read(route, body, owner)
                 if isinstance(read, errors.ErrorResponse):
                     exchange.status = await answer(client, read)
                     return
@@ -337,15 +337,14 @@ class Pipeline:
         self.ledger.ended += 1
         self.end(exchange)
 
-    def reads_off_loop(self, body: bytes, headers: Headers, peer: str | None, admitted: Any) -> bool:
-        """Whether `body` is read off the loop: too many values for it, or more than its owner's share
-        of it has left (which is then spent by its values)."""
-        if self.off_loop(body):
-            return True
+    def reads_off_loop(self, body: bytes, owner: Hashable) -> bool:
+        """Whether `body` is read off the loop (`read`): too many values for it, or more than `owner`'s
+        share of it has left (which is then spent by its values). Without a share, never."""
         share = self.loop_share
         if share is None or not body:
             return False
-        return not share.take(self.owner(headers, peer, admitted), value_count(body))
+        values = value_count(body)  # counted once: the measure of both the threshold and the share
+        return values > MANY_VALUES or not share.take(owner, values)
 
     def _plan(
         self, exchange: Exchange, method: str, path: str, headers: Headers, body: bytes

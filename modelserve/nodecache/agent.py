@@ -36,6 +36,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote, unquote
@@ -82,6 +83,8 @@ PASSED_ON = ("Content-Type", "X-Error-Code", "X-Error-Message", "Link")
 API_ANSWER_BYTES = 16 * 1024 * 1024
 RECORD_FILES = 10_000  # files one model record may name (a fetch names the files an engine reads)
 TREE_PAGES = 100  # pages of a tree read to check a record (the hub's pages are 1,000 entries)
+# A record's files in the order records have always been written: by path (then oid, size, lfs).
+RECORD_ORDER = attrgetter("path", "oid", "size", "lfs")
 
 
 class Metrics:
@@ -318,8 +321,8 @@ class Agent:
     def _held_public(self, repo: str, revision: str, path: str) -> FileInfo | None:
         """A file of a public model held whole here, as its record lists it (the hub unreachable)."""
         held = self.store.public_files(repo, revision)
-        entry = next((entry for entry in held[1] if entry[0] == path), None) if held else None
-        return None if held is None or entry is None else FileInfo(entry[1], entry[2], held[0])
+        entry = next((f for f in held[1] if f.path == path), None) if held else None
+        return None if held is None or entry is None else FileInfo(entry.oid, entry.size, held[0])
 
     def _listing_public(self, path: str) -> object | None:
         """A public model's info or tree as its record holds them (the hub unreachable), else None:
@@ -332,8 +335,8 @@ class Agent:
             return None
         commit, files = held
         if view == "tree":
-            return [_tree_entry(RepoFile(p, size, oid, lfs)) for p, oid, size, lfs in files]
-        siblings = [{"rfilename": p} for p, *_ in files]
+            return [_tree_entry(f) for f in files]
+        siblings = [{"rfilename": f.path} for f in files]
         return {"id": repo, "modelId": repo, "sha": commit, "private": False, "gated": False, "siblings": siblings}
 
     async def fetched(self, request: web.Request) -> web.Response:
@@ -354,10 +357,11 @@ class Agent:
             raise web.HTTPBadRequest(text=f"a model id, a revision, a 40-hex commit and at most {RECORD_FILES} files")
         if not all(self.store.has(oid, size) for oid, size in files):
             return web.json_response({"recorded": False, "reason": "not every file is held here"}, status=409)
-        why, public, listed = await self._backing(repo, revision, commit, set(files), self._auth(request))
+        claimed = set(files)
+        why, public, listed = await self._backing(repo, revision, commit, claimed, self._auth(request))
         if why:
             return web.json_response({"recorded": False, "reason": why}, status=409)
-        paths = tuple(sorted((f.path, f.oid, f.size, f.lfs) for f in listed if (f.oid, f.size) in set(files)))
+        paths = tuple(sorted((f for f in listed if (f.oid, f.size) in claimed), key=RECORD_ORDER))
         record = ModelRecord(model_key(model, revision), model, revision, commit, files, paths, public)
         if not self.store.record(record):
             return web.json_response({"recorded": False}, status=409)

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .hub import split_model
+from .hub import RepoFile, split_model
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +33,10 @@ class ModelRecord:
     revision: str
     commit: str
     files: tuple[tuple[str, int], ...]  # (oid, size)
-    # The files as the hub's tree listed them when the record was checked: (path, oid, size, lfs).
-    # With `public` (the hub named the model neither gated nor private), what the agent answers from
-    # while the hub cannot be reached. A record written before either was kept has neither.
-    paths: tuple[tuple[str, str, int, bool], ...] = ()
+    # The files as the hub's tree listed them when the record was checked, by path. With `public`
+    # (the hub named the model neither gated nor private), what the agent answers from while the hub
+    # cannot be reached. A record written before either was kept has neither.
+    paths: tuple[RepoFile, ...] = ()
     public: bool = False
 
     @property
@@ -50,7 +50,8 @@ class ModelRecord:
     def to_json(self) -> str:
         files = [{"oid": oid, "size": size} for oid, size in self.files]
         body = {"key": self.key, "model": self.model, "revision": self.revision, "commit": self.commit, "files": files}
-        body["paths"] = [{"path": p, "oid": o, "size": s, "lfs": lfs} for p, o, s, lfs in self.paths]
+        # By name, as records have always been written (records already on disk read back the same).
+        body["paths"] = [{"path": f.path, "oid": f.oid, "size": f.size, "lfs": f.lfs} for f in self.paths]
         body["public"] = self.public
         return json.dumps(body, separators=(",", ":"))
 
@@ -58,7 +59,9 @@ class ModelRecord:
     def parse(cls, text: str) -> ModelRecord:
         body = json.loads(text)
         files = tuple((str(f["oid"]), int(f["size"])) for f in body["files"])
-        paths = tuple((str(f["path"]), str(f["oid"]), int(f["size"]), bool(f["lfs"])) for f in body.get("paths", ()))
+        paths = tuple(
+            RepoFile(str(f["path"]), int(f["size"]), str(f["oid"]), bool(f["lfs"])) for f in body.get("paths", ())
+        )
         head = (str(body["key"]), str(body["model"]), str(body["revision"]), str(body["commit"]), files)
         return cls(*head, paths, body.get("public") is True)
 
@@ -212,7 +215,7 @@ class Store:
         self.models[record.key] = record
         return True
 
-    def public_files(self, repo: str, revision: str) -> tuple[str, tuple[tuple[str, str, int, bool], ...]] | None:
+    def public_files(self, repo: str, revision: str) -> tuple[str, tuple[RepoFile, ...]] | None:
         """What the node holds whole of a public model `repo` at `revision` (a branch or tag as
         recorded, or its commit): (commit, its recorded files), for answering while the hub cannot be
         reached; None when it holds none. Records of one repository (its quantizations) at one
@@ -224,7 +227,7 @@ class Store:
                 continue
             if all(self.has(oid, size) for oid, size in record.files):
                 commit = record.commit
-                paths.update({entry[0]: entry for entry in record.paths})
+                paths.update({f.path: f for f in record.paths})
         return None if commit is None else (commit, tuple(paths[path] for path in sorted(paths)))
 
     def held(self) -> set[str]:

@@ -60,8 +60,9 @@ class OllamaAdapter:
         adapters = self.proxy.adapters
         names = adapters.names() if adapters is not None and adapters.enabled else ()
         peer = (scope.get("client") or ("",))[0]
-        if self.proxy.reads_off_loop(body, headers, peer, entry):
-            planned = await self._plan_off_loop(route, body, tuple(names), self.proxy.owner(headers, peer, entry))
+        owner = self.proxy.owner(headers, peer, entry)  # once: its share of the loop, and its places off it
+        if self.proxy.reads_off_loop(body, owner):
+            planned = await self._plan_off_loop(route, body, tuple(names), owner)
         else:
             planned = ollama.plan(route, body, self.settings.served_model, names)
         if isinstance(planned, ollama.Refusal):

@@ -14,7 +14,6 @@ from modelserve.contracts.key_entries import KeyEntry
 from modelserve.contracts.sidecar import Settings
 from modelserve.http import errors, off_loop
 from modelserve.http.downstream import Downstream, Exchange, Headers, answer
-from modelserve.http.json_body import many_values
 from modelserve.http.limits import client_bucket
 from modelserve.http.loop_share import LoopShare
 from modelserve.http.metrics import CLIENT_CLOSED, status_class
@@ -157,9 +156,6 @@ class Proxy(Pipeline):
         self.usage.started(key.name)
         self.demand.arrived()  # refused requests wake nothing up
         return key
-
-    def off_loop(self, body: bytes) -> bool:
-        return many_values(body)
 
     def owner(self, headers: Headers, peer: str | None, admitted: object) -> tuple[str, str]:
         """A request's named key (its places are the key's: every client reaches a sidecar from the

@@ -1,10 +1,13 @@
 """Each owner's share of the event loop for reading bodies (http/loop_share.py), on a clock the test
-moves: within its share a body is read on the loop, past it off the loop, and the share refills."""
+moves: within its share a body is read on the loop, past it off the loop, and the share refills; and
+the pipeline's choice from it and the threshold of values (pipeline.reads_off_loop)."""
 
 from __future__ import annotations
 
 from modelserve.http import loop_share
+from modelserve.http.json_body import MANY_VALUES, value_count
 from modelserve.http.loop_share import LoopShare
+from modelserve.http.pipeline import Pipeline
 
 
 class Clock:
@@ -62,3 +65,17 @@ def test_owners_whose_share_refilled_are_forgotten_past_the_bound() -> None:
     assert share.take("busy", 10_000)
     assert share.owners() == 1
     assert not share.take("busy", 1)  # the owner that spent its share is remembered
+
+
+def test_the_pipeline_counts_a_body_once_for_the_threshold_and_the_share() -> None:
+    pipeline = Pipeline({}, 1 << 20)
+    many = b"[" + b"1," * MANY_VALUES + b"1]"
+    few = b"[" + b"1," * 9_999 + b"1]"
+    assert value_count(many) > MANY_VALUES and value_count(few) == 10_001
+    assert not pipeline.reads_off_loop(many, "a")  # no share: a proxy without one reads none off the loop
+    pipeline.loop_share = share = LoopShare(100_000, Clock())
+    assert pipeline.reads_off_loop(many, "a")  # too many values for the loop: its share untouched
+    # Each body spends its values once: nine fit in the share whole, the tenth is read off the loop.
+    assert [pipeline.reads_off_loop(few, "a") for _ in range(10)] == [False] * 9 + [True]
+    assert not pipeline.reads_off_loop(few, "b")  # another owner's share is its own
+    assert not pipeline.reads_off_loop(b"", "c") and share.owners() == 2  # no body: nothing counted

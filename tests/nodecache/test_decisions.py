@@ -4,6 +4,7 @@ labels a node gets, and the fetch's settings and result as the operator renders 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,28 @@ def test_a_file_two_models_share_goes_only_with_the_last_of_them() -> None:
     models = {"one": _record("one", "shared", "own"), "two": _record("two", "shared")}
     plan = plan_eviction(blobs, models, in_use={"two"}, busy=set(), need=10, room=0)
     assert plan is not None and plan.oids == ("own",) and plan.models == ("one",)
+
+
+def test_a_model_record_reads_back_as_the_node_wrote_it_and_an_older_one_without_paths() -> None:
+    # A record as the node cache has written it to <root>/models/<key>.json since it kept paths.
+    written = {
+        "key": "k",
+        "model": "acme/m",
+        "revision": "main",
+        "commit": "c" * 40,
+        "files": [{"oid": "a" * 64, "size": 9}],
+        "paths": [
+            {"path": "config.json", "oid": "b" * 40, "size": 2, "lfs": False},
+            {"path": "w.gguf", "oid": "a" * 64, "size": 9, "lfs": True},
+        ],
+        "public": True,
+    }
+    text = json.dumps(written, separators=(",", ":"))
+    record = ModelRecord.parse(text)
+    assert record.paths == (RepoFile("config.json", 2, "b" * 40, False), RepoFile("w.gguf", 9, "a" * 64, True))
+    assert record.public and record.to_json() == text
+    older = ModelRecord.parse(json.dumps({k: v for k, v in written.items() if k not in ("paths", "public")}))
+    assert older.paths == () and not older.public and older.files == (("a" * 64, 9),)
 
 
 def test_a_nodes_labels_follow_what_it_holds_and_leave_the_rest() -> None:
