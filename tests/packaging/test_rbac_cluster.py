@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.testdata import CRD_PATH
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
 from tests.helpers.chart import CHART, REPO
@@ -66,7 +67,10 @@ def _install(cluster: Cluster, watched: tuple[str, ...]) -> Install:
     for namespace in watched:
         cluster.create_namespace(namespace)
     sets = ["--set", f"operator.watchNamespaces={{{','.join(watched)}}}"] if watched else []
-    sets += ["--set", "crds.enabled=false"]  # the session's CRD, applied apart
+    # The CRD applied apart, as GitOps would (one release per cluster may own it; two install here).
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
+    cluster.wait_established("modelservers.serving.modelserve.dev")
+    sets += ["--set", "crds.enabled=false"]
     cluster.helm(
         "install", install.release, str(CHART), "--namespace", install.namespace, *sets, "--wait", "--timeout", "120s"
     )
