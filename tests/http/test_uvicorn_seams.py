@@ -48,3 +48,19 @@ def test_the_lists_name_every_uvicorn_part_the_protocol_uses() -> None:
     used = set(re.findall(r"self\.(\w+)", inspect.getsource(DirectProtocol)))
     listed = set(UVICORN_OVERRIDES) | set(UVICORN_CALLS) | set(UVICORN_ATTRIBUTES)
     assert (used & theirs) - ours - listed == set()
+
+
+def test_the_servers_startup_override_uses_what_uvicorns_server_still_has() -> None:
+    """serve.py's `_Server.startup` serves a worker's unix socket without TLS itself (uvicorn serves
+    every socket it is given with `config.ssl`): it relies on uvicorn's Server keeping its listening
+    servers in `servers` (closed at shutdown), its `server_state` and `lifespan.state`, and on the
+    protocol being made from those three."""
+    import uvicorn
+    from uvicorn.lifespan.on import LifespanOn
+
+    assert {"servers", "server_state", "lifespan", "config", "started"} <= _assigned(uvicorn.Server)
+    assert "state" in _assigned(LifespanOn)
+    assert re.search(r"create_server\([^)]*sock=sock[^)]*ssl=config\.ssl", inspect.getsource(uvicorn.Server.startup))
+    assert "for server in self.servers" in inspect.getsource(uvicorn.Server.shutdown)
+    assert _parameters(HttpToolsProtocol.__init__)[1:4] == ["config", "server_state", "app_state"]
+    assert "ssl_context_factory" in _parameters(uvicorn.Config.__init__)
