@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,6 +45,7 @@ from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.http.workers import sibling_address
+from modelserve.operator.autoscaling import gateway_addresses, read_guards, read_held
 from modelserve_sandbox.processes import start_process, stop_process, tail, wait_until
 
 SERVE = Path(__file__).resolve().parents[1] / "fixtures" / "gateway_workers" / "serve.py"
@@ -91,6 +93,7 @@ class Gateway:
     app: Dispatcher | None  # None: the program's own process
     backend: Backend
     pid: int = 0  # the program's, with workers
+    discovery: FixedDiscovery | None = None  # the in-process gateway's table of models
 
     def client(self, **options: object) -> httpx.Client:
         return httpx.Client(verify=trusting(self.backend.ca_file), timeout=30, **options)  # type: ignore[arg-type]
@@ -123,13 +126,15 @@ def gateway(backend: Backend, tmp_path: Path) -> Iterator[Gateway]:
     secret.write(first.files())
     address = _address(backend.sidecar)
     model = Model("a", "tiny", False, replicas=(address,), pods={address: "a-pod-0"}, ring=Ring([address]))
+    sleepy = Model("a", "sleepy", True, replicas=(), pods={}, ring=None)  # at zero: its requests are held
+    discovery = FixedDiscovery([model, sleepy])
     (port,) = free_ports(1)
     settings = GatewaySettings.from_env(
         {"MODELSERVE_GATEWAY_LISTEN_PORT": str(port), "MODELSERVE_GATEWAY_TLS_DIR": str(secret.path)}
     )
-    with serving_gateway_app(settings, FixedDiscovery([model])) as (url, app):
+    with serving_gateway_app(settings, discovery) as (url, app):
         assert url == f"https://127.0.0.1:{port}"
-        yield Gateway(url, port, secret, first, app, backend)
+        yield Gateway(url, port, secret, first, app, backend, discovery=discovery)
 
 
 def _openai(gateway: Gateway, http_client: httpx.Client) -> openai.OpenAI:
@@ -145,7 +150,7 @@ def test_the_openai_sdk_trusting_the_ca_gets_its_answers_over_https(gateway: Gat
         chunks = list(sdk.chat.completions.create(model="tiny", messages=HELLO, stream=True))  # type: ignore[arg-type]
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert streamed
-        assert [m.id for m in sdk.models.list()] == ["tiny"]
+        assert sorted(m.id for m in sdk.models.list()) == ["sleepy", "tiny"]  # sleepy: public
     assert gateway.metric(CHATS) == 2  # both on the fast lane (the model list is the gateway's own)
     assert gateway.metric(EXPIRY) == gateway.first.not_after.timestamp()
     assert gateway.metric(LOADED) == gateway.metric(REFUSED) == 0
@@ -236,6 +241,35 @@ def test_a_renewal_whose_key_does_not_match_or_that_expired_is_refused_and_the_o
     gateway.renew(fixed.files())
     _wait_for_serial(gateway, fixed.serial)
     assert (gateway.metric(LOADED), gateway.metric(REFUSED)) == (1, 2)
+
+
+def test_the_operator_reads_what_a_tls_gateway_holds(gateway: Gateway) -> None:
+    """The autoscaler's reads (operator/autoscaling.py) of a gateway pod whose port is named https:
+    over TLS, by the pod's address (which the certificate does not name), as demand for a model at zero."""
+    pod = {
+        "metadata": {"name": "g"},
+        "spec": {"containers": [{"name": "gateway", "ports": [{"name": "https", "containerPort": 8080}]}]},
+        "status": {
+            "podIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "gateway", "containerID": "cri://1", "state": {"running": {}}}],
+        },
+    }
+    (address,) = gateway_addresses([pod])
+    assert address == "https://127.0.0.1:8080"
+    address = f"https://127.0.0.1:{gateway.port}"  # this gateway's port
+    assert read_held(address) == {} and read_guards(address) == {}
+    assert gateway.discovery is not None
+    with ThreadPoolExecutor(1) as pool, gateway.client() as client:
+        held = pool.submit(
+            client.post, gateway.url + "/v1/chat/completions", json={"model": "sleepy", "messages": HELLO}
+        )
+        wait_until(
+            lambda: read_held(address) == {("a", "sleepy"): 1}, 15, "the held request, read as the operator reads"
+        )
+        gateway.discovery.update(("a", "sleepy"))  # deleted while held: its request answered 404
+        assert held.result(timeout=30).status_code == 404
+    assert read_held(f"127.0.0.1:{gateway.port}") == {}  # in plain HTTP: no answer, nothing counted
 
 
 # --- the program: a bad pair at the start, and two workers ------------------------------------------
