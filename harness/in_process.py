@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from harness.lifecycle import assert_rules_kept, ledger_counts
 from modelserve.contracts.gateway import OWN_ROUTES
@@ -44,7 +43,10 @@ def serving(
     the server's thread while it serves: plain integers, read whole)."""
     served = serve.certificate(tls, app) if tls is not None else None
     context = served.listener if served is not None else None
-    server = uvicorn.Server(serve.config(app, "127.0.0.1", port, 5.0, direct, "warning", limits, context))
+    limits = limits or ConnectionLimits()
+    server = serve.Server(
+        serve.config(app, "127.0.0.1", port, 5.0, direct, "warning", limits, context), app, limits.head_seconds
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     with served.following() if served is not None else contextlib.nullcontext():
         thread.start()

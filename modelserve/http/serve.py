@@ -77,13 +77,19 @@ def certificate(directory: Path, app: Any) -> Certificate:
         sys.exit(STARTUP_FAILURE)
 
 
-class _Server(uvicorn.Server):
+class Server(uvicorn.Server):
     """uvicorn's server, telling the app (its `told_to_stop()`, when it has one) that a signal told it
-    to stop: the sidecar's `/drained` waits for that (sidecar/drained.py)."""
+    to stop: the sidecar's `/drained` waits for that (sidecar/drained.py). With TLS it makes the
+    listening servers itself: a TLS handshake must end within `handshake_seconds` (the request
+    head's deadline: uvicorn would give it asyncio's 60 s, and a connection still in its handshake
+    is not yet one the connection cap counts), and a worker's unix socket, where its siblings ask it
+    in plain HTTP (worker_views.py), is served without TLS (uvicorn serves every socket it is given
+    with `config.ssl`)."""
 
-    def __init__(self, config: uvicorn.Config, app: Any) -> None:
+    def __init__(self, config: uvicorn.Config, app: Any, handshake_seconds: float | None = None) -> None:
         super().__init__(config)
         self._stop = getattr(app, "told_to_stop", None)
+        self._handshake_seconds = handshake_seconds or ConnectionLimits.head_seconds
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)
@@ -91,18 +97,27 @@ class _Server(uvicorn.Server):
             self._stop()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's, but with TLS a worker's unix socket (where its siblings ask it in plain HTTP,
-        worker_views.py) is served without it: uvicorn serves every socket it is given with `config.ssl`."""
         config = self.config
-        own = [sock for sock in sockets or () if sock.family == socket.AF_UNIX] if config.ssl is not None else []
-        if not own:
+        if config.ssl is None:
             await super().startup(sockets)
             return
-        await super().startup([sock for sock in sockets or () if sock not in own])
+        await super().startup([])  # the lifespan's start, and no listener: they are made below
         loop = asyncio.get_running_loop()
-        for sock in own:
-            server = await loop.create_server(self._connection, sock=sock, backlog=config.backlog)
-            self.servers.append(server)  # closed with the others at shutdown
+        handshake = {"ssl": config.ssl, "ssl_handshake_timeout": self._handshake_seconds}
+        try:
+            if sockets is None:
+                where = {"host": config.host, "port": config.port, "backlog": config.backlog}
+                self.servers.append(await loop.create_server(self._connection, **where, **handshake))
+                log.info("serving HTTPS on %s:%d", config.host, config.port)
+            for sock in sockets or ():
+                tls = handshake if sock.family != socket.AF_UNIX else {}
+                self.servers.append(
+                    await loop.create_server(self._connection, sock=sock, backlog=config.backlog, **tls)
+                )
+        except OSError as exc:  # as uvicorn's: the port taken
+            log.error("%s", exc)
+            await self.lifespan.shutdown()
+            sys.exit(STARTUP_FAILURE)
 
     def _connection(self) -> asyncio.Protocol:
         """A connection's protocol, as uvicorn's startup makes it."""
@@ -130,7 +145,10 @@ def serve(
     gc.collect()
     gc.freeze()
     context = served.listener if served is not None else None
-    server = _Server(config(app, host, port, drain_seconds, direct, log_level, limits, context), app)
+    limits = limits or ConnectionLimits()
+    server = Server(
+        config(app, host, port, drain_seconds, direct, log_level, limits, context), app, limits.head_seconds
+    )
     with served.following() if served is not None else contextlib.nullcontext():
         server.run(sockets=sockets)
     if not server.started:  # as uvicorn.run: the port was taken, or the lifespan's start failed

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -57,6 +58,8 @@ REFUSED = 'modelserve_gateway_tls_reloads_total{outcome="refused"}'
 EXPIRY = "modelserve_gateway_tls_certificate_expiry_timestamp_seconds"
 # A bound, not a wait: the gateway polls every second; a starved machine may take a few.
 RENEWAL_SECONDS = 20
+# The request head's deadline, the TLS handshake's too (asyncio's own would be 60 s).
+HEAD_SECONDS = 4
 
 
 @dataclass
@@ -130,7 +133,11 @@ def gateway(backend: Backend, tmp_path: Path) -> Iterator[Gateway]:
     discovery = FixedDiscovery([model, sleepy])
     (port,) = free_ports(1)
     settings = GatewaySettings.from_env(
-        {"MODELSERVE_GATEWAY_LISTEN_PORT": str(port), "MODELSERVE_GATEWAY_TLS_DIR": str(secret.path)}
+        {
+            "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
+            "MODELSERVE_GATEWAY_TLS_DIR": str(secret.path),
+            "MODELSERVE_GATEWAY_HEAD_TIMEOUT_SECONDS": str(HEAD_SECONDS),
+        }
     )
     with serving_gateway_app(settings, discovery) as (url, app):
         assert url == f"https://127.0.0.1:{port}"
@@ -241,6 +248,40 @@ def test_a_renewal_whose_key_does_not_match_or_that_expired_is_refused_and_the_o
     gateway.renew(fixed.files())
     _wait_for_serial(gateway, fixed.serial)
     assert (gateway.metric(LOADED), gateway.metric(REFUSED)) == (1, 2)
+
+
+def _closed_within(sock: socket.socket | ssl.SSLSocket, seconds: float) -> bool:
+    """Whether the server closed the connection within `seconds` (its end read: b"" or a reset)."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1024) == b""
+    except (ConnectionResetError, ssl.SSLEOFError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_the_connection_bounds_hold_over_tls(gateway: Gateway) -> None:
+    """A connection that never begins its handshake, and one that completes it and sends nothing,
+    are closed by the head's deadline (well before asyncio's 60 s for a handshake); a head over
+    the bound gets its 431 whole on the TLS connection, which then closes."""
+    bound = HEAD_SECONDS + 8  # the deadline, and room for a starved machine
+    cut = 'modelserve_gateway_connections_cut_total{reason="%s"}'
+    before = {reason: gateway.metric(cut % reason) for reason in ("head_too_large", "no_request")}
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as silent:
+        assert _closed_within(silent, bound), "a connection that never began its handshake was left open"
+    context = trusting(gateway.backend.ca_file)
+    with (
+        socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock,
+        context.wrap_socket(sock, server_hostname="127.0.0.1") as idle,
+    ):
+        assert _closed_within(idle, bound), "an idle TLS connection was left open"
+    with gateway.client() as client:
+        big = client.get(gateway.url + "/healthz", headers={"x-filler": "a" * 100_000})
+    assert big.status_code == 431 and big.json()["error"]["code"] == "request_header_fields_too_large"
+    assert big.headers["connection"] == "close"
+    after = {reason: gateway.metric(cut % reason) - count for reason, count in before.items()}
+    assert after == {"head_too_large": 1, "no_request": 1}  # the one before its handshake was TLS's to close
 
 
 def test_the_operator_reads_what_a_tls_gateway_holds(gateway: Gateway) -> None:
