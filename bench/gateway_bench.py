@@ -7,15 +7,19 @@
 
 The same fast fake engine, load generator and table as bench/sidecar_bench.py (imported from it).
 One sidecar (private: it checks the key, as behind the real gateway) in front of the engine, and
-three ways to it:
-  direct   client -> sidecar -> engine (the baseline: the "+" columns are the others minus it)
-  gateway  client -> modelserve-gateway -> sidecar -> engine (FixedDiscovery, one replica, its own
-           process: uvicorn with uvloop and httptools, as modelserve-gateway runs)
-  nginx    client -> nginx -> sidecar -> engine (the plain reverse proxy: one worker,
-           `proxy_buffering off`, keep-alive to the sidecar, Authorization passed on)
-The gateway and nginx are each pinned to the same core (taskset); the sidecar, the engine and the
+four ways to it:
+  direct       client -> sidecar -> engine (the baseline: the "+" columns are the others minus it)
+  gateway      client -> modelserve-gateway -> sidecar -> engine (FixedDiscovery, one replica, its own
+               process: uvicorn with uvloop and httptools, as modelserve-gateway runs)
+  gateway-tls  the same over HTTPS (MODELSERVE_GATEWAY_TLS_DIR: a P-256 certificate made for the run,
+               TLS 1.3, the client's connections kept alive: the cost of encrypting, not of handshakes)
+  nginx        client -> nginx -> sidecar -> engine (the plain reverse proxy: one worker,
+               `proxy_buffering off`, keep-alive to the sidecar, Authorization passed on)
+The gateways and nginx are each pinned to the same core (taskset); the sidecar, the engine and the
 load float. "cpu ms/req" is the CPU time of the proxy under test per request. Levels: concurrency
-1, 16, 64 non-streaming; 1, 64 streaming (128 chunks, no gap). Not part of `make test`.
+1, 16, 64 non-streaming; 1, 64 streaming (128 chunks, no gap). After the table, the TLS gateway's
+handshakes: a new connection's handshake time, one after another. `--no-tls` leaves the TLS
+gateway out (a checkout from before it). Not part of `make test`.
 """
 
 from __future__ import annotations
@@ -23,9 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import socket
+import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +89,9 @@ def serve_gateway(spec: dict[str, Any]) -> None:
         bounds: dict[str, Any] = {}
     else:
         bounds = {"limits": ConnectionLimits.of(settings)}
+    tls = getattr(settings, "tls_dir", None)  # absent in a checkout from before TLS
+    if tls is not None:
+        bounds["tls"] = tls
     serve(
         app, settings.listen_host, settings.listen_port, settings.drain_seconds, direct, log_level="warning", **bounds
     )
@@ -95,15 +106,19 @@ def start_gateway(
     cpu: str | None = None,
     env: dict[str, str] | None = None,
     profile: Path | None = None,
+    tls: ssl.SSLContext | None = None,
+    name: str = "gateway",
 ) -> subprocess.Popen:
     """Start the gateway process (pinned to `cpu` if given; more MODELSERVE_GATEWAY_* settings in
-    `env`; under cProfile, writing to `profile` when it stops, if given) and wait until it is ready."""
+    `env`; under cProfile, writing to `profile` when it stops, if given) and wait until it is ready
+    (over HTTPS, trusting `tls`, when given: `env` then names its certificate's directory)."""
     spec = json.dumps({"port": port, "model": model, "replicas": replicas, "routing": routing, "env": env or {}})
     profiled = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     argv = [sys.executable, *profiled, "-m", "bench.gateway_bench", "--serve-gateway", spec]  # from the repository root
-    process = start_process("gateway", ["taskset", "-c", cpu, *argv] if cpu else argv, log_dir)
+    process = start_process(name, ["taskset", "-c", cpu, *argv] if cpu else argv, log_dir)
+    scheme = "https" if tls is not None else "http"
     try:
-        wait_http(f"http://127.0.0.1:{port}/readyz", "the gateway", log_dir / "gateway.log")
+        wait_http(f"{scheme}://127.0.0.1:{port}/readyz", "the gateway", log_dir / f"{name}.log", tls)
     except BaseException:
         stop_process(process)
         raise
@@ -111,7 +126,55 @@ def start_gateway(
 
 
 def ratios(table: sidecar_bench.Table) -> dict[str, float]:
-    return sidecar_bench.target_ratios(table, "gateway")
+    values = sidecar_bench.target_ratios(table, "gateway")
+    if (("plain", 64, 0), "gateway-tls") in table:
+        column = {name: i for i, name in enumerate(sidecar_bench.COLUMNS)}
+        for level, name, label in (
+            (("plain", 64, 0), "cpu ms/req", "cpu ms/req c=64 gateway-tls/gateway"),
+            (("plain", 64, 0), "req/s", "req/s c=64 gateway-tls/gateway"),
+            (("stream", 64, 0), "req/s", "streams/s c=64 gateway-tls/gateway"),
+        ):
+            plain = table[level, "gateway"][column[name]]
+            values[label] = table[level, "gateway-tls"][column[name]] / plain if plain > 0 else float("nan")
+    return values
+
+
+def certificate(workdir: Path) -> tuple[Path, ssl.SSLContext]:
+    """A CA and a server certificate for 127.0.0.1 made for the run (harness/certificates.py), written
+    as a TLS Secret's files; the directory and a client context trusting the CA."""
+    from harness.certificates import CA
+
+    ca = CA("gateway bench CA")
+    directory = workdir / "tls"
+    directory.mkdir()
+    for name, content in ca.issue().files().items():
+        (directory / name).write_text(content)
+    return directory, ssl.create_default_context(cafile=str(ca.write(workdir / "ca.crt")))
+
+
+def handshakes(port: int, tls: ssl.SSLContext, count: int = 200) -> list[float]:
+    """Seconds each of `count` new connections took from connect to a completed handshake."""
+    taken = []
+    for _ in range(count):
+        start = time.perf_counter()
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+            tls.wrap_socket(sock, server_hostname="127.0.0.1"),
+        ):
+            taken.append(time.perf_counter() - start)
+    return taken
+
+
+def print_handshakes(port: int, tls: ssl.SSLContext) -> None:
+    taken = sorted(handshakes(port, tls))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+        tls.wrap_socket(sock, server_hostname="127.0.0.1") as connection,
+    ):
+        version, cipher = connection.version(), connection.cipher()[0]
+    p50, p99 = statistics.median(taken) * 1000, taken[int(0.99 * len(taken))] * 1000
+    what = f"{version}, {cipher}, {len(taken)} one after another"
+    print(f"gateway-tls handshakes ({what}): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
 
 
 def main() -> None:
@@ -119,6 +182,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="1 s per level and target instead of 3")
     parser.add_argument("--routing", choices=(LEAST_IN_FLIGHT, PREFIX_AFFINITY), default=LEAST_IN_FLIGHT)
+    parser.add_argument("--no-tls", action="store_true", help="without the gateway over HTTPS")
     parser.add_argument("--serve-gateway", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_gateway:
@@ -129,7 +193,7 @@ def main() -> None:
 
     nginx = ensure_nginx()
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-    engine_port, gateway_port, nginx_port = free_ports(3)
+    engine_port, gateway_port, nginx_port, tls_port = free_ports(4)
     processes = []
     try:
         engine_argv = [sys.executable, sidecar_bench.__file__, "--serve-engine", str(engine_port)]
@@ -146,6 +210,14 @@ def main() -> None:
         replica = sidecar.url.removeprefix("http://")
         gateway = start_gateway(workdir, gateway_port, MODEL, [replica], args.routing, PROXY_CPU)
         processes.append(gateway)
+        client_tls: ssl.SSLContext | None = None
+        if not args.no_tls:
+            directory, client_tls = certificate(workdir)
+            env = {"MODELSERVE_GATEWAY_TLS_DIR": str(directory)}
+            tls_gateway = start_gateway(
+                workdir, tls_port, MODEL, [replica], args.routing, PROXY_CPU, env, tls=client_tls, name="gateway-tls"
+            )
+            processes.append(tls_gateway)
 
         conf = NGINX_CONF.format(dir=workdir / "nginx", key=KEY, engine_port=replica.rsplit(":", 1)[1], port=nginx_port)
         proxy = start_nginx(nginx, workdir, conf)
@@ -156,9 +228,12 @@ def main() -> None:
         targets = [
             Target("direct", sidecar.url),
             Target("gateway", f"http://127.0.0.1:{gateway_port}", gateway),
+            *([Target("gateway-tls", f"https://127.0.0.1:{tls_port}", tls_gateway, client_tls)] if client_tls else []),
             Target("nginx", nginx_url, proxy),
         ]
         run_and_report(targets, seconds, args.runs, ratios, f", gateway {args.routing}")
+        if client_tls is not None:
+            print_handshakes(tls_port, client_tls)
     finally:
         for process in reversed(processes):
             stop_process(process)

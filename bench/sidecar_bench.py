@@ -18,6 +18,7 @@ import json
 import math
 import os
 import shutil
+import ssl
 import statistics
 import subprocess
 import sys
@@ -206,6 +207,7 @@ class Target:
     name: str
     url: str
     process: subprocess.Popen | None = None
+    tls: ssl.SSLContext | None = None  # the client's, for an https:// target
 
     def cpu_seconds(self) -> float:
         """CPU time of the proxy's process tree (nginx's worker is a child of its master)."""
@@ -223,12 +225,12 @@ class Target:
         return total / os.sysconf("SC_CLK_TCK")
 
 
-def wait_http(url: str, what: str, log: Path) -> None:
+def wait_http(url: str, what: str, log: Path, tls: ssl.SSLContext | None = None) -> None:
     import urllib.request
 
     def up() -> bool:
         try:
-            with urllib.request.urlopen(url, timeout=1):
+            with urllib.request.urlopen(url, timeout=1, context=tls):
                 return True
         except OSError:
             return False
@@ -257,11 +259,13 @@ class Result:
         return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values else float("nan")
 
 
-async def load(url: str, concurrency: int, seconds: float, stream: bool, gap_ms: int) -> Result:
+async def load(
+    url: str, concurrency: int, seconds: float, stream: bool, gap_ms: int, tls: ssl.SSLContext | None = None
+) -> Result:
     result = Result()
     headers = {"Authorization": f"Key {KEY}", "Content-Type": "application/json", "x-gap-ms": str(gap_ms)}
     body = STREAM_REQUEST if stream else REQUEST
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False, ssl=tls if tls is not None else True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
         deadline = time.perf_counter() + seconds
 
@@ -301,13 +305,13 @@ def level_name(kind: str, concurrency: int, gap: int) -> str:
 def run_once(targets: list[Target], seconds: float) -> dict[tuple, dict[str, Result]]:
     results: dict[tuple, dict[str, Result]] = {}
     for target in targets:  # warm every path (connections, caches) before measuring
-        asyncio.run(load(target.url, 8, 0.5, False, 0))
+        asyncio.run(load(target.url, 8, 0.5, False, 0, target.tls))
     for level in LEVELS:
         kind, concurrency, gap = level
         results[level] = {}
         for target in targets:  # interleaved, so drift in the machine's load hits all alike
             cpu = target.cpu_seconds()
-            result = asyncio.run(load(target.url, concurrency, seconds, kind == "stream", gap))
+            result = asyncio.run(load(target.url, concurrency, seconds, kind == "stream", gap, target.tls))
             result.cpu = target.cpu_seconds() - cpu
             results[level][target.name] = result
     return results
@@ -338,12 +342,12 @@ def summarize(results: dict[tuple, dict[str, Result]]) -> Table:
 
 
 def print_table(table: Table) -> None:
-    print(f"{'level':<26}{'target':<9}" + "".join(f"{c:>11}" for c in COLUMNS))
+    print(f"{'level':<26}{'target':<12}" + "".join(f"{c:>11}" for c in COLUMNS))
     for (level, name), values in table.items():
         cells = "".join(
             "          -" if math.isnan(v) else f"{v:>11.3f}" if i else f"{v:>11.1f}" for i, v in enumerate(values)
         )
-        print(f"{level_name(*level):<26}{name:<9}{cells}")
+        print(f"{level_name(*level):<26}{name:<12}{cells}")
     print(flush=True)
 
 

@@ -127,7 +127,12 @@ def _default(setting: dataclasses.Field) -> str:
     if setting.default is dataclasses.MISSING and setting.default_factory is dataclasses.MISSING:
         return "required"
     value: Any = env.default_of(setting)
-    if setting.metadata.get("prefix") or value in ("", (), {}) or (hasattr(value, "__len__") and not len(value)):
+    if (
+        setting.metadata.get("prefix")
+        or value is None
+        or value in ("", (), {})
+        or (hasattr(value, "__len__") and not len(value))
+    ):
         return "empty"
     return code(setting.metadata["render"](value))
 

@@ -13,6 +13,9 @@ from .names import Key
 GATEWAY_LABEL = "serving.modelserve.dev/gateway"
 GATEWAY_CONTAINER = "gateway"
 LISTEN_PORT = 8080
+# The gateway container's port is named so when the gateway serves HTTPS (the chart's gateway.tls):
+# the operator then reads HELD_ROUTE and GUARDS_ROUTE over TLS.
+TLS_PORT_NAME = "https"
 HEALTH_ROUTE = "/healthz"
 READY_ROUTE = "/readyz"
 METRICS_ROUTE = "/metrics"
@@ -23,6 +26,16 @@ HELD_ROUTE = "/held"
 # the operator writes them into their status (condition TrafficGuard), which every gateway obeys.
 GUARDS_ROUTE = "/guards"
 OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, HELD_ROUTE, GUARDS_ROUTE})
+
+
+def serves_tls(pod: Mapping[str, Any]) -> bool:
+    """Whether a gateway pod serves HTTPS: its gateway container's port is named TLS_PORT_NAME."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == GATEWAY_CONTAINER:
+            return any(port.get("name") == TLS_PORT_NAME for port in container.get("ports") or [])
+    return False
+
+
 # Set to a new value (`kubectl annotate --overwrite`), it clears a version's tripped guard.
 GUARD_RESET_ANNOTATION = "serving.modelserve.dev/guard-reset"
 TRAFFIC_GUARD_CONDITION = "TrafficGuard"

@@ -35,9 +35,9 @@ def _metrics_port(raw: str) -> int:
 def _addresses(raw: str) -> tuple[str, ...]:
     addresses = comma_list(raw)
     for address in addresses:
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"{address!r} is not host:port")
+        host, _, port = address.removeprefix("https://").rpartition(":")
+        if not host or not port.isdigit() or "/" in host:
+            raise ValueError(f"{address!r} is not host:port or https://host:port")
     return addresses
 
 
@@ -116,8 +116,8 @@ class Settings:
     gateway_pod_namespace: str = env_setting(
         "MODELSERVE_GATEWAY_POD_NAMESPACE", non_empty, default="", deprecated_env="MODELSERVE_GATEWAY_NAMESPACE"
     )
-    # host:port of gateways that are not pods (the sandbox runs one on the host), comma-separated;
-    # their held requests count as well.
+    # host:port (https://host:port for one serving HTTPS) of gateways that are not pods (the sandbox
+    # runs one on the host), comma-separated; their held requests count as well.
     gateway_addresses: tuple[str, ...] = env_setting("MODELSERVE_GATEWAY_ADDRESSES", _addresses, default=())
 
     # What one client connection may take of every pod's sidecar before any check (contracts/sidecar.py

@@ -69,6 +69,8 @@ class Dispatcher:
     def __init__(self, api: FastAPI, proxy: GatewayProxy) -> None:
         self.api = api
         self.proxy = proxy
+        # What the server's certificate did (http/tls.py, when serving HTTPS), in the metrics.
+        self.certificate_changed = proxy.metrics.tls.changed
 
     def direct_routes(self) -> DirectRoutes:
         """The requests the server hands the proxy without ASGI (direct.py): exactly those this

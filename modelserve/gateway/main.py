@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from modelserve.contracts.env import settings_or_exit, variables_help
 from modelserve.contracts.gateway import OWN_ROUTES
+from modelserve.http import tls
 from modelserve.http.limits import ConnectionLimits
 from modelserve.http.serve import serve_workers
 
@@ -35,11 +36,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_or_exit(GatewaySettings, "modelserve-gateway")
     log.info(
-        "routing (%s) the ModelServers of %s on %s:%d; holding up to %d requests per model for %g s",
+        "routing (%s) the ModelServers of %s on %s:%d (%s); holding up to %d requests per model for %g s",
         settings.routing,
         ", ".join(settings.namespaces) or "every namespace",
         settings.listen_host,
         settings.listen_port,
+        "HTTP" if settings.tls_dir is None else f"HTTPS, the certificate in {settings.tls_dir}",
         settings.max_held,
         settings.hold_seconds,
     )
@@ -47,7 +49,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(settings: GatewaySettings, discovery: Callable[[], Discovery]) -> None:
-    """Serve until SIGTERM, in `settings.workers` processes, each with its own `discovery()`."""
+    """Serve until SIGTERM, in `settings.workers` processes, each with its own `discovery()`. A
+    certificate that cannot be served ends it first, with status 2 and one line naming the file."""
+    if settings.tls_dir is not None:
+        pair = tls.check_or_exit(settings.tls_dir, "modelserve-gateway")
+        log.info("serving HTTPS: %s (%s)", settings.tls_dir / tls.CERT_FILE, pair.describe())
     serve_workers(
         lambda siblings: build_app(settings, discovery(), siblings=siblings),
         settings.workers,
@@ -56,6 +62,7 @@ def run(settings: GatewaySettings, discovery: Callable[[], Discovery]) -> None:
         settings.drain_seconds,
         ConnectionLimits.of(settings, OWN_ROUTES),
         SHARED_WIDTH,
+        settings.tls_dir,
     )
 
 

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from modelserve.contracts.names import Key
 from modelserve.http.metrics import (
     RequestSeries,
+    TLSSeries,
     connections_cut,
     flush_on_collect,
     lifecycle_series,
@@ -85,6 +86,7 @@ class GatewayMetrics:
         )
         self.refused = refusal_counter(PREFIX, r)
         connections_cut(PREFIX, r)
+        self.tls = TLSSeries(PREFIX, r)
         self.model_list_asks = Counter(
             f"{PREFIX}_model_list_asks",
             "Sidecars asked whether a caller's key opens their model, for the model lists, by answer (opened, "

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from modelserve.contracts.env import (
     env_setting,
     non_empty,
     non_negative_float,
+    path,
     port,
     positive_float,
     positive_int,
@@ -45,6 +47,11 @@ class GatewaySettings:
     listen_host: str = env_setting("MODELSERVE_GATEWAY_LISTEN_HOST", non_empty, default="0.0.0.0")
     # The gateway's port, its Service's target.
     listen_port: int = env_setting("MODELSERVE_GATEWAY_LISTEN_PORT", port, default=LISTEN_PORT)
+    # A directory holding a certificate chain `tls.crt` (leaf first) and its key `tls.key`, as a
+    # mounted kubernetes.io/tls Secret: the gateway serves HTTPS (TLS 1.2 and later) on its port, and
+    # serves a renewed pair within about a second of the files changing (a pair that fails its checks
+    # is refused, the one before it kept). Empty: plain HTTP.
+    tls_dir: Path | None = env_setting("MODELSERVE_GATEWAY_TLS_DIR", path, default=None)  # noqa: RUF009 - immutable
     # How a replica is picked: least-in-flight (the fewest requests in flight from this gateway) or
     # prefix-affinity (a conversation stays on its replica's prefix cache).
     routing: str = env_setting("MODELSERVE_GATEWAY_ROUTING", _routing, default=LEAST_IN_FLIGHT)

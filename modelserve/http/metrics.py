@@ -6,12 +6,12 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from modelserve.contracts import routes
 
-from . import limits
+from . import limits, tls
 
 if TYPE_CHECKING:
     from .pipeline import Ledger
@@ -280,3 +280,32 @@ def refusal_counter(prefix: str, registry: CollectorRegistry) -> Counter:
     for route_class in routes.REFUSAL_CLASSES:
         counter.labels(route_class)
     return counter
+
+
+class TLSSeries:
+    """`<prefix>_tls_reloads_total{outcome}` and `_tls_certificate_expiry_timestamp_seconds`: what the
+    server's certificate (http/tls.py) did with each renewal it saw, and when the one served expires."""
+
+    def __init__(self, prefix: str, registry: CollectorRegistry) -> None:
+        self.reloads = Counter(
+            f"{prefix}_tls_reloads",
+            "Renewed certificate and key files seen while serving HTTPS, by outcome: loaded (served from the "
+            "next handshake on); refused (a key that does not match its certificate, an expired certificate, "
+            "a file missing or unreadable: the pair before it still served, the reason in the log). Each "
+            "worker process counts its own.",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in tls.OUTCOMES:
+            self.reloads.labels(outcome)
+        self.expiry = Gauge(
+            f"{prefix}_tls_certificate_expiry_timestamp_seconds",
+            "When the served certificate (the leaf of its chain) expires, in Unix time; 0 when serving plain HTTP.",
+            registry=registry,
+        )
+
+    def changed(self, outcome: str | None, pair: tls.Pair) -> None:
+        """http/tls.py's `Changed`: from its polling thread (prometheus_client's metrics take a lock)."""
+        if outcome is not None:
+            self.reloads.labels(outcome).inc()
+        self.expiry.set(pair.not_after.timestamp())

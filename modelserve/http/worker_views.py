@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 ASK_TIMEOUT_SECONDS = 5.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
-# Samples that are not amounts: the earliest start, the highest ceiling; every other sample is summed.
-LOWEST = ("_start_time_seconds", "_created")
+# Samples that are not amounts: the earliest start (and certificate expiry), the highest ceiling;
+# every other sample is summed.
+LOWEST = ("_start_time_seconds", "_created", "_expiry_timestamp_seconds")
 HIGHEST = ("_max_fds", "_warmup_duration_seconds")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 import time
 import urllib.request
@@ -58,10 +59,24 @@ def policy(spec: ModelServerSpec) -> Policy:
     )
 
 
+def _unverified() -> ssl.SSLContext:
+    """TLS to a gateway pod by its address, which its certificate does not name (it names the
+    Service): the certificate is not checked. What is read there (counts of held requests, tripped
+    guards) was read in plain HTTP before the gateway served TLS, and nothing secret is sent."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+_GATEWAY_TLS = _unverified()
+
+
 def read_json(url: str) -> Any:
     """A pod's JSON answer, or None when it cannot be read now."""
+    context = _GATEWAY_TLS if url.startswith("https://") else None
     try:
-        with urllib.request.urlopen(url, timeout=READ_TIMEOUT_SECONDS) as answer:
+        with urllib.request.urlopen(url, timeout=READ_TIMEOUT_SECONDS, context=context) as answer:
             return json.loads(answer.read())
     except (OSError, ValueError):
         return None
@@ -75,9 +90,15 @@ def read_pod_load(address: str) -> PodLoad | None:
         return None
 
 
+def gateway_url(address: str, route: str) -> str:
+    """`route` of the gateway at `address`: host:port (plain HTTP), or https://host:port."""
+    return f"{address}{route}" if address.startswith("https://") else f"http://{address}{route}"
+
+
 def read_held(address: str) -> dict[Key, int]:
-    """What one gateway (host:port) holds, per ModelServer (nothing when it cannot be read)."""
-    body = read_json(f"http://{address}{gateway.HELD_ROUTE}")
+    """What one gateway (host:port or https://host:port) holds, per ModelServer (nothing when it
+    cannot be read)."""
+    body = read_json(gateway_url(address, gateway.HELD_ROUTE))
     try:
         return {} if body is None else gateway.held_from_json(body)
     except (KeyError, TypeError, ValueError):
@@ -85,8 +106,9 @@ def read_held(address: str) -> dict[Key, int]:
 
 
 def read_guards(address: str) -> dict[Key, tuple[str, gateway.GuardReport]]:
-    """The traffic guards one gateway (host:port) tripped (nothing when it cannot be read)."""
-    body = read_json(f"http://{address}{gateway.GUARDS_ROUTE}")
+    """The traffic guards one gateway (host:port or https://host:port) tripped (nothing when it
+    cannot be read)."""
+    body = read_json(gateway_url(address, gateway.GUARDS_ROUTE))
     try:
         return {} if body is None else gateway.guards_from_json(body)
     except (KeyError, TypeError, ValueError):
@@ -94,9 +116,12 @@ def read_guards(address: str) -> dict[Key, tuple[str, gateway.GuardReport]]:
 
 
 def gateway_addresses(gateway_pods: list[dict[str, Any]], others: tuple[str, ...] = ()) -> list[str]:
-    """host:port of every gateway to read: the ready gateway pods, and those given by address."""
+    """host:port of every gateway to read (https://host:port for one serving HTTPS): the ready
+    gateway pods, and those given by address."""
     pods = [pod for pod in gateway_pods if pod_ready(pod) and readable(pod, gateway.GATEWAY_CONTAINER)]
-    return [f"{pod['status']['podIP']}:{gateway.LISTEN_PORT}" for pod in pods] + list(others)
+    return [
+        f"{'https://' if gateway.serves_tls(pod) else ''}{pod['status']['podIP']}:{gateway.LISTEN_PORT}" for pod in pods
+    ] + list(others)
 
 
 def total_held(addresses: list[str], read: Callable[[str], dict[Key, int]]) -> dict[Key, int]:

@@ -404,6 +404,9 @@ def test_held_counts_round_trip_and_add_up_across_gateway_pods() -> None:
     second = {**gateway, "status": {**gateway["status"], "podIP": "10.88.0.10"}}
     addresses = gateway_addresses([gateway, second, unready], ("127.0.0.1:9000",))
     assert addresses == ["10.88.0.9:8080", "10.88.0.10:8080", "127.0.0.1:9000"]
+    # One serving HTTPS (its port named https, as the chart's gateway.tls names it) is read over TLS.
+    https = {**second, "spec": {"containers": [{"name": "gateway", "ports": [{"name": "https"}]}]}}
+    assert gateway_addresses([gateway, https]) == ["10.88.0.9:8080", "https://10.88.0.10:8080"]
     assert total_held(addresses, answers.__getitem__) == {("ns", "m"): 6, ("other", "x"): 1}
 
 

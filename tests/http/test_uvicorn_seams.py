@@ -48,3 +48,22 @@ def test_the_lists_name_every_uvicorn_part_the_protocol_uses() -> None:
     used = set(re.findall(r"self\.(\w+)", inspect.getsource(DirectProtocol)))
     listed = set(UVICORN_OVERRIDES) | set(UVICORN_CALLS) | set(UVICORN_ATTRIBUTES)
     assert (used & theirs) - ours - listed == set()
+
+
+def test_the_servers_tls_startup_uses_what_uvicorns_server_still_has() -> None:
+    """serve.py's `Server.startup` makes the listening servers itself under TLS (a handshake
+    deadline, a worker's unix socket in plain HTTP): it relies on uvicorn's startup given no socket
+    running the lifespan and listening on nothing, on its Server keeping the listening servers in
+    `servers` (closed at shutdown), its `server_state` and `lifespan.state`, and on the protocol
+    being made from those three; and on uvicorn's Config taking the context from a factory."""
+    import uvicorn
+    from uvicorn.lifespan.on import LifespanOn
+
+    assert {"servers", "server_state", "lifespan", "config", "started"} <= _assigned(uvicorn.Server)
+    assert "state" in _assigned(LifespanOn)
+    startup = inspect.getsource(uvicorn.Server.startup)
+    assert re.search(r"if sockets is not None:.*?for sock in sockets:", startup, re.DOTALL)
+    assert startup.index("await self.lifespan.startup()") < startup.index("if sockets is not None")
+    assert "for server in self.servers" in inspect.getsource(uvicorn.Server.shutdown)
+    assert _parameters(HttpToolsProtocol.__init__)[1:4] == ["config", "server_state", "app_state"]
+    assert "ssl_context_factory" in _parameters(uvicorn.Config.__init__)

@@ -14,7 +14,7 @@ from prometheus_client.metrics_core import Metric
 from modelserve.api import manifests
 from modelserve.api.spec import ModelServer
 from modelserve.contracts import sidecar as sidecar_contract
-from modelserve.contracts.gateway import GATEWAY_LABEL
+from modelserve.contracts.gateway import GATEWAY_LABEL, TLS_PORT_NAME, serves_tls
 from modelserve.contracts.names import SELECTOR_LABEL
 from modelserve.contracts.operator_settings import Settings
 from modelserve.engines import ENGINES
@@ -38,7 +38,7 @@ PASS_THROUGH = {
 
 
 def test_lint(helm: Helm) -> None:
-    for sets in ((), (*EVERYTHING_ON, "operator.watchNamespaces={team-a,team-b}")):
+    for sets in ((), (*EVERYTHING_ON, "operator.watchNamespaces={team-a,team-b}", "gateway.tls.secretName=gw-tls")):
         args = ["lint", "--strict", str(CHART)]
         for pair in sets:
             args += ["--set", pair]
@@ -56,6 +56,7 @@ def test_lint(helm: Helm) -> None:
         ({"operator": {"watchNamespaces": ["Team_A"]}}, "at '/operator/watchNamespaces/0'"),
         ({"serviceMonitor": {"enabled": "yes"}}, "at '/serviceMonitor/enabled': got string, want boolean"),
         ({"resources": {"limit": {"memory": "1Gi"}}}, "at '/resources': additional properties 'limit' not allowed"),
+        ({"gateway": {"tls": {"secretName": "Gateway_TLS"}}}, "at '/gateway/tls/secretName'"),
     ],
     ids=[
         "unknown-key",
@@ -65,6 +66,7 @@ def test_lint(helm: Helm) -> None:
         "bad-namespace",
         "bool-as-string",
         "typo-in-resources",
+        "bad-secret-name",
     ],
 )
 def test_schema_refuses_bad_values(helm: Helm, tmp_path: Path, values: dict[str, Any], complaint: str) -> None:
@@ -321,6 +323,45 @@ def test_gateway_is_hardened_and_reads_what_the_chart_sets(helm: Helm) -> None:
     assert (
         operator_env["MODELSERVE_GATEWAY_URL"] == "http://ms-modelserve-gateway.modelserve-system.svc.cluster.local/v1"
     )
+
+
+def test_gateway_tls_mounts_the_secret_and_says_https_everywhere(helm: Helm) -> None:
+    """gateway.tls.secretName: the Secret mounted read-only where the setting points, the port (the
+    container's, which the operator reads the scheme from, and the Service's) named https, the probes
+    in HTTPS, status.gatewayEndpoint https://; and without it, none of that."""
+    for port, url_port in ((80, ":80"), (443, "")):
+        rendered = helm(
+            *template_args(
+                "ms", "modelserve-system", "gateway.tls.secretName=gateway-tls", f"gateway.service.port={port}"
+            )
+        ).stdout
+        pod = _deployment(rendered, "gateway")["spec"]["template"]["spec"]
+        container = _gateway_container(rendered)
+        env = {var["name"]: var["value"] for var in container["env"]}
+        settings = GatewaySettings.from_env(env)
+        assert settings.tls_dir == Path("/etc/modelserve/gateway-tls")
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
+        assert mount == {"name": "tls", "mountPath": str(settings.tls_dir), "readOnly": True}
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+        assert volume == {"name": "tls", "secret": {"secretName": "gateway-tls"}}
+        assert container["ports"] == [{"name": TLS_PORT_NAME, "containerPort": 8080, "protocol": "TCP"}]
+        assert serves_tls({"spec": pod})  # what the operator reads it from
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+        (service,) = [s for s in by_kind(rendered, "Service") if s["metadata"]["name"] == "ms-modelserve-gateway"]
+        assert service["spec"]["ports"] == [
+            {"name": "https", "port": port, "targetPort": "https", "protocol": "TCP", "appProtocol": "https"}
+        ]
+        operator = Settings.from_env({var["name"]: var["value"] for var in _operator_container(rendered)["env"]})
+        assert operator.gateway_url == f"https://ms-modelserve-gateway.modelserve-system.svc.cluster.local{url_port}/v1"
+    plain = helm(*template_args("ms", "modelserve-system")).stdout
+    container = _gateway_container(plain)
+    assert GatewaySettings.from_env({var["name"]: var["value"] for var in container["env"]}).tls_dir is None
+    assert [m["name"] for m in container["volumeMounts"]] == ["tmp"]
+    assert container["ports"][0]["name"] == "http" and "scheme" not in container["livenessProbe"]["httpGet"]
+    assert not serves_tls({"spec": _deployment(plain, "gateway")["spec"]["template"]["spec"]})
+    (service,) = [s for s in by_kind(plain, "Service") if s["metadata"]["name"] == "ms-modelserve-gateway"]
+    assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
 
 
 def test_the_client_limits_the_chart_renders_by_default_are_the_programs_own(helm: Helm) -> None:

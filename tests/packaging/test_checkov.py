@@ -86,7 +86,12 @@ def _write_manifests(helm: Helm, out: Path) -> None:
             check=True,
         )
         (out / f"example-{path.stem}.yaml").write_text(render.stdout)
-    sets = ("networkPolicy.enabled=true", "operator.watchNamespaces={team-a}", "dashboard.enabled=true")
+    sets = (
+        "networkPolicy.enabled=true",
+        "operator.watchNamespaces={team-a}",
+        "dashboard.enabled=true",
+        "gateway.tls.secretName=gateway-tls",
+    )
     (out / "chart.yaml").write_text(helm(*template_args("ms", "modelserve-system", *sets)).stdout)
 
 

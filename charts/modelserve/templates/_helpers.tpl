@@ -127,11 +127,24 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
-{{/* The gateway's base URL, written to every ModelServer's status.gatewayEndpoint. */}}
+{{/* The gateway's base URL, written to every ModelServer's status.gatewayEndpoint: https:// when
+it serves TLS (gateway.tls.secretName), with the port when it is not the scheme's own. */}}
 {{- define "modelserve.gatewayURL" -}}
+{{- $scheme := ternary "https" "http" (include "modelserve.gatewayTLS" . | eq "true") -}}
+{{- $default := ternary 443 80 (eq $scheme "https") -}}
 {{- $port := "" -}}
-{{- if ne (int .Values.gateway.service.port) 80 }}{{ $port = printf ":%d" (int .Values.gateway.service.port) }}{{ end -}}
-{{- printf "http://%s.%s.svc.%s%s/v1" (include "modelserve.gatewayName" .) .Release.Namespace .Values.operator.clusterDomain $port -}}
+{{- if ne (int .Values.gateway.service.port) $default }}{{ $port = printf ":%d" (int .Values.gateway.service.port) }}{{ end -}}
+{{- printf "%s://%s.%s.svc.%s%s/v1" $scheme (include "modelserve.gatewayName" .) .Release.Namespace .Values.operator.clusterDomain $port -}}
+{{- end -}}
+
+{{/* "true" when the gateway serves HTTPS: a TLS Secret is named. */}}
+{{- define "modelserve.gatewayTLS" -}}
+{{- if (.Values.gateway.tls | default dict).secretName }}true{{ else }}false{{ end -}}
+{{- end -}}
+
+{{/* The gateway's port name (and its Service's, its probes' scheme in upper case). */}}
+{{- define "modelserve.gatewayPort" -}}
+{{- ternary "https" "http" (include "modelserve.gatewayTLS" . | eq "true") -}}
 {{- end -}}
 
 {{/* What the gateway reads, in a namespace it serves: ModelServers and their pods; nothing else. */}}
