@@ -1,5 +1,5 @@
 """checkov (the pinned version, hack/install-checkov.sh) over what a user deploys: `modelserve render`
-of every example and `helm template` of the chart (NetworkPolicy and watched namespaces on).
+of every example and `helm template` of the chart (NetworkPolicy, watched namespaces and monitoring on).
 
 The checks it must pass are chosen below, each a container or pod hardening rule, RBAC rule or
 host-isolation rule. Checks left out, and why:
@@ -86,7 +86,12 @@ def _write_manifests(helm: Helm, out: Path) -> None:
             check=True,
         )
         (out / f"example-{path.stem}.yaml").write_text(render.stdout)
-    sets = ("networkPolicy.enabled=true", "operator.watchNamespaces={team-a}", "dashboard.enabled=true")
+    sets = (
+        "networkPolicy.enabled=true",
+        "operator.watchNamespaces={team-a}",
+        "dashboard.enabled=true",
+        "serviceMonitor.enabled=true",  # and the operator's metrics Service
+    )
     (out / "chart.yaml").write_text(helm(*template_args("ms", "modelserve-system", *sets)).stdout)
 
 
