@@ -27,6 +27,7 @@ SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 EVERYTHING_ON = (
     "serviceMonitor.enabled=true",
+    "prometheusRule.enabled=true",
     "dashboard.enabled=true",
     "operator.logLevel=debug",
 )

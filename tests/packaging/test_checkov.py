@@ -91,6 +91,7 @@ def _write_manifests(helm: Helm, out: Path) -> None:
         "operator.watchNamespaces={team-a}",
         "dashboard.enabled=true",
         "serviceMonitor.enabled=true",  # and the operator's metrics Service
+        "prometheusRule.enabled=true",
     )
     (out / "chart.yaml").write_text(helm(*template_args("ms", "modelserve-system", *sets)).stdout)
 
