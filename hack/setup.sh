@@ -7,6 +7,8 @@
 #   - the control plane, kubelet and kube-proxy built from Go modules (hack/build-control-plane.sh);
 #   - the LeaderWorkerSet controller and its CRDs, from its Go module (hack/build-lws.sh);
 #   - CoreDNS, the sandbox's cluster DNS, from its Go module (hack/build-coredns.sh);
+#   - rulecheck, Prometheus's rule checks and rule unit tests (promtool's) from its Go module, for the
+#     chart's PrometheusRule tests (hack/build-rulecheck.sh);
 #   - vLLM's and SGLang's source at the pins: their parsers check the generated command lines, and the
 #     derived-facts test reads their routes and flags (hack/install-vllm-cli.sh, hack/install-sglang-cli.sh);
 #   - llama.cpp's llama-server built from source (hack/build-llama-server.sh);
@@ -30,6 +32,7 @@ step hack/install-python.sh
 step hack/build-control-plane.sh
 step hack/build-lws.sh
 step hack/build-coredns.sh
+step hack/build-rulecheck.sh
 step hack/install-vllm-cli.sh
 step hack/install-sglang-cli.sh
 step hack/build-llama-server.sh

@@ -23,10 +23,11 @@ from .markdown import code, generated_by, table
 
 INTRO = """\
 Every pod's sidecar serves `/metrics` on the port `http`: its own series (all its workers', merged)
-followed by the engine's, so one scrape target per pod covers both, without a key. The chart's
-optional ServiceMonitor scrapes them and its Grafana dashboard charts them. The gateway serves its
-own on its port (`/metrics`, no key), the operator on `operator.metricsPort` when it is set, and the
-node cache's agent on its port (`nodeCache.port`, `/metrics`).
+followed by the engine's, so one scrape target per pod covers both, without a key. The gateway
+serves its own on its port (`/metrics`, no key), the operator on `operator.metricsPort` when it is
+set, and the node cache's agent on its port (`nodeCache.port`, `/metrics`). The chart's optional
+ServiceMonitors scrape all four, its PrometheusRule alerts on them and its Grafana dashboard charts
+the sidecars' and engines' ([Monitoring](../operations/monitoring.md)).
 
 The engines' own series follow the sidecar's: vLLM `vllm:*` (e.g. `vllm:kv_cache_usage_perc`,
 `vllm:num_requests_waiting`), SGLang `sglang:*` (`sglang:token_usage`, `sglang:num_queue_reqs`),

@@ -25,7 +25,12 @@ from tests.helpers.chart import CHART, REPO, Helm, by_kind, template_args
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
-EVERYTHING_ON = ("serviceMonitor.enabled=true", "dashboard.enabled=true", "operator.logLevel=debug")
+EVERYTHING_ON = (
+    "serviceMonitor.enabled=true",
+    "prometheusRule.enabled=true",
+    "dashboard.enabled=true",
+    "operator.logLevel=debug",
+)
 # Kubernetes objects passed through to the pod spec: the API server checks their insides.
 PASS_THROUGH = {
     "global",
@@ -412,7 +417,9 @@ def test_operator_accepts_the_chart_arguments(helm: Helm, monkeypatch: pytest.Mo
 
 def test_service_monitor_selects_the_operators_services(helm: Helm) -> None:
     rendered = helm(*template_args("ms", "monitoring", *EVERYTHING_ON)).stdout
-    (monitor,) = by_kind(rendered, "ServiceMonitor")
+    (monitor,) = [
+        m for m in by_kind(rendered, "ServiceMonitor") if m["metadata"]["name"] == "ms-modelserve-modelservers"
+    ]
     example = yaml.safe_load((REPO / "examples" / "lfm2-1.2b.yaml").read_text())
     example["metadata"]["namespace"] = "default"
     service = manifests.service(ModelServer.from_manifest(example))

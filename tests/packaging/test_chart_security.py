@@ -119,6 +119,60 @@ def test_the_policy_defaults_to_the_watched_namespaces_and_needs_some(helm: Helm
     assert refused.returncode != 0 and "networkPolicy.enabled needs networkPolicy.namespaces" in refused.stderr
 
 
+def _admits_monitoring(policy: dict[str, Any], port: str) -> bool:
+    """Some ingress rule of the policy lets every pod of the monitoring namespace in on the port."""
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    return any(
+        monitoring in rule.get("from", []) and any(p.get("port") == port for p in rule.get("ports", []))
+        for rule in policy["spec"]["ingress"]
+    )
+
+
+def test_the_monitoring_namespace_reaches_every_scraped_port(helm: Helm) -> None:
+    """Each ServiceMonitor's targets, where a NetworkPolicy guards them, let Prometheus's namespace
+    (networkPolicy.monitoringNamespace) in on the port it scrapes; the gateway and the operator have no
+    policy of the chart's, so nothing keeps a scrape out."""
+    sets = (*POLICY_ON, "serviceMonitor.enabled=true")
+    rendered = helm(*template_args("ms", "modelserve-system", *sets)).stdout
+    policies = by_kind(rendered, "NetworkPolicy")
+    services = by_kind(rendered, "Service")
+    # Every pod template the chart renders (by its namespace), and a ModelServer's, in a guarded namespace.
+    pods = [
+        (w["metadata"]["namespace"], w["spec"]["template"])
+        for w in [*by_kind(rendered, "Deployment"), *by_kind(rendered, "DaemonSet")]
+    ]
+    pods.append(("team-a", _example_pod("lfm2-1.2b.yaml")))
+    guarded = set()
+    for monitor in by_kind(rendered, "ServiceMonitor"):
+        (endpoint,) = monitor["spec"]["endpoints"]
+        if monitor["metadata"]["name"] == "ms-modelserve-modelservers":
+            targets = [(ns, pod) for ns, pod in pods if ns == "team-a"]
+            target_port = "http"  # the ModelServer Service's port targets the sidecar's named port
+        else:
+            (service,) = [
+                s for s in services if _selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+            ]
+            (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+            target_port = port["targetPort"]
+            targets = [
+                (ns, pod) for ns, pod in pods if _selects(service["spec"]["selector"], pod["metadata"]["labels"])
+            ]
+        assert targets, monitor["metadata"]["name"]
+        for namespace, pod in targets:
+            named = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+            assert target_port in named, (monitor["metadata"]["name"], named)
+            for policy in policies:
+                if policy["metadata"]["namespace"] == namespace and _selects(
+                    policy["spec"]["podSelector"]["matchLabels"], pod["metadata"]["labels"]
+                ):
+                    guarded.add(monitor["metadata"]["name"])
+                    assert _admits_monitoring(policy, target_port), (
+                        monitor["metadata"]["name"],
+                        policy["metadata"]["name"],
+                    )
+    assert guarded == {"ms-modelserve-modelservers", "ms-modelserve-nodecache"}
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [

@@ -1,5 +1,5 @@
 """checkov (the pinned version, hack/install-checkov.sh) over what a user deploys: `modelserve render`
-of every example and `helm template` of the chart (NetworkPolicy and watched namespaces on).
+of every example and `helm template` of the chart (NetworkPolicy, watched namespaces and monitoring on).
 
 The checks it must pass are chosen below, each a container or pod hardening rule, RBAC rule or
 host-isolation rule. Checks left out, and why:
@@ -91,6 +91,8 @@ def _write_manifests(helm: Helm, out: Path) -> None:
         "operator.watchNamespaces={team-a}",
         "dashboard.enabled=true",
         "gateway.tls.secretName=gateway-tls",
+        "serviceMonitor.enabled=true",  # and the operator's metrics Service
+        "prometheusRule.enabled=true",
     )
     (out / "chart.yaml").write_text(helm(*template_args("ms", "modelserve-system", *sets)).stdout)
 

@@ -178,3 +178,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "modelserve.nodeCacheURL" -}}
 {{- printf "http://%s.%s.svc.%s:%d" (include "modelserve.nodeCacheName" .) .Release.Namespace .Values.operator.clusterDomain (int .Values.nodeCache.port) -}}
 {{- end -}}
+
+{{/* The operator's headless metrics Service and its ServiceMonitor (serviceMonitor.enabled): the job of its targets. */}}
+{{- define "modelserve.operatorMetricsName" -}}
+{{- printf "%s-metrics" (include "modelserve.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
