@@ -121,12 +121,14 @@ def other_key() -> ec.EllipticCurvePrivateKey:
     return _key()
 
 
-def served_certificate(port: int, ca_file: Path, host: str = "127.0.0.1") -> x509.Certificate:
-    """The certificate a server on 127.0.0.1:`port` presents to a new connection that trusts
+def served_certificate(
+    port: int, ca_file: Path, host: str = "127.0.0.1", address: str = "127.0.0.1"
+) -> x509.Certificate:
+    """The certificate a server on `address`:`port` presents to a new connection that trusts
     `ca_file` (and checks the name `host`): a handshake of its own, no HTTP."""
     context = ssl.create_default_context(cafile=str(ca_file))
     with (
-        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+        socket.create_connection((address, port), timeout=10) as sock,
         context.wrap_socket(sock, server_hostname=host) as connection,
     ):
         der = connection.getpeercert(binary_form=True)

@@ -26,6 +26,7 @@ import httpx
 import openai
 import pytest
 
+from harness.certificates import CA, Issued, served_certificate
 from modelserve.contracts.sidecar import LISTEN_PORT
 from modelserve.engines import llamacpp
 from modelserve_sandbox.cluster import Cluster
@@ -388,6 +389,64 @@ def test_in_cluster_openai_clients_reach_models_by_their_advertised_names(instal
     print("\nin-cluster client:\n" + "\n".join(f"{name}: {result['content']!r}" for name, result in results.items()))
 
 
-def _gateway_pods(view: NodeView, system: str) -> list[str]:
+def test_the_gateway_serves_https_from_a_tls_secret_and_follows_its_renewal(
+    installed: Installed, node_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Last: `helm upgrade` turns the gateway's TLS on from a kubernetes.io/tls Secret (cert-manager's
+    shape); the openai SDK trusting the sandbox's CA gets an answer over HTTPS, a client that does
+    not trust it is refused, and a renewed Secret is served once the kubelet has refreshed it."""
+    view, system = installed.view, installed.system
+    view.wait_phase("alpha", "Ready")
+    address = installed.base.removeprefix("http://")
+    ca = CA("modelserve sandbox CA")
+    ca_file = ca.write(tmp_path / "ca.crt")
+    hosts = (f"{GATEWAY}.{system}.svc.cluster.local", f"{GATEWAY}.{system}.svc", address)
+
+    def put_secret(issued: Issued) -> None:
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "gateway-tls", "namespace": system}}
+        node_cluster.kubectl(
+            "apply", "-f", "-", input=json.dumps({**secret, "type": "kubernetes.io/tls", "stringData": issued.files()})
+        )
+
+    first = ca.issue(hosts=hosts)
+    put_secret(first)
+    node_cluster.helm(
+        "upgrade", RELEASE, str(REPO / "charts" / "modelserve"), "-n", system, "--reuse-values",
+        "--set", "gateway.tls.secretName=gateway-tls", "--set", "gateway.service.port=443",
+        "--wait", "--timeout", "180s",
+    )  # fmt: skip
+    base = f"https://{address}"
+
+    def serial() -> int | None:
+        try:
+            return served_certificate(443, ca_file, host=address, address=address).serial_number
+        except OSError:  # the Service's new port not routed yet, or an old pod's plain HTTP
+            return None
+
+    view.wait(lambda: serial() == first.serial, "the gateway's Service serving the Secret's certificate", 120)
+    with httpx.Client(verify=str(ca_file), timeout=120) as trusting:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", http_client=trusting, max_retries=0)
+        reply = client.chat.completions.create(model="alpha", messages=HELLO, max_tokens=8, **GREEDY)
+        assert reply.choices[0].message.content
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(f"{base}/healthz", timeout=30)  # the system's trust store: no sandbox CA in it
+    alpha = view.get("modelserver", "alpha") or {}
+    assert alpha["status"]["gatewayEndpoint"] == f"https://{GATEWAY}.{system}.svc.cluster.local/v1"
+    # A renewal, as cert-manager writes it: the kubelet refreshes the mounted Secret on its own sync
+    # (about a minute at its defaults), the gateway within a second of the files' change.
+    renewed = ca.issue(hosts=hosts)
+    put_secret(renewed)
+    edited = time.monotonic()
+    view.wait(lambda: serial() == renewed.serial, "the renewed certificate served", 180)
+    print(f"\ngateway TLS: the renewed Secret served {time.monotonic() - edited:.0f} s after it was written")
+    restarts = [c["restartCount"] for p in _gateway_pod_bodies(view, system) for c in p["status"]["containerStatuses"]]
+    assert set(restarts) == {0}, restarts  # followed, not restarted
+
+
+def _gateway_pod_bodies(view: NodeView, system: str) -> list[dict]:
     out = view.cluster.kubectl("get", "pods", "-n", system, "-l", "app.kubernetes.io/component=gateway", "-o", "json")
-    return [pod["status"]["podIP"] for pod in json.loads(out.stdout)["items"] if pod.get("status", {}).get("podIP")]
+    return [pod for pod in json.loads(out.stdout)["items"] if not pod["metadata"].get("deletionTimestamp")]
+
+
+def _gateway_pods(view: NodeView, system: str) -> list[str]:
+    return [pod["status"]["podIP"] for pod in _gateway_pod_bodies(view, system) if pod.get("status", {}).get("podIP")]
