@@ -162,8 +162,9 @@ class LastStart(BaseModel):
     )
     hub_unreachable: bool | None = Field(
         None,
-        description="True when the hub could not be reached and the node's cache served its copy of the model "
-        "(only ever a public one: a gated or private model needs the hub's word for the pod's token).",
+        description="True when the hub could not be reached and the model came from a copy: the node's cache "
+        "(only ever a public model: a gated or private one needs the hub's word for the pod's token), or the "
+        "pod's own cache volume (spec.cache's claim), which holds what its namespace fetched before.",
     )
 
 

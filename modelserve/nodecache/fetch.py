@@ -56,6 +56,10 @@ class HubRefused(Exception):
     """The hub's own refusal (through the agent or not): the fetch ends with it."""
 
 
+class HubUnreachable(HubRefused):
+    """No answer from the hub, or a 5xx: not a refusal, so a copy the pod's own volume holds may serve."""
+
+
 class CacheProblem(Exception):
     """The node agent could not serve this: the hub is asked directly instead. `unreachable`: it did
     not answer at all, so it is not asked again for the other files."""
@@ -126,11 +130,12 @@ class Fetcher:
                     return json.loads(body), (path_of(page) if page else None)
                 if agent and HUB_STATUS_HEADER not in answer.headers and answer.status >= 500:
                     raise CacheProblem(f"the node cache answered {answer.status}: {body[:200]!r}")
-                raise HubRefused(f"the hub answered {answer.status} for {path}: {body[:300].decode(errors='replace')}")
+                said = f"the hub answered {answer.status} for {path}: {body[:300].decode(errors='replace')}"
+                raise HubUnreachable(said) if answer.status >= 500 else HubRefused(said)
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             if agent:
                 raise CacheProblem(f"the node cache is unreachable: {error!r}", unreachable=True) from None
-            raise HubRefused(f"the hub is unreachable at {base}: {error!r}") from None
+            raise HubUnreachable(f"the hub is unreachable at {base}: {error!r}") from None
 
     async def listing(self, repo: str, revision: str) -> tuple[str, list[RepoFile]]:
         """(commit, files) of a repository at a revision."""
@@ -219,12 +224,22 @@ class Fetcher:
     # --- a repository -------------------------------------------------------------------------
     async def repository(self, model: str, layout: Layout, revision: str = "main") -> None:
         repo, tag = split_model(model)
-        commit, listed = await self.listing(repo, revision)
+        folder = self.settings.cache_dir / repo_folder(repo)
+        try:
+            commit, listed = await self.listing(repo, revision)
+        except HubUnreachable:
+            # The pod's own volume (its spec.cache claim) holds the revision whole: start from it, as
+            # huggingface_hub does from its cached snapshot. Never on a refusal: the hub said no.
+            held = None if self.settings.warm_only else own_snapshot(folder, revision)
+            if held is None or not select(held[1], layout, tag):
+                raise
+            commit, listed = held
+            self.tally.offline = True
+            log.warning("the hub could not be reached: %s starts from the pod's own cache volume", repo)
         chosen = select(listed, layout, tag)
         if not chosen:
             what = f"no GGUF file for the tag {tag!r}" if layout == Layout.GGUF else "no files"
             raise HubRefused(f"{repo} at {commit[:12]} has {what} (files: {', '.join(f.path for f in listed[:20])})")
-        folder = self.settings.cache_dir / repo_folder(repo)
         through_agent = self.use_agent
         for f in chosen:
             target = None if self.settings.warm_only else folder / "blobs" / f.oid
@@ -254,6 +269,25 @@ class Fetcher:
                     log.info("the node cache did not record %s: %s", model, answer.status)
         except (aiohttp.ClientError, TimeoutError) as error:
             log.info("the node cache did not record %s: %r", model, error)
+
+
+def own_snapshot(folder: Path, revision: str) -> tuple[str, list[RepoFile]] | None:
+    """(commit, files) of `revision` as a pod's hub cache volume holds it (huggingface_hub's layout:
+    refs/<revision> names the commit, snapshots/<commit>/<path> links to blobs/<oid>), only files
+    whose blob is there; None when the volume does not name the revision."""
+    ref = folder / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    snapshot = folder / "snapshots" / commit
+    if len(commit) != 40 or not snapshot.is_dir():
+        return None
+    files = []
+    for link in sorted(snapshot.rglob("*")):
+        blob = link.resolve()
+        if link.is_symlink() and blob.is_file() and blob.parent == (folder / "blobs").resolve():
+            files.append(
+                RepoFile(link.relative_to(snapshot).as_posix(), blob.stat().st_size, blob.name, len(blob.name) == 64)
+            )
+    return (commit, files) if files else None
 
 
 def _remove(path: Path | None) -> None:

@@ -24,6 +24,7 @@ from modelserve.api.validation import explain
 from modelserve.api.versions import upgrade
 from modelserve.contracts.api_keys import new_api_key
 from modelserve.contracts.names import API_VERSION, KIND, LWS_API_VERSION, LWS_KIND, SELECTOR_LABEL, Key
+from modelserve.contracts.nodecache import Source
 from modelserve.contracts.operator_settings import Settings
 from modelserve.kube.apply import Kube, contains, error_message, fingerprint, is_gone
 from modelserve.kube.pods import pod_ready, readable
@@ -241,7 +242,8 @@ class Reconciler:
                 why = f"pod {start.pod} read its model from the hub, not the node's cache: {start.fetch.node_cache}"
                 events.append(Transition("Warning", "NodeCacheUnavailable", why))
             if start.fetch is not None and start.fetch.hub_unreachable:
-                why = f"pod {start.pod} started from the node's copy of its model: the hub could not be reached"
+                copy = "its own cache volume's copy" if start.fetch.source == Source.LOCAL else "the node's copy"
+                why = f"pod {start.pod} started from {copy} of its model: the hub could not be reached"
                 events.append(Transition("Warning", "HubUnreachable", why))
             for event in events:
                 try:

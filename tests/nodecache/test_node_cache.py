@@ -612,10 +612,12 @@ def test_a_hub_outage_starts_the_public_models_a_node_holds_and_no_gated_one(
     files: list[HubFile], tmp_path: Path
 ) -> None:
     """Issue 57 M2: with the hub down every start failed, on a warm node too, and a hub that took
-    connections and never answered cost 241 s per attempt. Now a public model the node holds whole
-    starts from the node's records (the result and the agent's metrics say the hub was not reached);
-    a gated one never does, even with a token the hub granted before: only the hub can say it opens
-    it. Here the hub goes silent (it takes connections, answers nothing) and then refuses them."""
+        connections and never answered cost 241 s per attempt. Now a public model the node holds whole
+        starts from the node's records (the result and the agent's metrics say the hub was not reached);
+        a gated one never does, even with a token the hub granted before: only the hub can say it opens
+        it; only a pod whose own volume (its spec.cache claim) fetched it before starts it from that copy,
+    never after the hub refused the model. Here the hub goes silent (it takes connections, answers
+    nothing) and then refuses them."""
     size = _size(files, GGUF, "tiny.Q4_1.gguf")
     store = tmp_path / "store"
     with _mirror(files, gated={GATED: frozenset({TOKEN})}) as hub:
@@ -649,3 +651,16 @@ def test_a_hub_outage_starts_the_public_models_a_node_holds_and_no_gated_one(
                 )
                 assert never_held.returncode != 0, (outage, never_held.output)
             assert agent.metrics()["modelserve_nodecache_offline_answers_total"] >= 3  # info, tree, file
+            if outage == "refused":
+                # A pod whose own volume (its spec.cache claim) fetched the gated model while the hub
+                # was up starts from that copy, as huggingface_hub would: its namespace's own bytes.
+                gated_size = _size(files, GATED, "tiny.Q4_1.gguf")
+                own = run_fetch(f"{GATED}:Q4_1", tmp_path / "pod-gated-up", hub_url, agent.url, TOKEN, layout="gguf")
+                assert own.returncode == 0 and own.result, own.output
+                assert own.result.hub_unreachable and own.result.source == Source.LOCAL, own.result
+                assert (own.result.local_bytes, own.result.node_bytes, own.result.hub_bytes) == (gated_size, 0, 0)
+    # Never on a refusal: a hub that answers it no longer has the model (404) ends the start, whatever
+    # the pod's volume holds.
+    with _mirror([f for f in files if f.repo != GATED]) as hub:
+        refused = run_fetch(f"{GATED}:Q4_1", tmp_path / "pod-gated-up", hub.url, "", TOKEN, layout="gguf")
+        assert refused.returncode != 0 and refused.result and "404" in refused.result.error, refused.output
