@@ -21,20 +21,34 @@ cd "$(dirname "$0")/.."
 # them again in its last lines, where CI's tail shows where a run's set-up went.
 TIMES=build/setup-times.txt
 mkdir -p build && : >"$TIMES"
-step() { # script -> runs it, records its wall seconds
+step() { # script -> runs it, records its wall seconds (its failure is the step's, whatever the caller)
   local start=$SECONDS
-  bash "$1"
+  bash "$1" || return $?
   printf 'set-up %-34s %5d s\n' "$1" $((SECONDS - start)) | tee -a "$TIMES"
+}
+lane() { # scripts... -> each in turn, stopping at the first that fails
+  local script
+  for script in "$@"; do
+    step "$script" || return $?
+  done
 }
 
 step hack/install-debian-packages.sh
 step hack/install-python.sh
-step hack/build-control-plane.sh
-step hack/build-lws.sh
-step hack/build-coredns.sh
-step hack/build-rulecheck.sh
-step hack/install-vllm-cli.sh
-step hack/install-sglang-cli.sh
-step hack/build-llama-server.sh
-step hack/install-checkov.sh
-step hack/build-images.sh
+# Two lanes at once, on a cold machine: the Go builds (module downloads, then compiles) beside
+# llama.cpp's compile and the images (a 6 GB vLLM image's downloads and unpacking), so one lane's
+# waits on the network and the disk overlap the other's compiles. Neither reads what the other makes.
+GO_LOG=build/setup-go-lane.log
+lane hack/build-control-plane.sh hack/build-lws.sh hack/build-coredns.sh hack/build-rulecheck.sh >"$GO_LOG" 2>&1 &
+go_lane=$!
+trap 'kill "$go_lane" 2>/dev/null || true' EXIT
+lane hack/install-vllm-cli.sh hack/install-sglang-cli.sh hack/build-llama-server.sh hack/install-checkov.sh \
+  hack/build-images.sh
+status=0
+wait "$go_lane" || status=$?
+trap - EXIT
+cat "$GO_LOG"
+if ((status != 0)); then
+  echo "set-up: the Go builds failed (exit $status); their output is above and in $GO_LOG" >&2
+  exit "$status"
+fi
