@@ -9,6 +9,8 @@
 #   - CoreDNS, the sandbox's cluster DNS, from its Go module (hack/build-coredns.sh);
 #   - rulecheck, Prometheus's rule checks and rule unit tests (promtool's) from its Go module, for the
 #     chart's PrometheusRule tests (hack/build-rulecheck.sh);
+#   - the Gateway API's standard CRDs from its Go module, for the chart's HTTPRoute tests
+#     (hack/fetch-gateway-api.sh);
 #   - vLLM's and SGLang's source at the pins: their parsers check the generated command lines, and the
 #     derived-facts test reads their routes and flags (hack/install-vllm-cli.sh, hack/install-sglang-cli.sh);
 #   - llama.cpp's llama-server built from source (hack/build-llama-server.sh);
@@ -39,7 +41,8 @@ step hack/install-python.sh
 # llama.cpp's compile and the images (a 6 GB vLLM image's downloads and unpacking), so one lane's
 # waits on the network and the disk overlap the other's compiles. Neither reads what the other makes.
 GO_LOG=build/setup-go-lane.log
-lane hack/build-control-plane.sh hack/build-lws.sh hack/build-coredns.sh hack/build-rulecheck.sh >"$GO_LOG" 2>&1 &
+lane hack/build-control-plane.sh hack/build-lws.sh hack/build-coredns.sh hack/build-rulecheck.sh \
+  hack/fetch-gateway-api.sh >"$GO_LOG" 2>&1 &
 go_lane=$!
 trap 'kill "$go_lane" 2>/dev/null || true' EXIT
 lane hack/install-vllm-cli.sh hack/install-sglang-cli.sh hack/build-llama-server.sh hack/install-checkov.sh \

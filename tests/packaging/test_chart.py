@@ -369,6 +369,55 @@ def test_gateway_tls_mounts_the_secret_and_says_https_everywhere(helm: Helm) -> 
     assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
 
 
+def test_gateway_exposure_renders_an_ingress_and_an_httproute_to_the_service_only_when_asked(helm: Helm) -> None:
+    plain = helm(*template_args("ms", "x")).stdout
+    assert not by_kind(plain, "Ingress") and not by_kind(plain, "HTTPRoute")
+    sets = [
+        "gateway.service.port=443",
+        "gateway.service.annotations.networking\\.gke\\.io/load-balancer-type=Internal",
+        "gateway.ingress.enabled=true",
+        "gateway.ingress.className=nginx",
+        "gateway.ingress.hosts={models.example.com}",
+        "gateway.ingress.tls[0].secretName=models-tls",
+        "gateway.ingress.tls[0].hosts={models.example.com}",
+        "gateway.ingress.annotations.nginx\\.ingress\\.kubernetes\\.io/proxy-buffering=off",
+        "gateway.httpRoute.enabled=true",
+        "gateway.httpRoute.parentRefs[0].name=platform",
+        "gateway.httpRoute.parentRefs[0].namespace=gateway-system",
+        "gateway.httpRoute.hostnames={models.example.com}",
+    ]
+    rendered = helm(*template_args("ms", "x", *sets)).stdout
+    (service,) = [s for s in by_kind(rendered, "Service") if s["metadata"]["name"] == "ms-modelserve-gateway"]
+    assert service["metadata"]["annotations"] == {"networking.gke.io/load-balancer-type": "Internal"}
+    backend = {"service": {"name": "ms-modelserve-gateway", "port": {"number": 443}}}
+    (ingress,) = by_kind(rendered, "Ingress")
+    assert ingress["metadata"]["annotations"] == {"nginx.ingress.kubernetes.io/proxy-buffering": "off"}
+    assert ingress["spec"] == {
+        "ingressClassName": "nginx",
+        "tls": [{"secretName": "models-tls", "hosts": ["models.example.com"]}],
+        "rules": [
+            {
+                "host": "models.example.com",
+                "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]},
+            }
+        ],
+    }
+    (route,) = by_kind(rendered, "HTTPRoute")
+    assert route["spec"] == {
+        "parentRefs": [{"name": "platform", "namespace": "gateway-system"}],
+        "hostnames": ["models.example.com"],
+        "rules": [
+            {
+                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "backendRefs": [{"name": "ms-modelserve-gateway", "port": 443}],
+                "timeouts": {"request": "3600s"},  # a generation outlasts an implementation's default
+            }
+        ],
+    }
+    refused = helm(*template_args("ms", "x", "gateway.httpRoute.enabled=true"), check=False)
+    assert refused.returncode != 0 and "gateway.httpRoute.parentRefs" in refused.stderr, refused.stderr
+
+
 def test_the_client_limits_the_chart_renders_by_default_are_the_programs_own(helm: Helm) -> None:
     # Helm reads a values file's numbers as floats: 67108864 rendered as "6.7108864e+07" unless it
     # is made an integer in the template, which the programs' settings would refuse.

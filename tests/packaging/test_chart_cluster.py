@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.cluster import Cluster, default_cache
 from modelserve_sandbox.processes import wait_until
 from tests.helpers.chart import CHART, REPO, by_kind, objects, template_args
 
@@ -181,3 +181,34 @@ def test_helm_upgrade_from_the_previous_crd_brings_the_new_schema_and_uninstall_
         cluster.kubectl("annotate", "crd", CRD_NAME, *release_annotations, "helm.sh/resource-policy-", check=False)
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / CRD_FILE))
         cluster.wait_established(CRD_NAME)
+
+
+def test_the_api_server_accepts_the_gateways_ingress_and_httproute_and_refuses_a_bad_hostname(
+    cluster: Cluster, namespace: str
+) -> None:
+    """Against the real Gateway API CRDs (hack/fetch-gateway-api.sh) and the networking API: the
+    chart's Ingress and HTTPRoute pass the API server's own validation, and the CRD's refuses a
+    hostname it does not allow, naming the field."""
+    crds = default_cache() / "gateway-api"
+    assert (crds / "gateway.networking.k8s.io_httproutes.yaml").is_file(), "run hack/fetch-gateway-api.sh"
+    cluster.kubectl("apply", "--server-side", "-f", str(crds / "gateway.networking.k8s.io_httproutes.yaml"))
+    cluster.wait_established("httproutes.gateway.networking.k8s.io")
+    sets = [
+        "gateway.ingress.enabled=true",
+        "gateway.ingress.hosts={models.example.com}",
+        "gateway.ingress.tls[0].secretName=models-tls",
+        "gateway.httpRoute.enabled=true",
+        "gateway.httpRoute.parentRefs[0].name=platform",
+        "gateway.httpRoute.parentRefs[0].namespace=gateway-system",
+        "gateway.httpRoute.hostnames={models.example.com}",
+    ]
+    kube = server_version(cluster)
+    show = ("--show-only", "templates/gateway-routes.yaml")
+    rendered = cluster.helm(*template_args("exposed", namespace, *sets, kube_version=kube), *show).stdout
+    assert {doc["kind"] for doc in objects(rendered)} == {"Ingress", "HTTPRoute"}
+    accepted = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=rendered, check=False)
+    assert accepted.returncode == 0, accepted.stderr
+    bad = [*sets[:-1], "gateway.httpRoute.hostnames={Models_Example}"]
+    route = cluster.helm(*template_args("exposed", namespace, *bad, kube_version=kube), *show).stdout
+    refused = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=route, check=False)
+    assert refused.returncode != 0 and "spec.hostnames[0]" in refused.stderr, refused.stderr
