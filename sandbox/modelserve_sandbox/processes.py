@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,19 +29,36 @@ _HANDED_OUT: set[int] = set()
 _DRAWS_PER_PORT = 50
 
 
+def _below_ephemeral() -> range:
+    """Ports the kernel never hands a client socket (those come from ip_local_port_range): a port drawn
+    from here and bound moments later cannot have been taken meanwhile by one of the thousands of
+    connections the tests open. A CI run lost its whole real-node half when a port drawn from the
+    ephemeral range (54709) was some connection's by the time the LeaderWorkerSet controller bound it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(10000, max(low, 10001))
+
+
 def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on 127.0.0.1, none handed out before by this process (all held open
-    together while drawn, so none repeats)."""
+    """Distinct free TCP ports on 127.0.0.1, below the ephemeral range, none handed out before by this
+    process (all held open together while drawn, so none repeats)."""
+    candidates = _below_ephemeral()
     with ExitStack() as stack:
         ports: list[int] = []
         for _ in range(count * _DRAWS_PER_PORT):
             if len(ports) == count:
                 break
+            port = random.choice(candidates)
+            if port in _HANDED_OUT or port in ports:
+                continue
             s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-            if port not in _HANDED_OUT:
-                ports.append(port)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # some process holds it
+                continue
+            ports.append(port)
         if len(ports) < count:
             raise RuntimeError(f"found {len(ports)} of {count} free ports not handed out before")
         _HANDED_OUT.update(ports)
