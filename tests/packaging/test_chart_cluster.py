@@ -124,12 +124,11 @@ def _git(*args: str) -> str:
 
 
 def previous_crd_commit() -> str:
-    """The newest commit whose CRD differs from this tree's: the release a user upgrades from."""
-    current = (REPO / CRD_FILE).read_text()
-    for commit in _git("log", "--format=%H", "--", CRD_FILE).split():
-        if _git("show", f"{commit}:{CRD_FILE}") != current:
-            return commit
-    raise AssertionError(f"no commit has another {CRD_FILE}: is the clone shallow?")
+    """The last commit whose chart kept the CRD in crds/ (0.1.0's layout, which Helm installs once and
+    never owns): the release a user upgrades from, by the documented adoption."""
+    removed = _git("log", "-1", "--format=%H", "--", "charts/modelserve/crds/modelserver.yaml").strip()
+    assert removed, "no commit touched charts/modelserve/crds/: is the clone shallow?"
+    return f"{removed}^"
 
 
 def test_helm_upgrade_from_the_previous_crd_brings_the_new_schema_and_uninstall_keeps_it(
