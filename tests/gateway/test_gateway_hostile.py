@@ -270,4 +270,6 @@ def test_many_large_bodies_from_one_client_leave_the_body_reader_to_others(repli
             for thread in threads:
                 thread.join(timeout=60)
     assert served == [200] * 12, served
-    assert set(attacks) <= {401, 503} and attacks.count(503) >= 8, sorted(set(attacks))
+    # The attacker is refused (401, 503), or, on cores busy with the rest of the suite, cut by the
+    # body deadline (408): each is a refusal; the honest client's twelve answers are the point.
+    assert set(attacks) <= {401, 408, 503} and attacks.count(503) >= 8, sorted(set(attacks))
