@@ -114,15 +114,19 @@ def unschedulable_problem(name: str, message: str, gpus: int) -> Problem:
     return Problem(reason, f"{what}: {message}")
 
 
+def container_statuses(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """A pod status's init containers' statuses, then its containers'."""
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
 def pulls_failing(pods: list[dict[str, Any]]) -> bool:
     """Whether a container of these pods waits on an image it cannot pull (then the pull Secrets are
     worth checking: a missing one is the usual cause on a private registry)."""
-    for pod in pods:
-        status = pod.get("status") or {}
-        for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
-            if ((container.get("state") or {}).get("waiting") or {}).get("reason") in IMAGE_PULL_REASONS:
-                return True
-    return False
+    return any(
+        ((container.get("state") or {}).get("waiting") or {}).get("reason") in IMAGE_PULL_REASONS
+        for pod in pods
+        for container in container_statuses(pod.get("status") or {})
+    )
 
 
 def pod_problem(pod: dict[str, Any], gpus: int, missing_pull_secrets: tuple[str, ...] = ()) -> Problem | None:
@@ -145,7 +149,7 @@ def pod_problem(pod: dict[str, Any], gpus: int, missing_pull_secrets: tuple[str,
                 "FetchFailed",
                 f"pod {name} could not fetch its model (tried {container.get('restartCount', 0) + 1} times): {said}",
             )
-    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+    for container in container_statuses(status):
         waiting = (container.get("state") or {}).get("waiting") or {}
         reason = waiting.get("reason", "")
         detail = waiting.get("message") or reason
@@ -243,7 +247,7 @@ def _pod_state(pod: dict[str, Any]) -> str:
     node = (pod.get("spec") or {}).get("nodeName")
     if not node:
         return "not scheduled yet"
-    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+    for container in container_statuses(status):
         reason = ((container.get("state") or {}).get("waiting") or {}).get("reason")
         if reason:
             return f"{reason} on {node}"
