@@ -15,6 +15,20 @@ test-fast:
 	bash hack/install-python.sh
 	.venv/bin/pytest -m "not cluster and not engine" -q -n 4 --dist loadfile
 
+# The images, from source into the cache: ours from the Dockerfile (the operator, sidecar, gateway,
+# node cache and fetch are one image) and the sandbox's engine builds (hack/build-images.sh).
+images:
+	bash hack/install-debian-packages.sh
+	bash hack/install-python.sh
+	bash hack/build-llama-server.sh
+	bash hack/build-images.sh
+
+# `REGISTRY=registry.example.com/ml make images push`: the modelserve image and the chart (an OCI
+# artifact) to your registry, with your registry login (hack/push.sh says more).
+push:
+	bash hack/build-registry.sh
+	bash hack/push.sh
+
 # One style: ruff's formatter and linter, configured in pyproject.toml (`ruff format .` applies it);
 # the one layering of modelserve/: import-linter's contracts in pyproject.toml; and the docs site,
 # built strictly (mkdocs.yml): a broken link, a page left out of the nav or a moved anchor fails it
@@ -39,4 +53,4 @@ docs:
 	bash hack/install-mermaid.sh
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs serve
 
-.PHONY: dev test test-fast lint generate docs
+.PHONY: dev test test-fast images push lint generate docs

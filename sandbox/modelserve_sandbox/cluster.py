@@ -323,6 +323,13 @@ class Cluster:
         )
         return _checked(result, check)
 
+    @property
+    def registry_hosts(self) -> Path:
+        """The real node's containerd registry hosts directory (registry.private_registry writes there)."""
+        if self._real_node is None:
+            raise RuntimeError("this sandbox has no real node")
+        return self._real_node.registry_hosts
+
     def helm(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
         result = subprocess.run(
             [str(self.bin_dir / "helm"), *args], env=self.env, capture_output=True, text=True, timeout=timeout

@@ -49,7 +49,7 @@ HOST_PACKAGES = {
 }
 
 
-def containerd_config(root: Path, state: Path, socket: Path, runc_root: Path, cni_conf: Path) -> str:
+def containerd_config(root: Path, state: Path, socket: Path, runc_root: Path, cni_conf: Path, hosts_dir: Path) -> str:
     """containerd's config (version 2) for the node; the comments say which settings are required."""
     return f"""version = 2
 root = "{root}"
@@ -77,6 +77,10 @@ state = "{state}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{cni_conf}"
+  # A registry's hosts.toml goes in a directory of its host's name here (registry.py writes the
+  # sandbox's own: plain HTTP on loopback), read at each pull: no restart.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{hosts_dir}"
 """
 
 
@@ -215,6 +219,8 @@ class RealNode:
         # Where the imported images are kept between starts (image_store.py); None: import at each start.
         self.image_store_dir = image_store_dir
         self.socket = self.dir / "containerd.sock"
+        # containerd's registry hosts directory (containerd_config): one directory per registry host.
+        self.registry_hosts = self.dir / "registry-hosts"
         self._lock_fd: int | None = None
         self._host: HostState | None = None
         self._processes: dict[str, subprocess.Popen] = {}
@@ -292,7 +298,7 @@ class RealNode:
             self._host.restore()
             (RUN_DIR / "host.json").unlink(missing_ok=True)
             self._host = None
-        for state in ("containerd", "kubelet", "runc", "cni"):
+        for state in ("containerd", "kubelet", "runc", "cni", "registry-hosts"):
             shutil.rmtree(self.dir / state, ignore_errors=True)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -323,6 +329,7 @@ class RealNode:
                 self.socket,
                 self.dir / "runc",
                 cni_conf,
+                self.registry_hosts,
             )
         )
         self._start("containerd", ["containerd", "--config", str(config)])
