@@ -3,7 +3,8 @@
 #
 #   REGISTRY=registry.example.com/ml make images push
 #
-# gives REGISTRY/modelserve:VERSION (the operator, sidecar, gateway, node cache and fetch: one image)
+# gives REGISTRY/modelserve:TAG (the operator, sidecar, gateway, node cache and fetch: one image; TAG
+# defaults to the version, but give every build its own: TAG=0.1.0-$(git rev-parse --short HEAD))
 # and oci://REGISTRY/charts/modelserve, VERSION. PUSH_IMAGES adds the sandbox's own engine builds by
 # name (llama.cpp, vllm-cpu): on a GPU cluster mirror the upstream engine images instead (crane copy).
 # Credentials are your registry login's (crane and helm read ~/.docker/config.json, or DOCKER_CONFIG
@@ -17,6 +18,7 @@ CACHE=${MODELSERVE_CACHE:-$HOME/.cache/modelserve}
 IMAGES=$CACHE/images
 PUSH_IMAGES="modelserve ${PUSH_IMAGES:-}"
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' modelserve/__init__.py)
+TAG=${TAG:-$VERSION}
 tool() { # name -> the cache's build of it, else the one on PATH
   if [[ -x $CACHE/bin/$1 ]]; then echo "$CACHE/bin/$1"; else command -v "$1" || { echo "push: $1 not found (make test builds it)" >&2; exit 1; }; fi
 }
@@ -32,6 +34,7 @@ for archive in $(cat "$IMAGES/current"); do
   image=$(tar -xOf "$IMAGES/$archive" manifest.json | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["RepoTags"][0])')
   name=${image##*/}
   [[ " $PUSH_IMAGES " == *" ${name%%:*} "* ]] || continue
+  [[ ${name%%:*} == modelserve ]] && name=modelserve:$TAG
   start=$SECONDS
   digest=$("$CRANE" push "${crane_flags[@]}" "$IMAGES/$archive" "$REGISTRY/$name")
   echo "pushed $image as $digest in $((SECONDS - start)) s"
@@ -47,4 +50,4 @@ trap 'rm -rf "$package"' EXIT
 "$HELM" push "${helm_flags[@]}" "$package/modelserve-$VERSION.tgz" "oci://$REGISTRY/charts" 2>&1 | sed 's/^/helm: /'
 echo "pushed chart oci://$REGISTRY/charts/modelserve, version $VERSION"
 echo "install: helm install modelserve oci://$REGISTRY/charts/modelserve --version $VERSION" \
-  "--namespace modelserve-system --create-namespace --set image.repository=$REGISTRY/modelserve"
+  "--namespace modelserve-system --set image.repository=$REGISTRY/modelserve --set image.tag=$TAG"
