@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from modelserve.contracts.env import settings_or_exit, variables_help
 from modelserve.contracts.gateway import OWN_ROUTES
 from modelserve.http import tls
 from modelserve.http.limits import ConnectionLimits
 from modelserve.http.serve import serve_workers
+from modelserve.kube.events import post_pod_event
 
 from .app import Discovery, build_app
 from .discovery import KubeDiscovery
@@ -18,6 +21,9 @@ from .holding import SHARED_WIDTH
 from .settings import GatewaySettings
 
 log = logging.getLogger("modelserve.gateway")
+PROGRAM = "modelserve-gateway"
+# The Event's reason when the certificate at the start cannot be served.
+CERTIFICATE_REFUSED = "TLSCertificateRefused"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = settings_or_exit(GatewaySettings, "modelserve-gateway")
+    settings = settings_or_exit(GatewaySettings, PROGRAM)
     log.info(
         "routing (%s) the ModelServers of %s on %s:%d (%s); holding up to %d requests per model for %g s",
         settings.routing,
@@ -50,9 +56,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(settings: GatewaySettings, discovery: Callable[[], Discovery]) -> None:
     """Serve until SIGTERM, in `settings.workers` processes, each with its own `discovery()`. A
-    certificate that cannot be served ends it first, with status 2 and one line naming the file."""
+    certificate that cannot be served ends it first, with status 2, one line naming the file, and
+    the same as a Warning Event on the gateway's pod (refused_certificate)."""
     if settings.tls_dir is not None:
-        pair = tls.check_or_exit(settings.tls_dir, "modelserve-gateway")
+        try:
+            pair = tls.load_pair(settings.tls_dir)
+        except tls.PairError as exc:
+            refused_certificate(settings, str(exc))
         log.info("serving HTTPS: %s (%s)", settings.tls_dir / tls.CERT_FILE, pair.describe())
     serve_workers(
         lambda siblings: build_app(settings, discovery(), siblings=siblings),
@@ -64,6 +74,20 @@ def run(settings: GatewaySettings, discovery: Callable[[], Discovery]) -> None:
         SHARED_WIDTH,
         settings.tls_dir,
     )
+
+
+def refused_certificate(settings: GatewaySettings, why: str) -> NoReturn:
+    """Ends the program for a certificate it cannot serve: a Warning Event on its pod (what
+    `kubectl describe pod` shows beside the crash loop), then the one line, which the chart's
+    `terminationMessagePolicy` also puts in the pod's status, and status 2."""
+    line = f"{PROGRAM}: cannot serve TLS: {why}"
+    not_posted = post_pod_event(
+        settings.pod_namespace, settings.pod_name, "Warning", CERTIFICATE_REFUSED, line, PROGRAM
+    )
+    if not_posted:
+        log.warning("no %s Event: %s", CERTIFICATE_REFUSED, not_posted)
+    print(line, file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,11 @@ class GatewaySettings:
     # Processes relaying on the one port (http/workers.py), each with its own watches; the requests
     # held per model are bounded for the pod (holding.py). One core carries about 40k token events/s.
     workers: int = env_setting("MODELSERVE_GATEWAY_WORKERS", positive_int, default=1)
+    # The gateway's own pod (the chart sets both from the downward API): a certificate it cannot
+    # serve at the start is posted as a Warning Event on this pod before it exits. Empty: no Event.
+    pod_name: str = env_setting("MODELSERVE_GATEWAY_POD_NAME", str, default="")
+    # The namespace of that pod, where the Event goes (the gateway may create Events only there).
+    pod_namespace: str = env_setting("MODELSERVE_GATEWAY_POD_NAMESPACE", str, default="")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:

@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import ssl
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -137,15 +136,6 @@ class _Encrypted(Exception):
 def _no_password() -> bytes:
     """Asked for only when the key is encrypted: never a prompt on a terminal."""
     raise _Encrypted
-
-
-def check_or_exit(directory: Path, program: str) -> Pair:
-    """The pair at the program's start; a bad one ends it with status 2 and one line naming the file."""
-    try:
-        return load_pair(directory)
-    except PairError as exc:
-        print(f"{program}: cannot serve TLS: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 class Certificate:

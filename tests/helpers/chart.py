@@ -33,3 +33,8 @@ def objects(rendered: str) -> list[dict[str, Any]]:
 
 def by_kind(rendered: str, kind: str) -> list[dict[str, Any]]:
     return [doc for doc in objects(rendered) if doc["kind"] == kind]
+
+
+def literal_env(container: dict[str, Any]) -> dict[str, str]:
+    """A rendered container's variables with a literal value (the downward API's are the kubelet's)."""
+    return {var["name"]: var["value"] for var in container.get("env", []) if "value" in var}

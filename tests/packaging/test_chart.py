@@ -21,7 +21,7 @@ from modelserve.engines import ENGINES
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.operator import main as operator_main
 from modelserve.sidecar.metrics import SidecarMetrics
-from tests.helpers.chart import CHART, REPO, Helm, by_kind, template_args
+from tests.helpers.chart import CHART, REPO, Helm, by_kind, literal_env, template_args
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -244,7 +244,7 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
         "--set-json",
         "sidecar.drainSeconds=45.5",
     ).stdout
-    env = {var["name"]: var["value"] for var in _operator_container(rendered)["env"]}
+    env = literal_env(_operator_container(rendered))
     settings = Settings.from_env(env)
     assert settings == Settings(
         sidecar_image="ghcr.io/modelserve/modelserve:1.2.3",
@@ -303,7 +303,14 @@ def test_gateway_is_hardened_and_reads_what_the_chart_sets(helm: Helm) -> None:
     # The label the operator finds the gateway's pods by, to read what they hold.
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert labels[GATEWAY_LABEL] == "ms-modelserve-gateway"
-    env = {var["name"]: var["value"] for var in container["env"]}
+    env = literal_env(container)
+    # Its own pod, for the Event a certificate it cannot serve gets: from the downward API.
+    fields = {var["name"]: var["valueFrom"]["fieldRef"]["fieldPath"] for var in container["env"] if "valueFrom" in var}
+    assert fields == {
+        "MODELSERVE_GATEWAY_POD_NAME": "metadata.name",
+        "MODELSERVE_GATEWAY_POD_NAMESPACE": "metadata.namespace",
+    }
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert GatewaySettings.from_env(env) == GatewaySettings(
         namespaces=("a", "b"),
         routing="prefix-affinity",
@@ -324,7 +331,7 @@ def test_gateway_is_hardened_and_reads_what_the_chart_sets(helm: Helm) -> None:
     )
     (service,) = [s for s in by_kind(rendered, "Service") if s["metadata"]["name"] == "ms-modelserve-gateway"]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
-    operator_env = {var["name"]: var["value"] for var in _operator_container(rendered)["env"]}
+    operator_env = literal_env(_operator_container(rendered))
     assert (
         operator_env["MODELSERVE_GATEWAY_URL"] == "http://ms-modelserve-gateway.modelserve-system.svc.cluster.local/v1"
     )
@@ -342,7 +349,7 @@ def test_gateway_tls_mounts_the_secret_and_says_https_everywhere(helm: Helm) -> 
         ).stdout
         pod = _deployment(rendered, "gateway")["spec"]["template"]["spec"]
         container = _gateway_container(rendered)
-        env = {var["name"]: var["value"] for var in container["env"]}
+        env = literal_env(container)
         settings = GatewaySettings.from_env(env)
         assert settings.tls_dir == Path("/etc/modelserve/gateway-tls")
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
@@ -357,11 +364,11 @@ def test_gateway_tls_mounts_the_secret_and_says_https_everywhere(helm: Helm) -> 
         assert service["spec"]["ports"] == [
             {"name": "https", "port": port, "targetPort": "https", "protocol": "TCP", "appProtocol": "https"}
         ]
-        operator = Settings.from_env({var["name"]: var["value"] for var in _operator_container(rendered)["env"]})
+        operator = Settings.from_env(literal_env(_operator_container(rendered)))
         assert operator.gateway_url == f"https://ms-modelserve-gateway.modelserve-system.svc.cluster.local{url_port}/v1"
     plain = helm(*template_args("ms", "modelserve-system")).stdout
     container = _gateway_container(plain)
-    assert GatewaySettings.from_env({var["name"]: var["value"] for var in container["env"]}).tls_dir is None
+    assert GatewaySettings.from_env(literal_env(container)).tls_dir is None
     assert [m["name"] for m in container["volumeMounts"]] == ["tmp"]
     assert container["ports"][0]["name"] == "http" and "scheme" not in container["livenessProbe"]["httpGet"]
     assert not serves_tls({"spec": _deployment(plain, "gateway")["spec"]["template"]["spec"]})
@@ -422,8 +429,8 @@ def test_the_client_limits_the_chart_renders_by_default_are_the_programs_own(hel
     # Helm reads a values file's numbers as floats: 67108864 rendered as "6.7108864e+07" unless it
     # is made an integer in the template, which the programs' settings would refuse.
     rendered = helm(*template_args("ms", "modelserve-system")).stdout
-    gateway = GatewaySettings.from_env({var["name"]: var["value"] for var in _gateway_container(rendered)["env"]})
-    operator = Settings.from_env({var["name"]: var["value"] for var in _operator_container(rendered)["env"]})
+    gateway = GatewaySettings.from_env(literal_env(_gateway_container(rendered)))
+    operator = Settings.from_env(literal_env(_operator_container(rendered)))
     sidecar_defaults = sidecar_contract.Settings.__dataclass_fields__
     for name in sidecar_contract.CLIENT_LIMITS:
         assert getattr(gateway, name) == getattr(GatewaySettings(), name), name

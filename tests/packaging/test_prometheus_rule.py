@@ -34,6 +34,8 @@ ALERTS = {
     "ModelserveModelUnavailable",
     "ModelserveHeldRequestsFailed",
     "ModelserveGatewayDown",
+    "ModelserveGatewayCertificateExpiring",
+    "ModelserveGatewayCertificateRefused",
     "ModelserveOperatorDown",
     "ModelserveOperatorNotReconciling",
     "ModelserveNodeCacheUnavailable",
@@ -214,6 +216,9 @@ def test_a_broken_rule_is_refused(
 # The labels a ServiceMonitor's target gives every series it scrapes (the Prometheus Operator's:
 # job is the Service's name), per program, as the chart's ServiceMonitors make them.
 GATEWAY = {"job": "ms-modelserve-gateway", "namespace": NAMESPACE, "pod": "ms-modelserve-gateway-7d9f-x1"}
+# Two more gateway pods: one serving plain HTTP (its expiry gauge 0), one with renewals.
+GATEWAY_PLAIN = {**GATEWAY, "pod": "ms-modelserve-gateway-7d9f-x2"}
+GATEWAY_RENEWED = {**GATEWAY, "pod": "ms-modelserve-gateway-7d9f-x3"}
 OPERATOR = {"job": "ms-modelserve-metrics", "namespace": NAMESPACE, "pod": "ms-modelserve-5c6b-a1"}
 NODECACHE = {
     "job": "ms-modelserve-nodecache",
@@ -464,6 +469,71 @@ def unit_tests(rule: dict[str, Any]) -> dict[str, Any]:
                                 severity="warning",
                                 node="gpu-2",
                                 pod="ms-modelserve-nodecache-r7",
+                            )
+                        ],
+                    },
+                ],
+            },
+            {
+                "name": "one gateway pod serves a certificate a day from its end, one refused a renewal",
+                "interval": "1m",
+                # Unit tests start at Unix time 0: a day after it is a day from the start.
+                "input_series": [
+                    {
+                        "series": series("modelserve_gateway_tls_certificate_expiry_timestamp_seconds", GATEWAY, True),
+                        "values": "86400x120",
+                    },
+                    {
+                        "series": series(
+                            "modelserve_gateway_tls_certificate_expiry_timestamp_seconds", GATEWAY_PLAIN, True
+                        ),
+                        "values": "0x120",
+                    },
+                    {
+                        "series": series(
+                            "modelserve_gateway_tls_certificate_expiry_timestamp_seconds", GATEWAY_RENEWED, True
+                        ),
+                        "values": "8640000x120",
+                    },
+                    {
+                        "series": series(
+                            "modelserve_gateway_tls_reloads_total", GATEWAY_RENEWED, True, outcome="refused"
+                        ),
+                        "values": "0x10 1x110",
+                    },
+                    {
+                        "series": series(
+                            "modelserve_gateway_tls_reloads_total", GATEWAY_RENEWED, True, outcome="loaded"
+                        ),
+                        "values": "0x10 3x110",
+                    },
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "30m", "alertname": "ModelserveGatewayCertificateExpiring", "exp_alerts": []},
+                    {
+                        "eval_time": "70m",
+                        "alertname": "ModelserveGatewayCertificateExpiring",
+                        "exp_alerts": [
+                            expected(
+                                "ModelserveGatewayCertificateExpiring",
+                                f"gateway pod {GATEWAY['pod']}: the certificate it serves expires in 22h 50m 0s",
+                                severity="warning",
+                                namespace=NAMESPACE,
+                                pod=GATEWAY["pod"],
+                            )
+                        ],
+                    },
+                    {"eval_time": "5m", "alertname": "ModelserveGatewayCertificateRefused", "exp_alerts": []},
+                    {
+                        "eval_time": "20m",
+                        "alertname": "ModelserveGatewayCertificateRefused",
+                        "exp_alerts": [
+                            expected(
+                                "ModelserveGatewayCertificateRefused",
+                                f"gateway pod {GATEWAY_RENEWED['pod']} refused a renewed certificate",
+                                severity="warning",
+                                namespace=NAMESPACE,
+                                pod=GATEWAY_RENEWED["pod"],
                             )
                         ],
                     },

@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.certificates import CA, other_key
+from harness.sidecar import SecretDir
 from harness.testdata import CRD_PATH
 from modelserve_sandbox.cluster import Cluster
 from modelserve_sandbox.processes import free_ports, start_process, stop_process, tail, wait_until
-from tests.helpers.chart import CHART, REPO
+from tests.helpers.chart import CHART, REPO, literal_env
 
 EXAMPLE = REPO / "examples" / "lfm2-1.2b.yaml"  # private auth: the operator must create the key Secret
 # A replica spanning two nodes (a LeaderWorkerSet group of two 2-GPU pods), then moved to one node
@@ -189,7 +191,7 @@ def run_gateway_and_route(cluster: Cluster, install: Install, app: str, ms: dict
         for d in yaml.safe_load_all(rendered)
         if d and d["kind"] == "Deployment" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"
     )
-    env = {var["name"]: var["value"] for var in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = literal_env(deployment["spec"]["template"]["spec"]["containers"][0])
     (port,) = free_ports(1)
     env |= {"MODELSERVE_GATEWAY_LISTEN_HOST": "127.0.0.1", "MODELSERVE_GATEWAY_LISTEN_PORT": str(port)}
     env |= {"MODELSERVE_GATEWAY_HOLD_SECONDS": "1"}
@@ -229,6 +231,40 @@ def run_gateway_and_route(cluster: Cluster, install: Install, app: str, ms: dict
     assert not [line for line in text.splitlines() if any(d in line for d in DENIALS)], tail(
         workdir / "gateway.log", 60
     )
+
+
+def refused_certificate_is_an_event(cluster: Cluster, install: Install, workdir: Path) -> None:
+    """`modelserve-gateway` with only its ServiceAccount's token, a key that does not match its
+    certificate and the pod names the chart gives it from the downward API: it exits 2 with one line
+    naming the key file, and that line is a Warning Event on its pod (its Role allows exactly that)."""
+    kubeconfig = service_account_kubeconfig(
+        cluster, install, workdir / "gateway-events.kubeconfig", f"{install.release}-gateway"
+    )
+    tls_dir = workdir / "gateway-tls"
+    SecretDir(tls_dir).write(CA().issue().files(other_key()))
+    pod = f"{install.release}-gateway-{uuid.uuid4().hex[:6]}"
+    (port,) = free_ports(1)
+    env = {
+        **cluster.env,
+        "KUBECONFIG": str(kubeconfig),
+        "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
+        "MODELSERVE_GATEWAY_TLS_DIR": str(tls_dir),
+        "MODELSERVE_GATEWAY_POD_NAME": pod,
+        "MODELSERVE_GATEWAY_POD_NAMESPACE": install.namespace,
+    }
+    gateway = OPERATOR.with_name("modelserve-gateway")
+    ended = subprocess.run([str(gateway)], env=env, capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 2, ended.stderr
+    line = ended.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"modelserve-gateway: cannot serve TLS: {tls_dir / 'tls.key'}: does not match"), ended.stderr
+    assert not [d for d in DENIALS if d in ended.stderr], ended.stderr
+    events = json.loads(
+        cluster.kubectl(
+            "get", "events", "-n", install.namespace, "--field-selector", f"involvedObject.name={pod}", "-o", "json"
+        ).stdout
+    )["items"]
+    assert [(e["type"], e["reason"], e["message"]) for e in events] == [("Warning", "TLSCertificateRefused", line)]
+    assert events[0]["involvedObject"]["kind"] == "Pod"
 
 
 def can_i(
@@ -450,8 +486,12 @@ def test_all_namespaces_install(rbac_cluster: Cluster, tmp_path: Path) -> None:
     gateway = {**dict.fromkeys(GATEWAY_NEEDED, True), **dict.fromkeys(GATEWAY_NEVER, False)}
     _assert_matrix(cluster, install, [app, None], gateway, install.gateway_user)
     _assert_matrix(cluster, install, [None], dict.fromkeys(NEVER_CLUSTER, False), install.gateway_user)
+    # Events on its own pod, in its own namespace only.
+    assert can_i(cluster, install, "create", "events", install.namespace, install.gateway_user)
+    assert not can_i(cluster, install, "create", "events", app, install.gateway_user)
     assert_default_roles_reach_modelservers(cluster, install, app)
     run_gateway_and_route(cluster, install, app, ms, tmp_path)
+    refused_certificate_is_an_event(cluster, install, tmp_path)
 
 
 def test_watched_namespaces_install(rbac_cluster: Cluster, tmp_path: Path) -> None:

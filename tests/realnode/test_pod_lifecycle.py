@@ -13,9 +13,11 @@ import httpx
 
 from modelserve.api import manifests
 from modelserve.contracts.operator_settings import Settings
+from modelserve.kube.pods import pod_ready
 from modelserve.operator.starts import fetch_result
 from modelserve_sandbox import realnode
 from modelserve_sandbox.cluster import NODE_CACHE_NAME, NODE_CACHE_NAMESPACE, SMOLLM2_FILE, SMOLLM2_REPO
+from modelserve_sandbox.processes import wait_until
 from tests.helpers.node_view import (
     GREEDY,
     NO_END,
@@ -55,6 +57,37 @@ def test_key_rotation_through_the_secret_volume(node: NodeView) -> None:
     restarts = [c["restartCount"] for p in node.pods("rotating") for c in p["status"]["containerStatuses"]]
     assert restarts == [0, 0], restarts  # no restart: the sidecar reloads the mounted keys
     print(f"key rotation: new key accepted {delay:.1f}s after the Secret was edited")
+    _engine_dies_in_place(node, "rotating")
+
+
+def _engine_dies_in_place(node: NodeView, name: str) -> None:
+    """The engine of a Ready pod stops in place (its container restarts, the pod stays): the pod leaves
+    Ready at the sidecar's next readiness probe (every second), so its Service stops sending it
+    requests, and is Ready again once the restarted engine answers. The seconds from the engine's exit
+    to the pod's leaving Ready (the kubelet's whole-second timestamps) are printed, not asserted."""
+    (pod,) = node.pods(name)
+    pod_name = pod["metadata"]["name"]
+    # The shell's kill (the engine's image has no kill program): SIGTERM to llama-server, its PID 1.
+    node.kubectl("exec", pod_name, "-c", "engine", "--", "sh", "-c", "kill -TERM 1")
+    seen: dict = {}
+
+    def restarted_and_ready() -> bool:
+        found = json.loads(node.kubectl("get", "pod", pod_name, "-o", "json").stdout)
+        (engine,) = [s for s in found["status"]["containerStatuses"] if s["name"] == "engine"]
+        (ready,) = [c for c in found["status"]["conditions"] if c["type"] == "Ready"]
+        if ready["status"] == "False":
+            seen.setdefault("left", _instant(ready["lastTransitionTime"]))  # caught while not Ready
+        seen.update(engine=engine, ready=ready)
+        return engine["restartCount"] == 1 and engine["ready"] and pod_ready(found)
+
+    wait_until(restarted_and_ready, 180, "the engine restarted and the pod Ready again", interval=0.2)
+    exited = _instant(seen["engine"]["lastState"]["terminated"]["finishedAt"])
+    # It left Ready after the exit and came back: the condition's last transition is after the exit.
+    assert _instant(seen["ready"]["lastTransitionTime"]) >= exited, (seen["ready"], exited)
+    node.wait_phase(name, "Ready")
+    left = seen.get("left")
+    after = f"{(left - exited).total_seconds():.0f} s after its exit" if left else "between two looks (not seen)"
+    print(f"engine stopped in place: the pod left Ready {after}, whole seconds; Ready again with the engine")
 
 
 KEEP = "serving.modelserve.dev/test-keeps-the-pod"  # a finalizer: the pod's final status stays readable
