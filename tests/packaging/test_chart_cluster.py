@@ -192,13 +192,14 @@ def test_the_api_server_accepts_the_gateways_ingress_and_httproute_and_refuses_a
     assert (crds / "gateway.networking.k8s.io_httproutes.yaml").is_file(), "run hack/fetch-gateway-api.sh"
     cluster.kubectl("apply", "--server-side", "-f", str(crds / "gateway.networking.k8s.io_httproutes.yaml"))
     cluster.wait_established("httproutes.gateway.networking.k8s.io")
+    parents = f"gateway-system-{uuid.uuid4().hex[:6]}"  # the platform's Gateway's namespace
     sets = [
         "gateway.ingress.enabled=true",
         "gateway.ingress.hosts={models.example.com}",
         "gateway.ingress.tls[0].secretName=models-tls",
         "gateway.httpRoute.enabled=true",
         "gateway.httpRoute.parentRefs[0].name=platform",
-        "gateway.httpRoute.parentRefs[0].namespace=gateway-system",
+        f"gateway.httpRoute.parentRefs[0].namespace={parents}",
         "gateway.httpRoute.hostnames={models.example.com}",
     ]
     kube = server_version(cluster)
@@ -211,3 +212,32 @@ def test_the_api_server_accepts_the_gateways_ingress_and_httproute_and_refuses_a
     route = cluster.helm(*template_args("exposed", namespace, *bad, kube_version=kube), *show).stdout
     refused = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=route, check=False)
     assert refused.returncode != 0 and "spec.hostnames[0]" in refused.stderr, refused.stderr
+    # A parent the cluster lacks is accepted by the API server: the install's notes say so, first
+    # without the Gateway kind, then without the Gateway, and say nothing once it exists.
+    notes = _dry_run_notes(cluster, namespace, sets)
+    assert f"WARNING: gateway.httpRoute's parent Gateway {parents}/platform: this cluster serves no" in notes, notes
+    cluster.kubectl("apply", "--server-side", "-f", str(crds / "gateway.networking.k8s.io_gateways.yaml"))
+    cluster.wait_established("gateways.gateway.networking.k8s.io")
+    wait_until(
+        lambda: "does not exist (yet)" in _dry_run_notes(cluster, namespace, sets),
+        60,
+        "the notes to name the missing Gateway once the kind is served",
+    )
+    cluster.create_namespace(parents)
+    platform = {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": {"name": "platform", "namespace": parents},
+        "spec": {"gatewayClassName": "platform", "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(platform))
+    assert "WARNING" not in _dry_run_notes(cluster, namespace, sets)
+
+
+def _dry_run_notes(cluster: Cluster, namespace: str, sets: list[str]) -> str:
+    """`helm install --dry-run=server` with `sets`: what the install would print, its notes read
+    against the cluster (Helm's lookup)."""
+    return cluster.helm(
+        "install", "exposed", str(CHART), "--namespace", namespace, "--dry-run=server",
+        "--set", "crds.enabled=false", *(arg for s in sets for arg in ("--set", s)),
+    ).stdout  # fmt: skip

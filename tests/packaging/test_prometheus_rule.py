@@ -147,6 +147,8 @@ def test_rules_follow_the_programs_installed(helm: Helm) -> None:
             "ModelserveModelUnavailable",
             "ModelserveHeldRequestsFailed",
             "ModelserveGatewayDown",
+            "ModelserveGatewayCertificateExpiring",
+            "ModelserveGatewayCertificateRefused",
         },
         "operator.metricsPort=0": {
             "ModelserveOperatorDown",
