@@ -239,6 +239,8 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
             "operator.leaseSeconds=20",
             "engines.vllm.image=mirror.example/vllm-openai:v9",
             "engines.llamacpp.image=mirror.example/llama:b1",
+            "modelPods.imagePullSecrets[0].name=mirror-credentials",
+            "modelPods.imagePullSecrets[1].name=hub-mirror",
         ),
         # A fraction of a second too (--set would pass it as a string; a values file or --set-json as a number).
         "--set-json",
@@ -265,6 +267,7 @@ def test_operator_reads_what_the_chart_sets(helm: Helm) -> None:
         sidecar_body_timeout_seconds=120.0,
         sidecar_max_connections=2048,
         sidecar_body_budget_bytes=33554432,
+        image_pull_secrets=("mirror-credentials", "hub-mirror"),
     )
     assert all(name.startswith("MODELSERVE_") for name in env)
 

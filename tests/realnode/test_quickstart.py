@@ -110,8 +110,13 @@ def test_quickstart_serves_the_real_model(node: NodeView, port_forward) -> None:
         env={**node.cluster.env, "KEY": key},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=420,
     )
+    if ran.returncode != 0:  # what the client pod did, for the failure's message (it may be gone)
+        for look in (("get", "pod", "ask", "-o", "jsonpath={.status}"), ("logs", "ask")):
+            seen = node.kubectl(*look, check=False)
+            ran.stderr += f"\nkubectl {' '.join(look)}: {seen.stdout[-2000:]}{seen.stderr[-500:]}"
+        node.kubectl("delete", "pod", "ask", "--wait=false", check=False)
     assert ran.returncode == 0 and "Paris" in ran.stdout, ran.stdout + ran.stderr
 
 
