@@ -68,7 +68,7 @@ def _engine_dies_in_place(node: NodeView, name: str) -> None:
     (pod,) = node.pods(name)
     pod_name = pod["metadata"]["name"]
     # The shell's kill (the engine's image has no kill program): SIGTERM to llama-server, its PID 1.
-    node.kubectl("exec", pod_name, "-c", "engine", "--", "sh", "-c", "kill -TERM 1")
+    node.cluster.kubectl("exec", "-n", node.namespace, pod_name, "-c", "engine", "--", "sh", "-c", "kill -TERM 1")
     seen: dict = {}
 
     def restarted_and_ready() -> bool:
