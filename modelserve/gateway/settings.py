@@ -121,9 +121,9 @@ class GatewaySettings:
     workers: int = env_setting("MODELSERVE_GATEWAY_WORKERS", positive_int, default=1)
     # The gateway's own pod (the chart sets both from the downward API): a certificate it cannot
     # serve at the start is posted as a Warning Event on this pod before it exits. Empty: no Event.
-    pod_name: str = env_setting("MODELSERVE_GATEWAY_POD_NAME", str, default="")
+    pod_name: str = env_setting("MODELSERVE_GATEWAY_OWN_POD", str, default="")
     # The namespace of that pod, where the Event goes (the gateway may create Events only there).
-    pod_namespace: str = env_setting("MODELSERVE_GATEWAY_POD_NAMESPACE", str, default="")
+    pod_namespace: str = env_setting("MODELSERVE_GATEWAY_OWN_NAMESPACE", str, default="")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:

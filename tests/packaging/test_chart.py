@@ -310,8 +310,8 @@ def test_gateway_is_hardened_and_reads_what_the_chart_sets(helm: Helm) -> None:
     # Its own pod, for the Event a certificate it cannot serve gets: from the downward API.
     fields = {var["name"]: var["valueFrom"]["fieldRef"]["fieldPath"] for var in container["env"] if "valueFrom" in var}
     assert fields == {
-        "MODELSERVE_GATEWAY_POD_NAME": "metadata.name",
-        "MODELSERVE_GATEWAY_POD_NAMESPACE": "metadata.namespace",
+        "MODELSERVE_GATEWAY_OWN_POD": "metadata.name",
+        "MODELSERVE_GATEWAY_OWN_NAMESPACE": "metadata.namespace",
     }
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert GatewaySettings.from_env(env) == GatewaySettings(

@@ -67,8 +67,9 @@ def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str,
     result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert result.returncode == 0, result.stderr
     # Per watched namespace, the operator's Role and the gateway's (the release's namespace is
-    # watched, so the operator needs no extra Role there to read the gateway's pods); and leader election's.
-    assert len(by_kind(rendered, "Role")) == (5 if scope == "watched-namespaces" else 1)
+    # watched, so the operator needs no extra Role there to read the gateway's pods); leader election's;
+    # and the gateway's Events on its own pod.
+    assert len(by_kind(rendered, "Role")) == (6 if scope == "watched-namespaces" else 2)
     # The model pods' per namespace, and the node agents' own.
     assert len(by_kind(rendered, "NetworkPolicy")) == (2 if scope == "watched-namespaces" else 1) + 1
 

@@ -83,3 +83,13 @@ def test_the_security_page_lists_every_refused_flag_and_variable() -> None:
         row = next(line for line in security.splitlines() if f"({engine.title} {engine.version})" in line)
         for switch in (*engine.admin_flags, *engine.admin_env):
             assert f"`{switch.name}`" in row, (engine.name, switch.name)
+
+
+def test_the_quickstarts_client_image_is_the_pinned_sdks() -> None:
+    """hack/build-images.sh tags the in-cluster client image with the virtualenv's openai version: the
+    pages that name the image name the version pyproject.toml pins."""
+    pinned = re.search(r'"openai==([0-9.]+)"', (REPO / "pyproject.toml").read_text())
+    assert pinned, "pyproject.toml pins the openai SDK"
+    for page in ("getting-started/quickstart.md", "getting-started/set-up.md"):
+        named = set(re.findall(r"modelserve\.local/openai-client:([0-9.]+)", _page(page)))
+        assert named == {pinned.group(1)}, (page, named)

@@ -249,8 +249,8 @@ def refused_certificate_is_an_event(cluster: Cluster, install: Install, workdir:
         "KUBECONFIG": str(kubeconfig),
         "MODELSERVE_GATEWAY_LISTEN_PORT": str(port),
         "MODELSERVE_GATEWAY_TLS_DIR": str(tls_dir),
-        "MODELSERVE_GATEWAY_POD_NAME": pod,
-        "MODELSERVE_GATEWAY_POD_NAMESPACE": install.namespace,
+        "MODELSERVE_GATEWAY_OWN_POD": pod,
+        "MODELSERVE_GATEWAY_OWN_NAMESPACE": install.namespace,
     }
     gateway = OPERATOR.with_name("modelserve-gateway")
     ended = subprocess.run([str(gateway)], env=env, capture_output=True, text=True, timeout=120)
