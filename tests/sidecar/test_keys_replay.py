@@ -142,13 +142,16 @@ def test_two_replicas_share_a_key_limit(replay: ReplayEngine, tmp_path: Path) ->
     count.write_text("2")
     env = {"MODELSERVE_KEYS_DIR": str(secret.path), "MODELSERVE_REPLICAS_FILE": str(count)}
     sidecars = [launch_sidecar(tmp_path / f"logs-{i}", replay.url, "tiny", env) for i in range(2)]
-    slow = {"x-replay-stall": "2.0"}
+    # Long enough that both held requests are still in flight when a busy machine's polls see them
+    # (2 s was not: one had finished before the other sidecar's count was read).
+    slow = {"x-replay-stall": "15.0"}
     in_flight = "modelserve_sidecar_key_in_flight_requests"
     try:
         with ThreadPoolExecutor(2) as pool:
             held = [pool.submit(chat, sidecar, "key-shared", **slow) for sidecar in sidecars]
-            for sidecar in sidecars:
-                wait_until(lambda s=sidecar: series(s, in_flight, key="shared", model="tiny") == 1, 20, "one each")
+            wait_until(
+                lambda: all(series(s, in_flight, key="shared", model="tiny") == 1 for s in sidecars), 20, "one each"
+            )
             refused = [chat(sidecar, "key-shared").status_code for sidecar in sidecars]
             assert [h.result().status_code for h in held] == [200, 200]
         assert refused == [429, 429]
