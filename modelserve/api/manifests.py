@@ -15,6 +15,7 @@ from modelserve.api.status import Transition
 from modelserve.contracts import sidecar as contract
 from modelserve.contracts.adapters import ADAPTERS_KEY, Desired, render_desired
 from modelserve.contracts.api_keys import GENERATED_KEY_FIELD
+from modelserve.contracts.events import event_manifest
 from modelserve.contracts.names import (
     API_VERSION,
     FIELD_MANAGER,
@@ -722,25 +723,14 @@ def owned_objects(ms: ModelServer, settings: Settings, api_key: str) -> list[dic
 def event(body: dict[str, Any], transition: Transition, now: str, reporter: str) -> dict[str, Any]:
     """A core/v1 Event about the ModelServer (what `kubectl describe ms` lists)."""
     meta = body["metadata"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-        "involvedObject": {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-            "resourceVersion": meta["resourceVersion"],
-        },
-        "type": transition.type,
-        "reason": transition.reason,
-        "message": transition.message[:1024],
-        "source": {"component": FIELD_MANAGER},
-        "reportingComponent": FIELD_MANAGER,
-        "reportingInstance": reporter,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
+    involved = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "uid": meta["uid"],
+        "resourceVersion": meta["resourceVersion"],
     }
+    return event_manifest(
+        involved, transition.type, transition.reason, transition.message, FIELD_MANAGER, reporter, now
+    )

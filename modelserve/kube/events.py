@@ -12,38 +12,24 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 from urllib3.exceptions import HTTPError
 
-from .apply import Kube, api_client, error_message
+from modelserve.contracts.events import event_manifest
 
-# The API server refuses longer messages.
-MESSAGE_LIMIT = 1024
+from .apply import Kube, api_client, error_message
 
 
 def pod_event(
     namespace: str, pod: str, type_: str, reason: str, message: str, component: str, now: str
 ) -> dict[str, Any]:
     """A core/v1 Event about the pod `namespace/pod`, from `component`."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{pod}.", "namespace": namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace},
-        "type": type_,
-        "reason": reason,
-        "message": message[:MESSAGE_LIMIT],
-        "source": {"component": component},
-        "reportingComponent": component,
-        "reportingInstance": pod,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
+    involved = {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace}
+    return event_manifest(involved, type_, reason, message, component, pod, now)
 
 
 def post_pod_event(namespace: str, pod: str, type_: str, reason: str, message: str, component: str) -> str | None:
     """Posts the Event; None when it was, else why not (no pod named, no API server, a refusal), for
     the caller's log: a program on its way out never fails for want of an Event."""
     if not namespace or not pod:
-        return "no pod named (its POD_NAME and POD_NAMESPACE are unset)"
+        return "no pod named (its name and namespace from the downward API are unset)"
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     try:
         Kube(api_client()).create(pod_event(namespace, pod, type_, reason, message, component, now))
