@@ -11,6 +11,7 @@ import time
 
 import httpx
 
+from harness.sidecar import metric_value
 from modelserve.api import manifests
 from modelserve.contracts.operator_settings import Settings
 from modelserve.kube.pods import pod_ready
@@ -165,14 +166,14 @@ def test_pod_deletion_during_a_stream_loses_nothing(node: NodeView) -> None:
     thread.start()
     # The replica serving the stream is the one whose sidecar counts a request in flight.
     serving = None
-    deadline = time.monotonic() + 30
-    while serving is None and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60
+    while serving is None and thread.is_alive() and time.monotonic() < deadline:
         for pod in pods:
             metrics = httpx.get(f"http://{pod['status']['podIP']}:8080/metrics", timeout=10).text
-            if "modelserve_sidecar_in_flight_requests 1.0" in metrics:
+            if metric_value(metrics, "modelserve_sidecar_in_flight_requests") >= 1:
                 serving = pod["metadata"]["name"]
         time.sleep(0.1)
-    assert serving, "no replica shows the stream in flight"
+    assert serving, f"no replica shows the stream in flight: {streamed}\n{timeline}"
     deleted = _delete_kept(node, serving)
     timeline.add(f"deleted {serving}")
     answered, failures = 0, []
@@ -290,6 +291,13 @@ def test_generated_security_context_runs_as_generated(node: NodeView) -> None:
     assert written == {"engine": [], "sidecar": []}, written
 
 
+def previous_log(cluster, pod: dict, container: str) -> str:
+    """A container's log before its last restart (what a failing assertion should show)."""
+    meta = pod["metadata"]
+    args = ("logs", "--previous", "-c", container, "-n", meta["namespace"], meta["name"])
+    return cluster.kubectl(*args, check=False).stdout[-3000:]
+
+
 def test_node_and_host_facts(node_cluster) -> None:
     nodes = json.loads(node_cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
     by_name = {n["metadata"]["name"]: n for n in nodes}
@@ -320,7 +328,8 @@ def test_with_its_nodes_cache_down_a_pod_starts_from_the_hub_and_says_so(node: N
         (pod,) = node.ready_pods("uncached")
         result = fetch_result(pod)
         assert result and result.source == "hub" and "node cache is unreachable" in result.node_cache, result
-        assert all(s.get("restartCount", 0) == 0 for s in pod["status"]["initContainerStatuses"]), pod["status"]
+        restarted = [s for s in pod["status"]["initContainerStatuses"] if s.get("restartCount", 0)]
+        assert not restarted, (restarted, previous_log(cluster, pod, "fetch"))
         warnings = [e["message"] for e in node.events("uncached") if e["reason"] == "NodeCacheUnavailable"]
         assert warnings and "read its model from the hub" in warnings[0], warnings
         assert "unreachable" in ready["status"]["lastStart"]["nodeCache"], ready["status"]["lastStart"]
