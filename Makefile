@@ -6,14 +6,15 @@ test:
 	bash hack/setup.sh
 	bash hack/run-tests.sh
 
-# The fast tier for contributors: the tests that need no control plane and no engine (the markers of
-# tests/conftest.py). They mostly wait on the processes they start (sidecars, the replay engine), so
-# four pytest workers share the two cores, a module each at a time (its fixtures stay its own).
+# The fast tier for contributors: the tests that need no control plane, no engine and no fresh install
+# of the package (the markers of tests/conftest.py). They mostly wait on the processes they start
+# (sidecars, the replay engine), so six pytest workers share the two cores, a module each at a time
+# (its fixtures stay its own).
 # Some read what hack/setup.sh made (the engines' source, llama-server, checkov): run `make test` once
 # first. `make test` (and CI) still runs everything, in one process per half.
 test-fast:
 	bash hack/install-python.sh
-	.venv/bin/pytest -m "not cluster and not engine" -q -n 4 --dist loadfile
+	.venv/bin/pytest -m "not cluster and not engine and not install" -q -n 6 --dist loadfile
 
 # The images, from source into the cache: ours from the Dockerfile (the operator, sidecar, gateway,
 # node cache and fetch are one image) and the sandbox's engine builds (hack/build-images.sh).

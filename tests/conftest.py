@@ -4,7 +4,9 @@ Markers come from what a test needs, never by hand: `cluster` for the control pl
 starts one, a test under tests/cluster or tests/realnode, or a module named *_cluster.py, which starts
 its own), `engine` for a real engine process (the llama-server or model fixtures) or the real node,
 `realnode` for the real node (tests/realnode, and `make dev`'s own test, which starts the sandbox
-with its node). `pytest -m "not cluster and not engine"` is the fast unit subset.
+with its node), `install` for a fresh virtualenv built as the image's build stage builds it (pip and
+a wheel: half a minute). `pytest -m "not cluster and not engine and not install"` is the fast unit
+subset (`make test-fast`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ pytest_plugins = ("tests.helpers.sidecar_fixtures", "tests.helpers.operator_fixt
 TESTS = Path(__file__).parent
 CLUSTER_FIXTURES = frozenset({"cluster", "node_cluster"})
 ENGINE_FIXTURES = frozenset({"engine", "gguf_model", "llama_server", "node_cluster"})
+# A fresh virtualenv built by the Dockerfile's own RUN lines (pip installs the wheel and its deps).
+INSTALL_FIXTURES = frozenset({"image_venv"})
 CLUSTER_DIRECTORIES = frozenset({"cluster", "realnode"})
 # Whole directories, or single modules, whose tests run pods on the real node.
 REAL_NODE_PATHS = (Path("realnode"), Path("cluster/test_sandbox_command.py"))
@@ -41,6 +45,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.engine)
         if realnode:
             item.add_marker(pytest.mark.realnode)
+        if used & INSTALL_FIXTURES:
+            item.add_marker(pytest.mark.install)
 
 
 @pytest.fixture(scope="session")

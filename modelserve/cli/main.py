@@ -78,18 +78,21 @@ def _documents(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
         yield where, document
 
 
-def render(paths: list[str], namespace: str, settings: Settings) -> list[dict[str, Any]]:
-    """The objects the operator applies for every ModelServer in the files, in file order."""
+def render(paths: list[str], namespace: str, settings: Settings) -> tuple[list[dict[str, Any]], list[str]]:
+    """The objects the operator applies for every ModelServer in the files, in file order, and what
+    is wrong with each invalid one (every one is named, as `kubectl apply` names each refusal)."""
     objects: list[dict[str, Any]] = []
+    refusals: list[str] = []
     for path in paths:
         for where, document in _documents(path):
             name = (document.get("metadata") or {}).get("name", "")
             try:
                 ms = parse_model_server(document, namespace)
             except InvalidManifest as error:
-                raise InvalidManifest(f'{where}: {KIND} "{name}" is invalid:\n{error}') from None
+                refusals.append(f'{where}: {KIND} "{name}" is invalid:\n{error}')
+                continue
             objects += manifests.owned_objects(ms, settings, API_KEY_PLACEHOLDER)
-    return objects
+    return objects, refusals
 
 
 def dump(objects: list[dict[str, Any]], out: TextIO) -> None:
@@ -105,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
         help="print the objects the operator would apply for ModelServer manifests",
         description="Print, as YAML, the objects the operator would apply for the ModelServers in FILEs "
         "(the generated key and the owner uid are placeholders). Settings come from the operator's "
-        "MODELSERVE_* environment variables.",
+        "MODELSERVE_* environment variables. An invalid manifest prints nothing: every invalid one is "
+        "named on stderr, with its fields, and the exit code is 1.",
     )
     render_cmd.add_argument("files", nargs="+", metavar="FILE", help="ModelServer manifests ('-' reads stdin)")
     render_cmd.add_argument(
@@ -225,9 +229,13 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     if args.command == "render":
         try:
-            objects = render(args.files, args.namespace, settings_or_exit(Settings, "modelserve render"))
+            objects, refusals = render(args.files, args.namespace, settings_or_exit(Settings, "modelserve render"))
         except (InvalidManifest, OSError, yaml.YAMLError) as error:
             print(f"modelserve render: {error}", file=sys.stderr)
+            return 1
+        for refusal in refusals:
+            print(f"modelserve render: {refusal}", file=sys.stderr)
+        if refusals:  # nothing on stdout: a pipe into `kubectl apply` applies all or none
             return 1
         dump(objects, sys.stdout)
         return 0

@@ -74,27 +74,35 @@ def test_render_takes_many_files_documents_and_stdin(tmp_path: Path) -> None:
     assert owners == {"<uid of the ModelServer>"}
 
 
-# Each invalid case's render, run once for the two tests that read it (a CLI start is about a second).
-_RENDERED: dict[str, subprocess.CompletedProcess] = {}
+# Every invalid case in one render (a CLI start is about a second, and there are over a hundred):
+# render names each invalid document, in order, under a line of its own.
+_REFUSED: dict[str, str] = {}
 
 
-def _render_refused(tmp_path: Path, case: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess:
-    if case not in _RENDERED:
-        _RENDERED[case] = modelserve("render", _write(tmp_path / f"{case}.yaml", manifest))
-    return _RENDERED[case]
+def _render_refused(tmp_path_factory: pytest.TempPathFactory, case: str) -> str:
+    """What `modelserve render` says of `case`'s file, rendered with every other invalid case's."""
+    if not _REFUSED:
+        folder = tmp_path_factory.mktemp("invalid")
+        files = [_write(folder / f"{name}.yaml", manifest) for name, manifest, _, _ in invalid_cases()]
+        result = modelserve("render", *files)
+        assert result.returncode == 1 and not result.stdout, result.stderr[-2000:]
+        blocks = re.split(r"^modelserve render: ", result.stderr, flags=re.MULTILINE)[1:]
+        for block in blocks:
+            _REFUSED[Path(block.split(" (document ", 1)[0]).stem] = block
+        assert list(_REFUSED) == [name for name, _, _, _ in invalid_cases()], result.stderr[-2000:]
+    return _REFUSED[case]
 
 
 @pytest.mark.parametrize(("case", "manifest", "field", "says"), invalid_cases(), ids=[c[0] for c in invalid_cases()])
 def test_render_refuses_what_the_api_server_refuses(
-    tmp_path: Path, case: str, manifest: dict, field: str, says: tuple[str, ...]
+    tmp_path_factory: pytest.TempPathFactory, case: str, manifest: dict, field: str, says: tuple[str, ...]
 ) -> None:
-    result = _render_refused(tmp_path, case, manifest)
-    assert result.returncode == 1 and not result.stdout
-    assert f'ModelServer "{manifest["metadata"]["name"]}" is invalid:' in result.stderr
-    named = [line.split(": ", 1)[0] for line in result.stderr.splitlines()[1:]]
+    refusal = _render_refused(tmp_path_factory, case)
+    assert f'ModelServer "{manifest["metadata"]["name"]}" is invalid:' in refusal.splitlines()[0], refusal
+    named = [line.split(": ", 1)[0] for line in refusal.splitlines()[1:]]
     # A repeated list-map key: the API server names the repeat (spec.env[1]), render the list.
-    assert any(field == path or field.startswith(f"{path}[") for path in named), result.stderr
-    assert all(words in result.stderr for words in says), result.stderr
+    assert any(field == path or field.startswith(f"{path}[") for path in named), refusal
+    assert all(words in refusal for words in says), refusal
 
 
 def test_render_names_the_file_and_document_of_a_bad_manifest(tmp_path: Path) -> None:
@@ -108,6 +116,17 @@ def test_render_names_the_file_and_document_of_a_bad_manifest(tmp_path: Path) ->
         "spec.replicas.min: replicas.min must not exceed replicas.max",
         "spec.replicas.buffer: replicas.min + replicas.buffer must not exceed replicas.max",
     ]
+    # Every invalid document is named, not only the first, and nothing is printed for the valid ones.
+    other = copy.deepcopy(examples()["smollm2-135m-cpu"])
+    other["spec"]["maxModelLen"] = -1
+    both = modelserve("render", path, _write(tmp_path / "other.yaml", good, other))
+    assert both.returncode == 1 and not both.stdout, both.stdout
+    headers = [line for line in both.stderr.splitlines() if line.startswith("modelserve render: ")]
+    assert headers == [
+        f'modelserve render: {path} (document 2): ModelServer "lfm2-1-2b" is invalid:',
+        f'modelserve render: {tmp_path / "other.yaml"} (document 2): ModelServer "smollm2-135m-cpu" is invalid:',
+    ], both.stderr
+    assert "spec.maxModelLen: " in both.stderr, both.stderr
     assert modelserve("render", str(tmp_path / "missing.yaml")).returncode == 1
 
 
@@ -135,13 +154,15 @@ def _api_server_refusal(cluster: Cluster, namespace: str, manifest: dict[str, An
     return result.stderr
 
 
-def test_render_and_the_api_server_name_the_same_fields(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+def test_render_and_the_api_server_name_the_same_fields(
+    cluster: Cluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
     cluster.wait_established("modelservers.serving.modelserve.dev")
     rule_messages = {NAME_RULE.message, *rules_by_message()}
     for case, manifest, _, _ in invalid_cases():
         refusal = _api_server_refusal(cluster, namespace, manifest)
-        cli = _render_refused(tmp_path, case, manifest).stderr.splitlines()[1:]
+        cli = _render_refused(tmp_path_factory, case).splitlines()[1:]
         for line in cli:
             path, message = line.split(": ", 1)
             assert path in refusal, f"{case}: the API server does not name {path}:\n{refusal}"
