@@ -15,6 +15,8 @@ four ways to it:
                TLS 1.3, the client's connections kept alive: the cost of encrypting, not of handshakes)
   nginx        client -> nginx -> sidecar -> engine (the plain reverse proxy: one worker,
                `proxy_buffering off`, keep-alive to the sidecar, Authorization passed on)
+  nginx-tls    the same nginx over HTTPS with the gateway's certificate (`listen ... ssl`, TLS 1.2
+               and 1.3, OpenSSL's defaults): the yardstick for gateway-tls
 The gateways and nginx are each pinned to the same core (taskset); the sidecar, the engine and the
 load float. "cpu ms/req" is the CPU time of the proxy under test per request. Levels: concurrency
 1, 16, 64 non-streaming; 1, 64 streaming (128 chunks, no gap). After the table, the TLS gateway's
@@ -59,6 +61,16 @@ NGINX_CONF = sidecar_bench.NGINX_CONF
 for _line in ("      if ($key_ok = 0) {{ return 401; }}\n", '      proxy_set_header Authorization "";\n'):
     assert _line in NGINX_CONF, f"bench/sidecar_bench.py's NGINX_CONF changed: {_line!r}"
     NGINX_CONF = NGINX_CONF.replace(_line, "")
+# The same nginx serving HTTPS with the TLS gateway's certificate and key ({tls}: their directory).
+_LISTEN = "    listen 127.0.0.1:{port};\n"
+assert _LISTEN in NGINX_CONF, "bench/sidecar_bench.py's NGINX_CONF changed its listen line"
+NGINX_TLS_CONF = NGINX_CONF.replace(
+    _LISTEN,
+    "    listen 127.0.0.1:{port} ssl;\n"
+    "    ssl_certificate {tls}/tls.crt;\n"
+    "    ssl_certificate_key {tls}/tls.key;\n"
+    "    ssl_protocols TLSv1.2 TLSv1.3;\n",
+)
 
 
 def serve_gateway(spec: dict[str, Any]) -> None:
@@ -136,6 +148,17 @@ def ratios(table: sidecar_bench.Table) -> dict[str, float]:
         ):
             plain = table[level, "gateway"][column[name]]
             values[label] = table[level, "gateway-tls"][column[name]] / plain if plain > 0 else float("nan")
+    if (("plain", 64, 0), "nginx-tls") in table:
+        column = {name: i for i, name in enumerate(sidecar_bench.COLUMNS)}
+        for level, name, label in (
+            (("plain", 64, 0), "cpu ms/req", "cpu ms/req c=64 gateway-tls/nginx-tls"),
+            (("plain", 64, 0), "req/s", "req/s c=64 gateway-tls/nginx-tls"),
+            (("stream", 64, 0), "req/s", "streams/s c=64 gateway-tls/nginx-tls"),
+            (("plain", 64, 0), "cpu ms/req", "cpu ms/req c=64 nginx-tls/nginx"),
+        ):
+            ours, theirs = label.rsplit(" ", 1)[1].split("/")
+            base = table[level, theirs][column[name]]
+            values[label] = table[level, ours][column[name]] / base if base > 0 else float("nan")
     return values
 
 
@@ -165,7 +188,7 @@ def handshakes(port: int, tls: ssl.SSLContext, count: int = 200) -> list[float]:
     return taken
 
 
-def print_handshakes(port: int, tls: ssl.SSLContext) -> None:
+def print_handshakes(port: int, tls: ssl.SSLContext, name: str = "gateway-tls") -> None:
     taken = sorted(handshakes(port, tls))
     with (
         socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
@@ -174,7 +197,7 @@ def print_handshakes(port: int, tls: ssl.SSLContext) -> None:
         version, cipher = connection.version(), connection.cipher()[0]
     p50, p99 = statistics.median(taken) * 1000, taken[int(0.99 * len(taken))] * 1000
     what = f"{version}, {cipher}, {len(taken)} one after another"
-    print(f"gateway-tls handshakes ({what}): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+    print(f"{name} handshakes ({what}): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
 
 
 def main() -> None:
@@ -193,7 +216,7 @@ def main() -> None:
 
     nginx = ensure_nginx()
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-    engine_port, gateway_port, nginx_port, tls_port = free_ports(4)
+    engine_port, gateway_port, nginx_port, tls_port, nginx_tls_port = free_ports(5)
     processes = []
     try:
         engine_argv = [sys.executable, sidecar_bench.__file__, "--serve-engine", str(engine_port)]
@@ -224,16 +247,31 @@ def main() -> None:
         processes.append(proxy)
         nginx_url = f"http://127.0.0.1:{nginx_port}"
         wait_http(nginx_url + "/readyz", "nginx", workdir / "nginx" / "nginx-error.log")
+        tls_targets = []
+        if client_tls is not None:
+            engine = replica.rsplit(":", 1)[1]
+            conf = NGINX_TLS_CONF.format(
+                dir=workdir / "nginx-tls", key=KEY, engine_port=engine, port=nginx_tls_port, tls=directory
+            )
+            nginx_tls = start_nginx(nginx, workdir, conf, name="nginx-tls")
+            processes.append(nginx_tls)
+            url = f"https://127.0.0.1:{nginx_tls_port}"
+            wait_http(url + "/readyz", "nginx-tls", workdir / "nginx-tls" / "nginx-error.log", client_tls)
+            tls_targets = [
+                Target("gateway-tls", f"https://127.0.0.1:{tls_port}", tls_gateway, client_tls),
+                Target("nginx-tls", url, nginx_tls, client_tls),
+            ]
 
         targets = [
             Target("direct", sidecar.url),
             Target("gateway", f"http://127.0.0.1:{gateway_port}", gateway),
-            *([Target("gateway-tls", f"https://127.0.0.1:{tls_port}", tls_gateway, client_tls)] if client_tls else []),
             Target("nginx", nginx_url, proxy),
+            *tls_targets,
         ]
         run_and_report(targets, seconds, args.runs, ratios, f", gateway {args.routing}")
         if client_tls is not None:
             print_handshakes(tls_port, client_tls)
+            print_handshakes(nginx_tls_port, client_tls, "nginx-tls")
     finally:
         for process in reversed(processes):
             stop_process(process)
