@@ -20,8 +20,8 @@ four ways to it:
 The gateways and nginx are each pinned to the same core (taskset); the sidecar, the engine and the
 load float. "cpu ms/req" is the CPU time of the proxy under test per request. Levels: concurrency
 1, 16, 64 non-streaming; 1, 64 streaming (128 chunks, no gap). After the table, the TLS gateway's
-handshakes: a new connection's handshake time, one after another. `--no-tls` leaves the TLS
-gateway out (a checkout from before it). Not part of `make test`.
+and TLS nginx's handshakes: a new connection's handshake time, one after another. `--no-tls` leaves
+both TLS rows out (a checkout from before them). Not part of `make test`.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="1 s per level and target instead of 3")
     parser.add_argument("--routing", choices=(LEAST_IN_FLIGHT, PREFIX_AFFINITY), default=LEAST_IN_FLIGHT)
-    parser.add_argument("--no-tls", action="store_true", help="without the gateway over HTTPS")
+    parser.add_argument("--no-tls", action="store_true", help="without the gateway and nginx over HTTPS")
     parser.add_argument("--serve-gateway", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_gateway:
