@@ -137,28 +137,26 @@ def start_gateway(
     return process
 
 
+# The HTTPS rows' ratios within the run: (level, column, label, ours, theirs), printed as
+# "<label> <ours>/<theirs>" when both rows were measured.
+TLS_RATIOS = (
+    (("plain", 64, 0), "cpu ms/req", "cpu ms/req c=64", "gateway-tls", "gateway"),
+    (("plain", 64, 0), "req/s", "req/s c=64", "gateway-tls", "gateway"),
+    (("stream", 64, 0), "req/s", "streams/s c=64", "gateway-tls", "gateway"),
+    (("plain", 64, 0), "cpu ms/req", "cpu ms/req c=64", "gateway-tls", "nginx-tls"),
+    (("plain", 64, 0), "req/s", "req/s c=64", "gateway-tls", "nginx-tls"),
+    (("stream", 64, 0), "req/s", "streams/s c=64", "gateway-tls", "nginx-tls"),
+    (("plain", 64, 0), "cpu ms/req", "cpu ms/req c=64", "nginx-tls", "nginx"),
+)
+
+
 def ratios(table: sidecar_bench.Table) -> dict[str, float]:
     values = sidecar_bench.target_ratios(table, "gateway")
-    if (("plain", 64, 0), "gateway-tls") in table:
-        column = {name: i for i, name in enumerate(sidecar_bench.COLUMNS)}
-        for level, name, label in (
-            (("plain", 64, 0), "cpu ms/req", "cpu ms/req c=64 gateway-tls/gateway"),
-            (("plain", 64, 0), "req/s", "req/s c=64 gateway-tls/gateway"),
-            (("stream", 64, 0), "req/s", "streams/s c=64 gateway-tls/gateway"),
-        ):
-            plain = table[level, "gateway"][column[name]]
-            values[label] = table[level, "gateway-tls"][column[name]] / plain if plain > 0 else float("nan")
-    if (("plain", 64, 0), "nginx-tls") in table:
-        column = {name: i for i, name in enumerate(sidecar_bench.COLUMNS)}
-        for level, name, label in (
-            (("plain", 64, 0), "cpu ms/req", "cpu ms/req c=64 gateway-tls/nginx-tls"),
-            (("plain", 64, 0), "req/s", "req/s c=64 gateway-tls/nginx-tls"),
-            (("stream", 64, 0), "req/s", "streams/s c=64 gateway-tls/nginx-tls"),
-            (("plain", 64, 0), "cpu ms/req", "cpu ms/req c=64 nginx-tls/nginx"),
-        ):
-            ours, theirs = label.rsplit(" ", 1)[1].split("/")
+    column = {name: i for i, name in enumerate(sidecar_bench.COLUMNS)}
+    for level, name, label, ours, theirs in TLS_RATIOS:
+        if (level, ours) in table and (level, theirs) in table:
             base = table[level, theirs][column[name]]
-            values[label] = table[level, ours][column[name]] / base if base > 0 else float("nan")
+            values[f"{label} {ours}/{theirs}"] = table[level, ours][column[name]] / base if base > 0 else float("nan")
     return values
 
 
