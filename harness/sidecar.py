@@ -265,13 +265,15 @@ def launch_sidecar(
         **env,
     }
     process = start_process(f"sidecar-{port}", [*argv_prefix, SIDECAR_BIN], log_dir, full_env)
-    sidecar = Sidecar(process, f"http://127.0.0.1:{port}", log_dir / f"sidecar-{port}.log", env)
+    scheme = "https" if env.get("MODELSERVE_TLS_DIR") else "http"  # spec.tls: its one port serves HTTPS
+    sidecar = Sidecar(process, f"{scheme}://127.0.0.1:{port}", log_dir / f"sidecar-{port}.log", env)
 
     def alive() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"sidecar exited with {process.returncode}:\n{tail(sidecar.log)}")
         try:
-            return httpx.get(sidecar.url + "/healthz", timeout=1).status_code == 200
+            # Whether it listens, whatever its certificate: a TLS test checks that itself.
+            return httpx.get(sidecar.url + "/healthz", timeout=1, verify=False).status_code == 200
         except httpx.TransportError:
             return False
 

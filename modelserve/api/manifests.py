@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
@@ -56,6 +56,8 @@ from .spec import AuthMode, ModelServer, RolloutStrategy
 from .status import Versions
 
 SERVICE_PORT = 80
+TLS_SERVICE_PORT = 443  # the Service's port when the pods serve HTTPS (spec.tls): https://NAME.NS.svc/v1
+TLS_VOLUME = "tls"
 KEYS_VOLUME = "api-keys"
 ADAPTERS_VOLUME = "adapters"
 REPLICAS_VOLUME = "serving-replicas"
@@ -135,7 +137,13 @@ def adapters_name(ms: ModelServer) -> str:
 
 
 def endpoint(ms: ModelServer, cluster_domain: str) -> str:
-    return f"http://{ms.name}.{ms.namespace}.svc.{cluster_domain}/v1"
+    scheme = "https" if ms.spec.tls else "http"
+    return f"{scheme}://{ms.name}.{ms.namespace}.svc.{cluster_domain}/v1"
+
+
+def port_name(ms: ModelServer) -> str:
+    """The sidecar's port's name, which says to its readers whether it serves HTTPS."""
+    return contract.TLS_PORT_NAME if ms.spec.tls else "http"
 
 
 def component(ms: ModelServer) -> str:
@@ -175,9 +183,10 @@ def _metadata(ms: ModelServer, name: str) -> dict[str, Any]:
     }
 
 
-def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
+def _http_probe(path: str, period: int, failures: int, tls: bool = False) -> dict[str, Any]:
+    get = {"path": path, "port": contract.TLS_PORT_NAME, "scheme": "HTTPS"} if tls else {"path": path, "port": "http"}
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": get,
         "periodSeconds": period,
         "timeoutSeconds": 5,
         "failureThreshold": failures,
@@ -201,6 +210,7 @@ def sidecar_settings(ms: ModelServer, settings: Settings) -> contract.Settings:
         # engine's own queue, first come first served.
         "engine_concurrency": spec.engine_concurrency,
         "workers": spec.sidecar_workers,
+        "tls_dir": Path(contract.TLS_DIR) if spec.tls else None,
         **settings.sidecar_limits,
     }
     if spec.external:
@@ -241,19 +251,20 @@ def sidecar_resources(workers: int) -> dict[str, Any]:
 def sidecar_container(ms: ModelServer, settings: Settings) -> dict[str, Any]:
     sidecar = sidecar_settings(ms, settings)
     startup = FAST_STARTUP_PERIOD_SECONDS if versions.node_cache(ms, settings) else PROBE_PERIOD_SECONDS
+    tls = ms.spec.tls is not None
     container: dict[str, Any] = {
         "name": SIDECAR_NAME,
         "image": settings.sidecar_image,
         "command": ["modelserve-sidecar"],
-        "ports": [{"name": "http", "containerPort": sidecar.listen_port, "protocol": "TCP"}],
+        "ports": [{"name": port_name(ms), "containerPort": sidecar.listen_port, "protocol": "TCP"}],
         "env": [{"name": name, "value": value} for name, value in sidecar.to_env().items()],
         # Cold starts pull a large image and download weights before /readyz can pass.
-        "startupProbe": _http_probe(contract.READY_ROUTE, startup, settings.startup_seconds // startup),
+        "startupProbe": _http_probe(contract.READY_ROUTE, startup, settings.startup_seconds // startup, tls),
         # Each second, and one failure is enough: an engine that dies in place stops getting traffic
         # within about a second (it was up to 15 s). A slow engine does not flap: /readyz answers from
         # its last finished check while one runs, and turns false only past the probe timeout.
-        "readinessProbe": _http_probe(contract.READY_ROUTE, 1, 1),
-        "livenessProbe": _http_probe(contract.HEALTH_ROUTE, PROBE_PERIOD_SECONDS, 3),
+        "readinessProbe": _http_probe(contract.READY_ROUTE, 1, 1, tls),
+        "livenessProbe": _http_probe(contract.HEALTH_ROUTE, PROBE_PERIOD_SECONDS, 3, tls),
         "resources": sidecar_resources(sidecar.workers),
         "lifecycle": {"preStop": {"sleep": {"seconds": ENDPOINT_PROPAGATION_SECONDS}}},
         "securityContext": nonroot_security_context(),
@@ -266,6 +277,11 @@ def sidecar_container(ms: ModelServer, settings: Settings) -> dict[str, Any]:
     if ms.spec.adapters is not None:
         # A ConfigMap volume, not env: the kubelet updates its files in a running pod (no roll).
         mounts.append({"name": ADAPTERS_VOLUME, "mountPath": str(sidecar.adapters_dir), "readOnly": True})
+    if tls:
+        # A Secret volume: the kubelet swaps a renewed certificate in, which the sidecar follows.
+        mounts.append({"name": TLS_VOLUME, "mountPath": contract.TLS_DIR, "readOnly": True})
+        # A certificate it cannot serve ends it with one line: kept in the status for CrashLoop's words.
+        container["terminationMessagePolicy"] = "FallbackToLogsOnError"
     if mounts:
         container["volumeMounts"] = mounts
     return container
@@ -294,6 +310,8 @@ def _volumes(ms: ModelServer, engine: Engine | None, with_keys: bool = True) -> 
     if ms.spec.adapters is not None and with_keys:  # the sidecar's pods only
         config_map = {"name": adapters_name(ms), "items": [{"key": ADAPTERS_KEY, "path": ADAPTERS_KEY}]}
         volumes.append({"name": ADAPTERS_VOLUME, "configMap": config_map})
+    if ms.spec.tls is not None and with_keys:  # the sidecar's pods only
+        volumes.append({"name": TLS_VOLUME, "secret": {"secretName": ms.spec.tls.secret_name}})
     return volumes
 
 
@@ -325,7 +343,13 @@ def _containers(ms: ModelServer, settings: Settings) -> tuple[list[dict[str, Any
     fetched = versions.node_cache(ms, settings)
     port = sidecar_settings(ms, settings).listen_port
     engine_container = engine.container(
-        ms, engine_image, done_seconds, settings.hub_endpoint, fetched=fetched, sidecar_port=port
+        ms,
+        engine_image,
+        done_seconds,
+        settings.hub_endpoint,
+        fetched=fetched,
+        sidecar_port=port,
+        sidecar_tls=ms.spec.tls is not None,
     )
     return [engine_container, sidecar], engine, done_seconds + ENGINE_SHUTDOWN_SECONDS
 
@@ -624,6 +648,13 @@ def service_selector(ms: ModelServer) -> dict[str, str]:
     return {SELECTOR_LABEL: ms.name}
 
 
+def _service_port(ms: ModelServer) -> dict[str, Any]:
+    if ms.spec.tls:
+        name = contract.TLS_PORT_NAME
+        return {"name": name, "port": TLS_SERVICE_PORT, "targetPort": name, "protocol": "TCP", "appProtocol": name}
+    return {"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}
+
+
 def service(ms: ModelServer) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -632,7 +663,7 @@ def service(ms: ModelServer) -> dict[str, Any]:
         "spec": {
             "type": "ClusterIP",
             "selector": service_selector(ms),
-            "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [_service_port(ms)],
         },
     }
 

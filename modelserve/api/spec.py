@@ -308,6 +308,17 @@ class LocalObjectReference(WireModel):
     name: ObjectName = Field(description="Secret in the ModelServer's namespace.")
 
 
+class TLS(WireModel):
+    """HTTPS on the model's pods: the sidecar serves it, so keys never cross the network in clear."""
+
+    secret_name: ObjectName = Field(
+        description="kubernetes.io/tls Secret in the ModelServer's namespace (tls.crt, tls.key; cert-manager's shape) "
+        "whose certificate names the Service (<name>.<namespace>.svc): each pod's sidecar serves HTTPS with it, on "
+        "the Service's port 443, and serves a renewal without a restart. The gateway checks it against its "
+        "MODELSERVE_GATEWAY_UPSTREAM_CA_FILE (the chart's gateway.upstreamTLS)."
+    )
+
+
 class Prefetch(WireModel):
     """Nodes to place the model on before any pod needs it (a fetch Job per node, in this namespace)."""
 
@@ -660,6 +671,7 @@ class ModelServerSpec(WireModel):
     cache: Cache | None = Field(
         None, description="Hub cache volume at /root/.cache/huggingface; unset: an emptyDir per pod."
     )
+    tls: TLS | None = Field(None, description="HTTPS on the model's pods; unset: plain HTTP inside the cluster.")
     image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=16)] = Field(
         default_factory=list,
         description="Secrets (kubernetes.io/dockerconfigjson, in the ModelServer's namespace) the model's pods and "

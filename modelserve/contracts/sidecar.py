@@ -34,6 +34,7 @@ from .env import (
     render_number,
     route,
 )
+from .names import SIDECAR_NAME
 
 # The operator-sidecar contract's version. An operator upgrade keeps running pods on their sidecar
 # (upgradePolicy Manual), so release N's operator manages sidecars of release N-1. The rule:
@@ -62,6 +63,30 @@ LOAD_ROUTE = "/load"
 # engine stops then, not a fixed drain budget later.
 DRAINED_ROUTE = "/drained"
 OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, LOAD_ROUTE, ADAPTERS_ROUTE, DRAINED_ROUTE})
+# Where a ModelServer's spec.tls Secret (kubernetes.io/tls) is mounted: the sidecar then serves HTTPS
+# on its one port, which is named TLS_PORT_NAME, so its readers (the gateway, the operator) know.
+TLS_DIR = "/etc/modelserve/tls"
+TLS_PORT_NAME = "https"
+
+
+def serves_tls(pod: Mapping[str, Any]) -> bool:
+    """Whether a model pod's sidecar serves HTTPS: its sidecar container's port is named TLS_PORT_NAME."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == SIDECAR_NAME:
+            return any(port.get("name") == TLS_PORT_NAME for port in container.get("ports") or [])
+    return False
+
+
+def base_of(pod: Mapping[str, Any]) -> str:
+    """The scheme, address and port of a model pod's sidecar: `https://IP:PORT` when it serves HTTPS,
+    else `IP:PORT` (plain HTTP; what the gateway's replicas were named before TLS)."""
+    address = f"{pod['status']['podIP']}:{LISTEN_PORT}"
+    return f"https://{address}" if serves_tls(pod) else address
+
+
+def url_of(base: str, route: str) -> str:
+    """`route` of the sidecar at `base` (from base_of) as a URL (pure)."""
+    return f"{base}{route}" if base.startswith("https://") else f"http://{base}{route}"
 
 
 @dataclass(frozen=True)
@@ -183,6 +208,7 @@ OMITTED_AT_DEFAULT = frozenset(
         "engine_concurrency",
         "replicas_file",
         "workers",
+        "tls_dir",
         *CLIENT_LIMITS,
     }
 )
@@ -201,6 +227,10 @@ class Settings:
     listen_host: str = env_setting("MODELSERVE_LISTEN_HOST", non_empty, default="0.0.0.0")
     # The pod's one port (`http`), the Service's target.
     listen_port: int = env_setting("MODELSERVE_LISTEN_PORT", port, default=LISTEN_PORT)
+    # A directory holding a certificate chain `tls.crt` (leaf first) and its key `tls.key`, a mounted
+    # kubernetes.io/tls Secret (spec.tls): the sidecar serves HTTPS (TLS 1.2 and later) on its port,
+    # and a renewed pair within about a second of the files changing. Empty: plain HTTP.
+    tls_dir: Path | None = env_setting("MODELSERVE_TLS_DIR", path, default=None)  # noqa: RUF009 - immutable
     # The engine's health route, which readiness asks before the model list.
     engine_health_path: str = env_setting("MODELSERVE_ENGINE_HEALTH_PATH", route, default="/health")
     # The engine's Prometheus route, whose series follow the sidecar's own on /metrics.

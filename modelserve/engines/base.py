@@ -312,14 +312,15 @@ class Engine:
         role: Role = Role.SINGLE,
         fetched: bool = False,
         sidecar_port: int | None = None,
+        sidecar_tls: bool = False,
     ) -> dict[str, Any]:
         """The engine container: no ports (nothing outside the pod may reach it), no probes (the
         sidecar's readiness covers the engine), and a preStop so it keeps answering while the sidecar
         drains: with `sidecar_port` (the sidecar is in this pod), a GET of its DRAINED_ROUTE, which
-        answers once the sidecar is done (bounded by `drain_seconds` after its stop); without, a sleep of
-        `drain_seconds`. A group's workers get the same image, environment and volumes as its leader
-        (each loads its part of the weights). `fetched`: the model is in the hub cache already (the
-        node cache's init container put it there)."""
+        answers once the sidecar is done (bounded by `drain_seconds` after its stop; `sidecar_tls`: that
+        port serves HTTPS); without, a sleep of `drain_seconds`. A group's workers get the same image,
+        environment and volumes as its leader (each loads its part of the weights). `fetched`: the
+        model is in the hub cache already (the node cache's init container put it there)."""
         spec = ms.spec
         command, args = self.launch(ms, role)
         ours = [*_common_env(spec, hub_endpoint), *self._home_env(), *self.env(ms)]
@@ -344,7 +345,9 @@ class Engine:
             container["volumeMounts"].append(
                 {"name": CHAT_TEMPLATE_VOLUME, "mountPath": CHAT_TEMPLATE_DIR, "readOnly": True}
             )
-        drained = {"httpGet": {"path": DRAINED_ROUTE, "port": sidecar_port}} if sidecar_port else None
+        # The sidecar's one port speaks HTTPS with spec.tls: so does this GET (unverified, as every probe).
+        scheme = {"scheme": "HTTPS"} if sidecar_tls else {}
+        drained = {"httpGet": {"path": DRAINED_ROUTE, "port": sidecar_port, **scheme}} if sidecar_port else None
         container["lifecycle"] = {"preStop": drained or {"sleep": {"seconds": drain_seconds}}}
         container["securityContext"] = self.security_context()
         # An engine that refuses its arguments says why on its last log line: keep it in the

@@ -33,7 +33,7 @@ from modelserve.http.allowlist import in_error_shape, refuse
 from modelserve.http.direct import DirectRoutes
 from modelserve.http.metrics import CONTENT_TYPE
 from modelserve.http.relay import authorization_header
-from modelserve.http.upstream import open_pool, open_session
+from modelserve.http.upstream import open_pool, open_session, trusting
 from modelserve.http.worker_views import Siblings, for_the_pod, merge_metrics
 from modelserve.http.workers import share
 
@@ -121,6 +121,8 @@ def build_app(
         shared=shared_counts(rows, siblings.index) if rows is not None and siblings is not None else None,
     )
     opened = Opened()  # fed by the model lists' asks and the proxied answers alike
+    # Replicas serving HTTPS (spec.tls) are checked against this CA, for their Service's name.
+    upstream_tls = trusting(settings.upstream_ca_file)
     proxy = GatewayProxy(settings, directory, holding, metrics, opened)
 
     def session() -> aiohttp.ClientSession:
@@ -134,13 +136,19 @@ def build_app(
         opened,
         settings.model_list_asks,
         lambda answer: metrics.model_list_asks.labels(answer).inc(),
+        upstream_tls,
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         proxy.session = open_session(settings.upstream_max_connections, settings.upstream_timeout_seconds)
-        proxy.pool = open_pool(settings.upstream_max_connections, settings.upstream_timeout_seconds)
+        proxy.pool = open_pool(
+            settings.upstream_max_connections,
+            settings.upstream_timeout_seconds,
+            upstream_tls,
+            directory.server_names,
+        )
         discovery.start(lambda key: loop.call_soon_threadsafe(refresh, key))
         try:
             yield

@@ -13,6 +13,7 @@ reaches a replica. Public models are listed to everyone; a caller without a key 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from modelserve.contracts.names import Key
+from modelserve.contracts.sidecar import url_of
 from modelserve.http import ollama
 
 from .directory import Directory, Model
@@ -44,8 +46,10 @@ class Catalog:
         opened: Opened | None = None,
         max_asks: int = 16,
         asked: Callable[[str], None] = lambda answer: None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.directory = directory
+        self._tls = tls  # what a replica serving HTTPS is checked with (the proxy's pool's context)
         self.ttl = ttl
         self.max_asks = max_asks
         self.opened = opened or Opened()
@@ -108,12 +112,16 @@ class Catalog:
         return answer if answer is not None else self._remembered(key_digest, model, now)
 
     async def _ask(self, model: Model, authorization: str) -> bool | None:
+        replica = model.replicas[0]
+        # A key goes to a replica serving HTTPS only once its certificate is checked for its Service's name.
+        https = {"ssl": self._tls or True, "server_hostname": model.server_name} if replica.startswith("https") else {}
         async with self._asks:
             try:
                 async with self._session().get(
-                    f"http://{model.replicas[0]}/v1/models",
+                    url_of(replica, "/v1/models"),
                     headers={"Authorization": authorization},
                     timeout=ASK_TIMEOUT,
+                    **https,
                 ) as answer:
                     await answer.read()
                     return proof(answer.status)

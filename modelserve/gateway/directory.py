@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from modelserve.contracts.names import Key
-from modelserve.contracts.sidecar import LISTEN_PORT
+from modelserve.contracts.sidecar import base_of
 from modelserve.kube.pods import pod_ready, readable
 
 from .routing import Ring
@@ -23,7 +23,8 @@ class Model:
     name: str  # the ModelServer's name: what its replicas serve (the engine's served model name)
     public: bool  # spec.auth.mode public: every caller may see it listed
     created: int = 0  # the ModelServer's creation, in seconds since the epoch (GET /v1/models)
-    replicas: tuple[str, ...] = ()  # "podIP:port" of the sidecars that take requests
+    # The sidecars that take requests: "podIP:port", or "https://podIP:port" for one serving HTTPS (spec.tls)
+    replicas: tuple[str, ...] = ()
     pods: dict[str, str] = field(default_factory=dict, compare=False)  # address -> pod name
     adapters: tuple[str, ...] = ()  # spec.adapters' names: served by the same replicas
     ring: Ring | None = field(default=None, compare=False)
@@ -44,6 +45,11 @@ class Model:
         """The name the gateway serves it under."""
         return self.served_as or self.name
 
+    @property
+    def server_name(self) -> str:
+        """The name its sidecars' certificates are checked against (spec.tls): its Service's."""
+        return f"{self.name}.{self.namespace}.svc"
+
 
 def routable(pod: dict[str, Any]) -> bool:
     """A pod that takes new requests: Ready, not terminating (draining), its sidecar running with an
@@ -56,9 +62,7 @@ def model_of(modelserver: dict[str, Any], pods: Iterable[dict[str, Any]]) -> Mod
     auth = (modelserver.get("spec") or {}).get("auth") or {}
     traffic = (modelserver.get("spec") or {}).get("traffic") or {}
     reset = ((metadata.get("annotations") or {}).get(GUARD_RESET_ANNOTATION)) or ""
-    ready = sorted(
-        (f"{pod['status']['podIP']}:{LISTEN_PORT}", pod["metadata"]["name"]) for pod in pods if routable(pod)
-    )
+    ready = sorted((base_of(pod), pod["metadata"]["name"]) for pod in pods if routable(pod))
     replicas = tuple(address for address, _ in ready)
     adapters = (modelserver.get("spec") or {}).get("adapters") or []
     return Model(
@@ -113,11 +117,17 @@ class Directory:
         self.public = 0  # public ModelServers: none, and a request without a key has nowhere to go
         self._namespaces: dict[str, set[str]] = {}  # served name -> namespaces serving it
         self._owners: dict[Key, tuple[Key, ...]] = {}  # (namespace, served name) -> the ModelServers serving it
+        # "https://podIP:port" -> the name its certificate must carry (Model.server_name): what the
+        # upstream pool checks a TLS replica's certificate against (it connects to the address).
+        self.server_names: dict[str, str] = {}
 
     def put(self, model: Model) -> None:
         self.remove(model.key)  # its adapters may have changed
         self.models[model.key] = model
         self.public += model.public
+        for replica in model.replicas:
+            if replica.startswith("https://"):
+                self.server_names[replica] = model.server_name
         for name in (model.served, *model.adapters):
             owners = self._owners.get((model.namespace, name), ())
             if name == model.served:
@@ -133,6 +143,9 @@ class Directory:
         if model is None:
             return
         self.public -= model.public
+        for replica in model.replicas:
+            if self.server_names.get(replica) == model.server_name:  # a reused address may be another's now
+                del self.server_names[replica]
         for name in (model.served, *model.adapters):
             owners = self._owners.get((model.namespace, name), ())
             if key not in owners:

@@ -79,8 +79,8 @@ class GatewayMetrics:
         )
         self.upstream_errors = Counter(
             f"{PREFIX}_upstream_errors",
-            "Failures talking to a replica's sidecar by kind (connect, disconnected, timeout; status_503: its "
-            "engine unreachable, so the request went to another replica).",
+            "Failures talking to a replica's sidecar by kind (connect; tls: its certificate refused; disconnected; "
+            "timeout; status_503: its engine unreachable, so the request went to another replica).",
             [*MODEL, "kind"],
             registry=r,
         )

@@ -24,6 +24,7 @@ import aiohttp
 
 from modelserve.contracts import routes
 from modelserve.contracts.names import Key
+from modelserve.contracts.sidecar import url_of
 from modelserve.http import errors, off_loop
 from modelserve.http.downstream import Downstream, Exchange, Headers, answer
 from modelserve.http.limits import client_bucket
@@ -306,7 +307,7 @@ class GatewayProxy(Pipeline):
         plan.pod = model.pods.get(replica, "")
         # `route.path`: the consumer route the dispatcher checked, as it is spelt there; never the
         # client's raw path or query (allowlist.py).
-        return f"http://{replica}{plan.route.path}", False
+        return url_of(replica, plan.route.path), False
 
     def release(self, plan: ReplicaPlan) -> None:  # type: ignore[override]
         replica = plan.replica

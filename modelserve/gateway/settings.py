@@ -52,6 +52,12 @@ class GatewaySettings:
     # serves a renewed pair within about a second of the files changing (a pair that fails its checks
     # is refused, the one before it kept). Empty: plain HTTP.
     tls_dir: Path | None = env_setting("MODELSERVE_GATEWAY_TLS_DIR", path, default=None)  # noqa: RUF009 - immutable
+    # CA certificates (PEM) that sign the certificates of ModelServers serving HTTPS (spec.tls): the
+    # gateway checks each replica's against them, for the name <name>.<namespace>.svc, before a key
+    # goes to it. Empty: the system's trust store (which no cluster's own CA is in).
+    upstream_ca_file: Path | None = env_setting(  # noqa: RUF009 - immutable
+        "MODELSERVE_GATEWAY_UPSTREAM_CA_FILE", path, default=None
+    )
     # How a replica is picked: least-in-flight (the fewest requests in flight from this gateway) or
     # prefix-affinity (a conversation stays on its replica's prefix cache).
     routing: str = env_setting("MODELSERVE_GATEWAY_ROUTING", _routing, default=LEAST_IN_FLIGHT)

@@ -13,7 +13,7 @@ from typing import Any
 from . import errors
 from .direct import DirectDownstream
 from .downstream import AsgiDownstream, ClientGone, Downstream, Exchange, answer
-from .upstream_pool import ConnectFailed, Response, UpstreamError
+from .upstream_pool import ConnectFailed, Response, TLSRefused, UpstreamError
 from .usage import ResponseTail
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
@@ -72,6 +72,8 @@ def upstream_error_kind(exc: BaseException) -> str:
     """The metrics label of a failed upstream exchange."""
     if isinstance(exc, asyncio.TimeoutError):
         return "timeout"
+    if isinstance(exc, TLSRefused):
+        return "tls"
     return "connect" if isinstance(exc, ConnectFailed) else "disconnected"
 
 

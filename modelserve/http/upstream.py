@@ -4,6 +4,10 @@ gateway's model lists)."""
 
 from __future__ import annotations
 
+import ssl
+from collections.abc import Mapping
+from pathlib import Path
+
 import aiohttp
 
 from .upstream_pool import KEEPALIVE_SECONDS, Pool
@@ -31,7 +35,20 @@ def open_session(max_connections: int, timeout_seconds: float) -> aiohttp.Client
     )
 
 
-def open_pool(max_connections: int, timeout_seconds: float) -> Pool:
+def open_pool(
+    max_connections: int,
+    timeout_seconds: float,
+    tls: ssl.SSLContext | None = None,
+    server_names: Mapping[str, str] | None = None,
+) -> Pool:
     # A timeout is the upstream staying silent this long (like nginx's proxy_read_timeout): a long
     # generation that keeps streaming is healthy and must not be cut.
-    return Pool(max_connections, connect_timeout=timeout_seconds, read_timeout=timeout_seconds)
+    return Pool(max_connections, timeout_seconds, timeout_seconds, tls, server_names)
+
+
+def trusting(ca_file: Path | None) -> ssl.SSLContext:
+    """A client context that checks servers' certificates against `ca_file` (PEM; None: the
+    system's trust store) and their names, TLS 1.2 and later."""
+    context = ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context

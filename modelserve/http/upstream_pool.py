@@ -16,7 +16,7 @@ import asyncio
 import base64
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -44,6 +44,11 @@ class UpstreamError(Exception):
 
 class ConnectFailed(UpstreamError):
     """No connection could be made (refused, unreachable, TLS failed)."""
+
+
+class TLSRefused(ConnectFailed):
+    """The TLS handshake failed: most often the upstream's certificate is not trusted, or does not
+    name the server name it was checked for."""
 
 
 class Disconnected(UpstreamError):
@@ -444,7 +449,18 @@ class Pool:
     """Keep-alive connections per origin, at most `max_connections` open at once (a request beyond
     waits for one), each reused only within KEEPALIVE_SECONDS of its last exchange."""
 
-    def __init__(self, max_connections: int, connect_timeout: float, read_timeout: float) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        connect_timeout: float,
+        read_timeout: float,
+        tls: ssl.SSLContext | None = None,
+        server_names: Mapping[str, str] | None = None,
+    ) -> None:
+        """`tls`: the context https origins are checked with (default: the system's trust store);
+        `server_names`: the name an https origin's certificate must carry, by the origin's key
+        (scheme://host:port), where it is not the host (the gateway reaches a pod by its address,
+        whose certificate names its Service)."""
         self.max_connections = max_connections
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
@@ -453,7 +469,8 @@ class Pool:
         self._all: set[_Connection] = set()
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._origins: dict[str, tuple[Origin, bytes]] = {}
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl = tls
+        self._server_names: Mapping[str, str] = server_names if server_names is not None else {}
         # Connections waiting for an answer, checked for silence by one periodic sweep: a timer per
         # exchange (or per chunk) cost more than the sweep.
         self.busy: set[_Connection] = set()
@@ -541,12 +558,15 @@ class Pool:
         if origin.scheme == "https":
             tls = self._ssl = self._ssl or ssl.create_default_context()
         loop = asyncio.get_running_loop()
+        name = self._server_names.get(origin.key, origin.host) if tls else None
         try:
             async with asyncio.timeout(self.connect_timeout):
                 await loop.create_connection(
-                    lambda: connection, origin.host, origin.port, ssl=tls, server_hostname=origin.host if tls else None
+                    lambda: connection, origin.host, origin.port, ssl=tls, server_hostname=name
                 )
-        except OSError as exc:  # ssl.SSLError is one
+        except ssl.SSLError as exc:
+            raise TLSRefused(f"TLS with {origin.host}:{origin.port} as {name}: {exc}") from exc
+        except OSError as exc:
             raise ConnectFailed(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
 
     def watch(self, connection: _Connection) -> None:

@@ -10,14 +10,14 @@ from modelserve.api.manifests import ADAPTERS_HASH_ANNOTATION
 from modelserve.api.spec import ModelServer
 from modelserve.api.status import AdapterStatus
 from modelserve.contracts.adapters import ADAPTERS_ROUTE, AdapterState, Phase
-from modelserve.contracts.sidecar import LISTEN_PORT
+from modelserve.contracts.sidecar import url_of
 
 from .autoscaling import read_json
 
 
-def read_pod_adapters(address: str) -> list[AdapterState] | None:
-    """One sidecar's adapters, or None when it cannot be read now."""
-    body = read_json(f"http://{address}:{LISTEN_PORT}{ADAPTERS_ROUTE}")
+def read_pod_adapters(base: str) -> list[AdapterState] | None:
+    """One sidecar's adapters (at `base`: contracts.sidecar.base_of), or None when it cannot be read now."""
+    body = read_json(url_of(base, ADAPTERS_ROUTE))
     try:
         return None if body is None else [AdapterState.from_json(item) for item in body["adapters"]]
     except (KeyError, TypeError, ValueError):

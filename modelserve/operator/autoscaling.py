@@ -26,7 +26,7 @@ from modelserve.api.spec import ModelServer, ModelServerSpec
 from modelserve.api.status import Scaling, utc_now
 from modelserve.contracts import gateway
 from modelserve.contracts.names import Key
-from modelserve.contracts.sidecar import LISTEN_PORT, LOAD_ROUTE, PodLoad
+from modelserve.contracts.sidecar import LOAD_ROUTE, PodLoad, base_of, url_of
 from modelserve.kube.apply import Kube, error_message
 from modelserve.kube.pods import pod_ready, readable
 from modelserve.kube.watch_cache import WatchCache
@@ -60,21 +60,22 @@ def policy(spec: ModelServerSpec) -> Policy:
 
 
 def _unverified() -> ssl.SSLContext:
-    """TLS to a gateway pod by its address, which its certificate does not name (it names the
-    Service): the certificate is not checked. What is read there (counts of held requests, tripped
-    guards) was read in plain HTTP before the gateway served TLS, and nothing secret is sent."""
+    """TLS to a gateway's or a sidecar's pod by its address, which its certificate does not name (it
+    names the Service): the certificate is not checked. What is read there (counts of held requests,
+    tripped guards, a pod's load and adapters) was read in plain HTTP before they served TLS, and
+    nothing secret is sent: no key, no request content."""
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     return context
 
 
-_GATEWAY_TLS = _unverified()
+_POD_TLS = _unverified()
 
 
 def read_json(url: str) -> Any:
     """A pod's JSON answer, or None when it cannot be read now."""
-    context = _GATEWAY_TLS if url.startswith("https://") else None
+    context = _POD_TLS if url.startswith("https://") else None
     try:
         with urllib.request.urlopen(url, timeout=READ_TIMEOUT_SECONDS, context=context) as answer:
             return json.loads(answer.read())
@@ -82,8 +83,9 @@ def read_json(url: str) -> Any:
         return None
 
 
-def read_pod_load(address: str) -> PodLoad | None:
-    body = read_json(f"http://{address}:{LISTEN_PORT}{LOAD_ROUTE}")
+def read_pod_load(base: str) -> PodLoad | None:
+    """One sidecar's load (at `base`: contracts.sidecar.base_of), or None when it cannot be read now."""
+    body = read_json(url_of(base, LOAD_ROUTE))
     try:
         return None if body is None else PodLoad.from_json(body)
     except (KeyError, TypeError, ValueError):
@@ -233,7 +235,7 @@ class Autoscaling:
         loads = dict(
             zip(
                 (pod["metadata"]["name"] for pod in ready),
-                self._readers.map(read_pod_load, (pod["status"]["podIP"] for pod in ready)),
+                self._readers.map(read_pod_load, (base_of(pod) for pod in ready)),
                 strict=True,
             )
         )

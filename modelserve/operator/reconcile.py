@@ -22,6 +22,7 @@ from modelserve.api.spec import AuthMode, ModelServer
 from modelserve.api.status import GuardStatus, LastStart, Transition, utc_now
 from modelserve.api.validation import explain
 from modelserve.api.versions import upgrade
+from modelserve.contracts import sidecar
 from modelserve.contracts.api_keys import new_api_key
 from modelserve.contracts.names import API_VERSION, KIND, LWS_API_VERSION, LWS_KIND, SELECTOR_LABEL, Key
 from modelserve.contracts.nodecache import Source
@@ -215,7 +216,7 @@ class Reconciler:
             # Read on every reconcile (the resync comes every few seconds): the sidecars load
             # adapters on their own, so no watch event announces a change.
             ready = [pod for pod in serving_pods(pods) if pod_ready(pod) and readable(pod)]
-            reports = [read_pod_adapters(pod["status"]["podIP"]) for pod in ready]
+            reports = [read_pod_adapters(sidecar.base_of(pod)) for pod in ready]
             adapters = adapter_statuses(ms, reports) or []
             status["adapters"] = [
                 adapter.model_dump(mode="json", by_alias=True, exclude_none=True) for adapter in adapters

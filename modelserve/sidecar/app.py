@@ -63,6 +63,8 @@ class Dispatcher:
         self.proxy = proxy
         self.ollama = ollama
         self.drain = drain
+        # What the server's certificate did (http/tls.py, when serving HTTPS: spec.tls), in the metrics.
+        self.certificate_changed = proxy.metrics.tls.changed
 
     def told_to_stop(self) -> None:
         """The server was told to stop (http/serve.py calls it from its signal handler)."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 from modelserve.contracts.env import settings_or_exit, variables_help
 from modelserve.contracts.sidecar import OWN_ROUTES, Settings
+from modelserve.http import tls
 from modelserve.http.limits import ConnectionLimits
 from modelserve.http.serve import serve_workers
 
@@ -14,6 +16,7 @@ from .app import build_app
 from .pod_counts import WIDTH
 
 log = logging.getLogger("modelserve.sidecar")
+PROGRAM = "modelserve-sidecar"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,19 +31,29 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = settings_or_exit(Settings, "modelserve-sidecar")
+    settings = settings_or_exit(Settings, PROGRAM)
     log.info(
-        "serving %r (upstream %r) from %s on %s:%d; auth %s, vision %s, sampling defaults %s, body limit %d bytes",
+        "serving %r (upstream %r) from %s on %s:%d (%s); auth %s, vision %s, sampling defaults %s, body limit %d bytes",
         settings.served_model,
         settings.engine_model,
         settings.upstream_url,
         settings.listen_host,
         settings.listen_port,
+        "HTTP" if settings.tls_dir is None else f"HTTPS, the certificate in {settings.tls_dir}",
         "public" if settings.auth_public else f"private (keys in {settings.keys_dir})",
         settings.vision,
         dict(settings.sampling_defaults),
         settings.max_body_bytes,
     )
+    if settings.tls_dir is not None:
+        try:
+            pair = tls.load_pair(settings.tls_dir)
+        except tls.PairError as exc:
+            # The one line, which the pod's terminationMessagePolicy puts in its status, where the
+            # operator's CrashLoop condition quotes it.
+            print(f"{PROGRAM}: cannot serve TLS: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        log.info("serving HTTPS: %s (%s)", settings.tls_dir / tls.CERT_FILE, pair.describe())
     serve_workers(
         lambda siblings: build_app(settings, siblings),
         settings.workers,
@@ -49,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         settings.drain_seconds,
         ConnectionLimits.of(settings, OWN_ROUTES),
         WIDTH,
+        settings.tls_dir,
     )
 
 

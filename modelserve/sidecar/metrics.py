@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from modelserve.contracts import routes
 from modelserve.http.metrics import (
     RequestSeries,
+    TLSSeries,
     connections_cut,
     flush_on_collect,
     lifecycle_series,
@@ -62,6 +63,7 @@ class SidecarMetrics:
         self.refused = refusal_counter(PREFIX, r)
         self.read_off_loop = off_loop_counter(PREFIX, r)
         connections_cut(PREFIX, r)
+        self.tls = TLSSeries(PREFIX, r)
         self.upstream_errors = Counter(
             f"{PREFIX}_upstream_errors",
             "Failures talking to the engine by kind (connect, disconnected, timeout, status_5xx, metrics).",

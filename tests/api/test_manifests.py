@@ -20,7 +20,7 @@ from modelserve.api.spec import ModelServer
 from modelserve.contracts.names import SELECTOR_LABEL
 from modelserve.contracts.nodecache import POD_MODEL_LABEL, FetchSettings, Layout, model_key, node_label
 from modelserve.contracts.operator_settings import Settings
-from modelserve.contracts.sidecar import DRAINED_ROUTE
+from modelserve.contracts.sidecar import DRAINED_ROUTE, TLS_DIR, serves_tls
 from modelserve.engines.base import HUB_CACHE_PATH
 
 GOLDEN_DIR = Path(__file__).with_name("golden")
@@ -478,3 +478,34 @@ def test_pull_secrets_reach_every_model_pod_and_prefetch_job_the_modelservers_ow
     # None named: the pods say nothing (what every pod that runs today was made with: nothing rolls).
     plain = manifests.serving_pod_template(manifests.workload(_example(ENGINE_EXAMPLES[0]), NODE_CACHE))["spec"]
     assert "imagePullSecrets" not in plain
+
+
+def test_spec_tls_makes_each_sidecar_serve_https_from_the_secret_and_says_so_to_its_readers() -> None:
+    ms = _example(ENGINE_EXAMPLES[0], tls={"secretName": "model-tls"})
+    pod = _pod(ms, SETTINGS)["spec"]
+    containers = {container["name"]: container for container in pod["containers"]}
+    sidecar, engine = containers["sidecar"], containers["engine"]
+    assert sidecar["ports"] == [{"name": "https", "containerPort": 8080, "protocol": "TCP"}]
+    assert _env(sidecar)["MODELSERVE_TLS_DIR"] == TLS_DIR
+    assert {"name": "tls", "mountPath": TLS_DIR, "readOnly": True} in sidecar["volumeMounts"]
+    assert {"name": "tls", "secret": {"secretName": "model-tls"}} in pod["volumes"]
+    # The kubelet's probes and the engine's preStop speak HTTPS to it (probes never check a certificate).
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert sidecar[probe]["httpGet"]["scheme"] == "HTTPS" and sidecar[probe]["httpGet"]["port"] == "https"
+    assert engine["lifecycle"]["preStop"]["httpGet"] == {"path": DRAINED_ROUTE, "port": 8080, "scheme": "HTTPS"}
+    assert sidecar["terminationMessagePolicy"] == "FallbackToLogsOnError"  # a refused certificate's line
+    assert serves_tls({"spec": pod})
+    assert manifests.service(ms)["spec"]["ports"] == [
+        {"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP", "appProtocol": "https"}
+    ]
+    assert manifests.endpoint(ms, "cluster.local") == f"https://{ms.name}.default.svc.cluster.local/v1"
+    # A group's workers have no sidecar, so no certificate.
+    spanning = _example("lfm2-24b-a2b-16gpu", tls={"secretName": "model-tls"})
+    leader, worker = manifests.pod_templates(manifests.workload(spanning, SETTINGS))
+    assert any(v["name"] == "tls" for v in leader["spec"]["volumes"])
+    assert not any(v["name"] == "tls" for v in worker["spec"].get("volumes", []))
+    # Unset: nothing of it in the pods (what every pod that runs today was made with: nothing rolls).
+    plain = _pod(_example(ENGINE_EXAMPLES[0]), SETTINGS)["spec"]
+    plain_sidecar = next(c for c in plain["containers"] if c["name"] == "sidecar")
+    assert "MODELSERVE_TLS_DIR" not in _env(plain_sidecar) and not serves_tls({"spec": plain})
+    assert "scheme" not in plain_sidecar["readinessProbe"]["httpGet"]

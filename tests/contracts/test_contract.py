@@ -119,6 +119,7 @@ def test_rendering_round_trips_every_setting() -> None:
         max_connections=99,
         body_budget_bytes=1 << 20,
         send_timeout_seconds=12.5,
+        tls_dir=Path("/tls"),
     )
     env = every.to_env()
     assert set(env) == set(variables(contract.Settings))  # nothing left out with private auth
