@@ -35,6 +35,7 @@ from modelserve.contracts.nodecache import (
     FETCH_MOUNT,
     POD_MODEL_LABEL,
     FetchSettings,
+    hub_adapters,
     model_key,
     node_label,
 )
@@ -397,7 +398,7 @@ def fetch_container(ms: ModelServer, settings: Settings, engine: Engine) -> dict
     the node cache (modelserve-fetch): our image, non-root, no ServiceAccount token, the hub token only
     where the engine has it too; its result in its termination message, which the operator reads."""
     spec = ms.spec
-    adapters = tuple(a.source for a in spec.adapters or () if not a.source.startswith("/"))
+    adapters = hub_adapters(a.source for a in spec.adapters or ())
     fetch = FetchSettings(
         model=spec.model,
         layout=engine.model_layout,

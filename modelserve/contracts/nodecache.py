@@ -3,7 +3,8 @@ fetch init container (its settings below) and its preferred node affinity (a nod
 the fetch client (`modelserve-fetch`, in that init container) downloads through the node agent and
 reports what it did in its termination message (`FetchResult`), which the operator reads back from
 the pod's status; the node agent (`modelserve-nodecache`, a DaemonSet) labels the nodes that hold a
-model and reads which models the pods on its node use from their label.
+model and reads which models the pods on its node use from their label, honoured only where their
+ModelServer (SELECTOR_LABEL) names that model.
 
 Standard library only: the fetch client runs in every model pod, the operator imports no agent code.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -24,8 +26,9 @@ from .names import GROUP
 # On a node: the models it holds whole, one label each (value "true"), maintained by its node agent;
 # the operator's preferred node affinity asks for it. A hash, as label keys take 63 characters.
 NODE_LABEL_PREFIX = f"models.{GROUP}"
-# On a model pod: the model it runs (the same hash), so the node agent keeps that model while a pod
-# on its node uses it.
+# On a model pod: the model it runs (the same hash), so the node agent keeps that model (and its
+# ModelServer's hub adapters) while a pod on its node uses it; honoured only when the pod's
+# SELECTOR_LABEL names a ModelServer of its namespace whose spec.model has this key.
 POD_MODEL_LABEL = f"cache.{GROUP}/model"
 FETCH_CONTAINER = "fetch"
 FETCH_COMMAND = "modelserve-fetch"
@@ -51,6 +54,13 @@ def model_key(model: str, revision: str = "main") -> str:
     """A model's short, stable name for labels: 32 hex characters of `<model>@<revision>` (the model
     as the spec writes it, `<org>/<repo>[:<tag>]`)."""
     return hashlib.sha256(f"{model}@{revision}".encode()).hexdigest()[:32]
+
+
+def hub_adapters(sources: Iterable[str]) -> tuple[str, ...]:
+    """The adapters (spec.adapters' sources) the fetch downloads from the hub, each recorded under
+    `model_key(source)`: the others are absolute paths in the pod's own cache volume. One rule for the
+    operator, which renders them into the fetch's settings, and the node agent, which keeps them."""
+    return tuple(source for source in sources if not source.startswith("/"))
 
 
 def node_label(model: str, revision: str = "main") -> str:

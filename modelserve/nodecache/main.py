@@ -42,7 +42,11 @@ async def _serve(settings: Settings) -> None:
     store = Store(settings.root, settings.size_limit).open()
     changed = asyncio.Event()
     async with aiohttp.ClientSession(headers=RAW_BYTES, auto_decompress=False) as session:
-        node = NodeApi(settings.node_name, session) if settings.node_name and NodeApi.in_cluster() else None
+        node = (
+            NodeApi.from_service_account(settings.node_name, session)
+            if settings.node_name and NodeApi.in_cluster()
+            else None
+        )
 
         async def in_use() -> set[str] | None:
             return await node.models_in_use() if node else set()

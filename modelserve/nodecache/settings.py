@@ -22,7 +22,7 @@ class Settings:
     # The hub (or the cluster's mirror of it): the engines' own MODELSERVE_HUB_ENDPOINT.
     hub: str = env_setting("MODELSERVE_NODECACHE_HUB", base_url, default=DEFAULT_HUB)
     # This node's name (the downward API): its labels say which models it holds, and the pods on it
-    # say which models are in use. Empty: neither (a store on its own).
+    # (with their ModelServers) say which models are in use. Empty: neither (a store on its own).
     node_name: str = env_setting("MODELSERVE_NODECACHE_NODE_NAME", non_empty, default="")
     # How often the node's labels and the pods' models are brought up to date.
     sync_seconds: float = env_setting("MODELSERVE_NODECACHE_SYNC_SECONDS", positive_float, default=10.0)

@@ -6,12 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from harness.testdata import model_server
+from modelserve.api import manifests
 from modelserve.contracts.env import byte_quantity
+from modelserve.contracts.names import SELECTOR_LABEL
 from modelserve.contracts.nodecache import (
     NODE_LABEL_PREFIX,
+    POD_MODEL_LABEL,
     FetchResult,
     FetchSettings,
     Layout,
@@ -19,6 +24,7 @@ from modelserve.contracts.nodecache import (
     model_key,
     node_label,
 )
+from modelserve.contracts.operator_settings import Settings
 from modelserve.nodecache.fetch import snapshot_link
 from modelserve.nodecache.hub import (
     Digest,
@@ -31,7 +37,7 @@ from modelserve.nodecache.hub import (
     tree_files,
     weight_files,
 )
-from modelserve.nodecache.node import label_changes
+from modelserve.nodecache.node import Pin, ServerModels, keys_in_use, label_changes, pod_pins, server_models
 from modelserve.nodecache.store import ModelRecord, plan_eviction
 
 
@@ -165,6 +171,89 @@ def test_a_nodes_labels_follow_what_it_holds_and_leave_the_rest() -> None:
     assert label_changes(current, {"k", "old"}) == {}
     assert node_label("acme/m:Q4_1") == f"{NODE_LABEL_PREFIX}/m-{model_key('acme/m:Q4_1')}"
     assert len(node_label("acme/m:Q4_1").split("/")[1]) <= 63  # a label key's name
+
+
+def _pod(namespace: str, labels: dict[str, str], deleting: bool = False) -> dict[str, Any]:
+    """A pod as the agent's metadata list has it."""
+    metadata: dict[str, Any] = {"name": "p", "namespace": namespace, "labels": labels}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": metadata}
+
+
+MODEL, ADAPTER = "acme/base", "acme/pirate-lora"
+BASE = ServerModels(MODEL, (ADAPTER,))
+
+
+def test_a_pin_counts_only_where_its_modelserver_names_the_model() -> None:
+    """Issue 57 L7: any pod's model label pinned any model, and adapters in use were never pinned."""
+    own = {SELECTOR_LABEL: "base", POD_MODEL_LABEL: model_key(MODEL)}
+    pins = pod_pins(
+        [
+            _pod("team-a", own),
+            _pod("team-a", {**own, "other": "label"}),  # a second replica: one pin
+            _pod("team-a", {SELECTOR_LABEL: "base", POD_MODEL_LABEL: model_key("acme/other")}),  # not its model
+            _pod("team-b", {POD_MODEL_LABEL: model_key("acme/rogue")}),  # no ModelServer named
+            _pod("team-b", own),  # the name of a ModelServer of another namespace
+            _pod("team-c", {SELECTOR_LABEL: "gone", POD_MODEL_LABEL: model_key(MODEL)}),
+            _pod("team-a", {SELECTOR_LABEL: "..", POD_MODEL_LABEL: model_key(MODEL)}),  # no object name
+            _pod("team-a", {SELECTOR_LABEL: "base"}),  # no model label: claims nothing
+            _pod("team-d", {SELECTOR_LABEL: "base", POD_MODEL_LABEL: model_key(MODEL)}, deleting=True),
+        ]
+    )
+    assert pins == {
+        Pin("team-a", "base", model_key(MODEL)),
+        Pin("team-a", "base", model_key("acme/other")),
+        Pin("team-b", "base", model_key(MODEL)),
+        Pin("team-c", "gone", model_key(MODEL)),
+    }
+    servers = {("team-a", "base"): BASE, ("team-c", "gone"): None}  # team-b has no `base`: absent
+    assert keys_in_use(pins, servers) == {model_key(MODEL), model_key(ADAPTER)}
+    # The adapters ride on a pin that counts, never on their own.
+    assert keys_in_use({Pin("team-a", "base", model_key(ADAPTER))}, servers) == set()
+    assert keys_in_use(set(), servers) == set()
+    assert keys_in_use(pins, {("team-a", "base"): ServerModels("")}) == set()
+
+
+def test_a_modelservers_models_are_read_from_its_two_fields_alone() -> None:
+    body = {
+        "apiVersion": "serving.modelserve.dev/v1alpha1",
+        "kind": "ModelServer",
+        "spec": {
+            "model": MODEL,
+            "adapters": [
+                {"name": "pirate", "source": ADAPTER},
+                {"name": "poet", "source": "/root/.cache/huggingface/poet"},  # the pod's own volume
+            ],
+            "chatTemplate": "{{ x }}",
+        },
+        "status": {"phase": "Ready"},
+    }
+    assert server_models(body) == BASE
+    assert server_models({"spec": {"model": MODEL}}) == ServerModels(MODEL)
+    assert server_models({"spec": {"model": MODEL, "adapters": None}}) == ServerModels(MODEL)
+    # What no API server returns for a ModelServer names no model, rather than failing the agent.
+    for odd in ({}, {"spec": None}, {"spec": {"model": 3, "adapters": "x"}}, [], None):
+        assert server_models(odd) == ServerModels(""), odd
+    assert server_models({"spec": {"model": MODEL, "adapters": [{"source": 7}, "x", {}]}}) == ServerModels(MODEL)
+
+
+@pytest.mark.parametrize("profile", ["high-throughput", "cpu"])
+def test_the_agent_honours_the_pins_the_operator_renders(profile: str) -> None:
+    """The labels the operator puts on a model pod, read back by the agent with the ModelServer it
+    came from, keep exactly what that pod's fetch downloads: the model and its hub adapters."""
+    adapters = [{"name": "pirate", "source": ADAPTER}, {"name": "poet", "source": "/root/.cache/huggingface/poet"}]
+    spec = {"adapters": adapters} if profile != "cpu" else {"model": "acme/tiny-GGUF:Q4_1", "profile": "cpu"}
+    ms = model_server("base", "team-a", **spec)
+    settings = Settings(sidecar_image="modelserve:test", node_cache_url="http://nodecache:8090")
+    template = manifests.serving_pod_template(manifests.workload(ms, settings))
+    (fetch,) = template["spec"]["initContainers"]
+    fetched = FetchSettings.from_env({var["name"]: var["value"] for var in fetch["env"] if "value" in var})
+    pins = pod_pins([_pod("team-a", template["metadata"]["labels"])])
+    wire = {"spec": ms.spec.model_dump(mode="json", by_alias=True, exclude_none=True)}
+    in_use = keys_in_use(pins, {("team-a", "base"): server_models(wire)})
+    assert in_use == {model_key(fetched.model), *(model_key(a) for a in fetched.adapters)}
+    assert len(in_use) == (2 if profile != "cpu" else 1)
 
 
 def test_the_fetch_result_goes_through_a_termination_message() -> None:

@@ -74,7 +74,7 @@ def test_api_server_accepts_the_rendered_chart(cluster: Cluster, namespace: str,
     assert len(by_kind(rendered, "NetworkPolicy")) == (2 if scope == "watched-namespaces" else 1) + 1
 
 
-def test_install_and_uninstall(cluster: Cluster, namespace: str) -> None:
+def test_install_and_uninstall(cluster: Cluster, crd_installed: None, namespace: str) -> None:
     release = f"modelserve-{uuid.uuid4().hex[:6]}"  # contains the chart name: objects are named after it
     # The session's CRD is applied apart (as GitOps would): this release does not own it.
     installed = cluster.helm(
@@ -106,6 +106,12 @@ def test_install_and_uninstall(cluster: Cluster, namespace: str) -> None:
         ours = "models.serving.modelserve.dev/m-0123456789abcdef0123456789abcdef"
         cluster.kubectl("label", "node", "cpu-0", f"{ours}=true", agent)
         cluster.kubectl("label", "node", "cpu-0", f"{ours}-")
+        # It reads a pod's ModelServer by name (issue 57 L7), and lists no tenant's (kubectl answers "no"
+        # for a resource the API server does not serve: hence the CRD here).
+        modelservers = "modelservers.serving.modelserve.dev"
+        for verb, allowed in (("get", "yes"), ("list", "no"), ("watch", "no"), ("patch", "no")):
+            said_verb = cluster.kubectl("auth", "can-i", verb, modelservers, "-A", agent, check=False).stdout.strip()
+            assert said_verb == allowed, (verb, said_verb)
     finally:
         uninstalled = cluster.helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "120s")
     assert f'release "{release}" uninstalled' in uninstalled.stdout

@@ -222,3 +222,15 @@ def test_the_node_agents_admission_policy_is_never_left_out_silently(helm: Helm)
     served = [*template_args("ms", "x", kube_version=MINIMUM_KUBE_VERSION), "--api-versions"]
     served.append("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
     assert by_kind(helm(*served).stdout, "ValidatingAdmissionPolicyBinding")
+
+
+def test_the_node_agents_rbac_is_its_three_questions(helm: Helm) -> None:
+    """The pods of its node (as metadata), each pod's ModelServer by name (issue 57 L7: a pod's model
+    label pins a model only where its ModelServer names it), its node's labels. `get` alone on
+    ModelServers: it lists no tenant's, and nothing reaches a Secret."""
+    roles = {r["metadata"]["name"]: r for r in by_kind(helm(*template_args("ms", "x")).stdout, "ClusterRole")}
+    assert roles["ms-modelserve-nodecache"]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": ["serving.modelserve.dev"], "resources": ["modelservers"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+    ]
