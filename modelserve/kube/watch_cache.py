@@ -52,9 +52,15 @@ def compact(watched: Watched, body: dict[str, Any]) -> dict[str, Any]:
     if watched.metadata_only:
         return head
     if watched.kind == "Pod":
+        spec = body.get("spec") or {}
+        # Its containers' port names: a sidecar's says whether it serves HTTPS (contracts.sidecar.serves_tls).
+        containers = [
+            {"name": c.get("name"), "ports": [{"name": p.get("name")} for p in c.get("ports") or []]}
+            for c in spec.get("containers") or []
+        ]
         return {
             **head,
-            "spec": {"nodeName": (body.get("spec") or {}).get("nodeName")},
+            "spec": {"nodeName": spec.get("nodeName"), "containers": containers},
             "status": body.get("status") or {},
         }
     return {**body, **head}

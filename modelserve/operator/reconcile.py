@@ -44,6 +44,7 @@ from .status import (
     invalid_spec_status,
     key_secret_status,
     missing_kind_status,
+    mounts_waiting,
     pulls_failing,
     serving_pods,
     transitions,
@@ -197,7 +198,15 @@ class Reconciler:
         prefetched = self._prefetch(ms)
         status = compute_status(
             ms,
-            Observed(generation, workload, pods, previous, apply_error, self._missing_pull_secrets(ms, pods)),
+            Observed(
+                generation,
+                workload,
+                pods,
+                previous,
+                apply_error,
+                self._missing_pull_secrets(ms, pods),
+                self._missing_tls_secret(ms, pods),
+            ),
             Reported(
                 now,
                 endpoint,
@@ -272,6 +281,18 @@ class Reconciler:
                 raise
             log.warning("%s/%s: looking up imagePullSecrets: %s", ms.namespace, ms.name, error_message(error))
             return ()
+
+    def _missing_tls_secret(self, ms: ModelServer, pods: list[dict[str, Any]]) -> bool:
+        """Whether spec.tls's Secret is missing, asked only while a pod waits for its volumes."""
+        if ms.spec.tls is None or not mounts_waiting(pods):
+            return False
+        try:
+            return not self.kube.exists("v1", "Secret", ms.namespace, ms.spec.tls.secret_name)
+        except ApiException as error:
+            if is_gone(error):
+                raise
+            log.warning("%s/%s: looking up spec.tls's Secret: %s", ms.namespace, ms.name, error_message(error))
+            return False
 
     def _prefetch(self, ms: ModelServer) -> prefetch.Plan | None:
         """spec.cache.prefetch: a fetch Job for each selected node that does not hold the model (applied

@@ -129,6 +129,17 @@ def pulls_failing(pods: list[dict[str, Any]]) -> bool:
     )
 
 
+def mounts_waiting(pods: list[dict[str, Any]]) -> bool:
+    """Whether a pod placed on a node still waits for its containers to be created (then a volume's
+    missing Secret is worth checking: the kubelet cannot mount it, and says so only in an Event)."""
+    return any(
+        (pod.get("spec") or {}).get("nodeName")
+        and ((container.get("state") or {}).get("waiting") or {}).get("reason") == "ContainerCreating"
+        for pod in pods
+        for container in container_statuses(pod.get("status") or {})
+    )
+
+
 def pod_problem(pod: dict[str, Any], gpus: int, missing_pull_secrets: tuple[str, ...] = ()) -> Problem | None:
     """Why one pod cannot serve, if the pod says so; `missing_pull_secrets`: the pull Secrets its
     namespace lacks, named where an image cannot be pulled."""
@@ -206,6 +217,7 @@ def first_problem(
     workload: dict[str, Any] | None,
     pods: list[dict[str, Any]],
     missing_pull_secrets: tuple[str, ...] = (),
+    missing_tls_secret: bool = False,
 ) -> Problem | None:
     for condition in ((workload or {}).get("status") or {}).get("conditions") or []:
         if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
@@ -215,6 +227,12 @@ def first_problem(
         problem = pod_problem(pod, ms.spec.gpus_per_node, missing_pull_secrets)
         if problem:
             return problem
+    if missing_tls_secret and ms.spec.tls is not None:
+        return Problem(
+            "TLSSecretMissing",
+            f"spec.tls.secretName {ms.spec.tls.secret_name} not found in namespace {ms.namespace}: "
+            "the pods wait to mount it (create the kubernetes.io/tls Secret, or its cert-manager Certificate)",
+        )
     return None
 
 
@@ -319,6 +337,7 @@ class Observed:
     previous: dict[str, Any] | None = None  # keeps lastTransitionTime of unchanged conditions
     apply_error: str | None = None
     missing_pull_secrets: tuple[str, ...] = ()  # looked up only while an image cannot be pulled
+    missing_tls_secret: bool = False  # spec.tls's Secret, looked up only while a pod waits for its volumes
 
 
 @dataclass(frozen=True)
@@ -410,7 +429,7 @@ def _progress(ms: ModelServer, seen: Observed, desired: int) -> _Progress:
     if seen.apply_error:
         problem: Problem | None = Problem("ApplyFailed", seen.apply_error)
     else:
-        problem = first_problem(ms, seen.workload, seen.pods, seen.missing_pull_secrets)
+        problem = first_problem(ms, seen.workload, seen.pods, seen.missing_pull_secrets, seen.missing_tls_secret)
     waiting = _waiting(seen.workload, seen.pods, ms.spec.node_count)
     if problem and problem.reason == "InsufficientGPU" and ready >= desired > 0 and not rolled_out:
         # Every replica still serves: only the rollout's new pod waits (Surge needs spare GPUs).

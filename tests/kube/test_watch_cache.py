@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+from modelserve.contracts.sidecar import serves_tls
 from modelserve.kube.watch_cache import Watched, compact, newer
 from modelserve.kube.workqueue import WorkQueue
 
@@ -16,7 +17,13 @@ SECRET = Watched("v1", "Secret", "serving.modelserve.dev/modelserver", metadata_
 def _body(resource_version: str) -> dict:
     return {
         "metadata": {"name": "m-1", "namespace": "ns", "resourceVersion": resource_version, "managedFields": [{}]},
-        "spec": {"nodeName": "n1", "containers": [{"name": "engine", "image": "x"}]},
+        "spec": {
+            "nodeName": "n1",
+            "containers": [
+                {"name": "engine", "image": "x"},
+                {"name": "sidecar", "image": "y", "ports": [{"name": "https", "containerPort": 8080}]},
+            ],
+        },
         "status": {"phase": "Running"},
     }
 
@@ -27,9 +34,14 @@ def test_compact_drops_managed_fields_and_what_status_never_reads() -> None:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "m-1", "namespace": "ns", "resourceVersion": "7"},
-        "spec": {"nodeName": "n1"},
+        # Of its containers, their ports' names: whether its sidecar serves HTTPS (spec.tls).
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "engine", "ports": []}, {"name": "sidecar", "ports": [{"name": "https"}]}],
+        },
         "status": {"phase": "Running"},
     }
+    assert serves_tls(pod)
     secret = compact(SECRET, {"metadata": {"name": "k", "resourceVersion": "1"}, "data": {"api-key": "c2VjcmV0"}})
     assert "data" not in secret and secret["kind"] == "Secret"
 

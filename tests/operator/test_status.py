@@ -18,6 +18,7 @@ from modelserve.operator.status import (
     invalid_spec_status,
     key_secret_status,
     missing_kind_status,
+    mounts_waiting,
     pulls_failing,
     scheduler_causes,
     transitions,
@@ -527,3 +528,16 @@ def test_an_image_that_cannot_be_pulled_names_the_pull_secrets_its_namespace_lac
         "pod m-1 container engine: 401 Unauthorized; imagePullSecrets not found in namespace team-a: regcred"
     )
     assert pulls_failing([pull]) and not pulls_failing([_pod(node="gpu-0", conditions=READY)])
+
+
+def test_a_pod_waiting_for_its_volumes_names_the_missing_tls_secret() -> None:
+    ms = model_server(tls={"secretName": "model-tls"})
+    creating = _pod(node="gpu-0", containerStatuses=_waiting("ContainerCreating"))
+    assert mounts_waiting([creating]) and not mounts_waiting([_pod(node="gpu-0", conditions=READY)])
+    seen = Observed(3, _deployment(), [creating], None, None, (), True)
+    degraded = _degraded(compute_status(ms, seen, Reported(T0, ENDPOINT)))
+    assert (degraded["status"], degraded["reason"]) == ("True", "TLSSecretMissing")
+    assert degraded["message"].startswith(f"spec.tls.secretName model-tls not found in namespace {ms.namespace}: ")
+    # Found (or not looked up): still only waiting for the pod.
+    seen = Observed(3, _deployment(), [creating], None, None, (), False)
+    assert _degraded(compute_status(ms, seen, Reported(T0, ENDPOINT)))["status"] == "False"

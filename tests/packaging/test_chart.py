@@ -62,6 +62,7 @@ def test_lint(helm: Helm) -> None:
         ({"serviceMonitor": {"enabled": "yes"}}, "at '/serviceMonitor/enabled': got string, want boolean"),
         ({"resources": {"limit": {"memory": "1Gi"}}}, "at '/resources': additional properties 'limit' not allowed"),
         ({"gateway": {"tls": {"secretName": "Gateway_TLS"}}}, "at '/gateway/tls/secretName'"),
+        ({"gateway": {"upstreamTLS": {"caConfigMap": "Model_CA"}}}, "at '/gateway/upstreamTLS/caConfigMap'"),
     ],
     ids=[
         "unknown-key",
@@ -72,6 +73,7 @@ def test_lint(helm: Helm) -> None:
         "bool-as-string",
         "typo-in-resources",
         "bad-secret-name",
+        "bad-ca-configmap-name",
     ],
 )
 def test_schema_refuses_bad_values(helm: Helm, tmp_path: Path, values: dict[str, Any], complaint: str) -> None:
@@ -338,6 +340,28 @@ def test_gateway_is_hardened_and_reads_what_the_chart_sets(helm: Helm) -> None:
     assert (
         operator_env["MODELSERVE_GATEWAY_URL"] == "http://ms-modelserve-gateway.modelserve-system.svc.cluster.local/v1"
     )
+
+
+def test_gateway_upstream_tls_mounts_the_ca_configmap_where_the_setting_points(helm: Helm) -> None:
+    """gateway.upstreamTLS.caConfigMap: the ConfigMap's key mounted read-only as the file the gateway
+    checks spec.tls sidecars against; without it, the setting unset (the system's trust store)."""
+    sets = ("gateway.upstreamTLS.caConfigMap=model-ca", "gateway.upstreamTLS.caKey=bundle.pem")
+    rendered = helm(*template_args("ms", "modelserve-system", *sets)).stdout
+    pod = _deployment(rendered, "gateway")["spec"]["template"]["spec"]
+    container = _gateway_container(rendered)
+    settings = GatewaySettings.from_env(literal_env(container))
+    assert settings.upstream_ca_file == Path("/etc/modelserve/upstream-ca/ca.crt")
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "upstream-ca"]
+    assert mount == {"name": "upstream-ca", "mountPath": str(settings.upstream_ca_file.parent), "readOnly": True}
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "upstream-ca"]
+    assert volume == {
+        "name": "upstream-ca",
+        "configMap": {"name": "model-ca", "items": [{"key": "bundle.pem", "path": "ca.crt"}]},
+    }
+    plain = GatewaySettings.from_env(
+        literal_env(_gateway_container(helm(*template_args("ms", "modelserve-system")).stdout))
+    )
+    assert plain.upstream_ca_file is None
 
 
 def test_gateway_tls_mounts_the_secret_and_says_https_everywhere(helm: Helm) -> None:

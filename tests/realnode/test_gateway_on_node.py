@@ -27,7 +27,7 @@ import openai
 import pytest
 
 from harness.certificates import CA, Issued, served_certificate
-from modelserve.contracts.sidecar import LISTEN_PORT
+from modelserve.contracts.sidecar import LISTEN_PORT, serves_tls
 from modelserve.engines import llamacpp
 from modelserve_sandbox.cluster import Cluster
 from tests.helpers.gateway_routing import gateway_replicas, routed_beside_long_streams
@@ -410,9 +410,14 @@ def test_the_gateway_serves_https_from_a_tls_secret_and_follows_its_renewal(
 
     first = ca.issue(hosts=hosts)
     put_secret(first)
+    # The gateway's CA for the sidecars serving HTTPS (trust-manager's shape: a ConfigMap), in the same
+    # upgrade (one roll of the gateway).
+    bundle = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "model-ca", "namespace": system}}
+    node_cluster.kubectl("apply", "-f", "-", input=json.dumps({**bundle, "data": {"ca.crt": ca.pem}}))
     node_cluster.helm(
         "upgrade", RELEASE, str(REPO / "charts" / "modelserve"), "-n", system, "--reuse-values",
         "--set", "gateway.tls.secretName=gateway-tls", "--set", "gateway.service.port=443",
+        "--set", "gateway.upstreamTLS.caConfigMap=model-ca",
         "--wait", "--timeout", "180s",
     )  # fmt: skip
     base = f"https://{address}"
@@ -441,6 +446,44 @@ def test_the_gateway_serves_https_from_a_tls_secret_and_follows_its_renewal(
     print(f"\ngateway TLS: the renewed Secret served {time.monotonic() - edited:.0f} s after it was written")
     restarts = [c["restartCount"] for p in _gateway_pod_bodies(view, system) for c in p["status"]["containerStatuses"]]
     assert set(restarts) == {0}, restarts  # followed, not restarted
+    _sidecars_serve_https_behind_the_gateway(installed, ca, ca_file, base)
+
+
+def _sidecars_serve_https_behind_the_gateway(installed: Installed, ca: CA, ca_file: Path, base: str) -> None:
+    """Then the hop from the gateway to each sidecar: alpha's spec.tls names a kubernetes.io/tls
+    Secret issued for its Service; its pods roll to serve HTTPS, the gateway (trusting the CA from
+    its ConfigMap) checks their certificate for alpha's Service name and answers through them, and
+    plain HTTP to a pod is no longer answered."""
+    view = installed.view
+    service = f"alpha.{view.namespace}.svc"
+    issued = ca.issue(hosts=(service, f"{service}.cluster.local"))
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "alpha-tls", "namespace": view.namespace}}
+    view.cluster.kubectl(
+        "apply", "-f", "-", input=json.dumps({**secret, "type": "kubernetes.io/tls", "stringData": issued.files()})
+    )
+    view.apply(cpu_server("alpha", public=True, replicas={"min": 2, "max": 2}, tls={"secretName": "alpha-tls"}))
+
+    def serving_https() -> bool:
+        ready = view.ready_pods("alpha")
+        return len(ready) == 2 and len(view.pods("alpha")) == 2 and all(serves_tls(pod) for pod in ready)
+
+    view.wait(serving_https, "alpha's two pods Ready and serving HTTPS", 300)
+    addresses = [pod["status"]["podIP"] for pod in view.ready_pods("alpha")]
+    for address in addresses:  # each sidecar presents the Secret's certificate for the Service's name
+        served = served_certificate(LISTEN_PORT, ca_file, host=service, address=address)
+        assert served.serial_number == issued.serial
+    with pytest.raises(httpx.TransportError):  # no plain HTTP on a pod any more
+        httpx.post(f"http://{addresses[0]}:{LISTEN_PORT}/v1/chat/completions", json={"model": "alpha"}, timeout=30)
+    with httpx.Client(verify=str(ca_file), timeout=120) as trusting:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", http_client=trusting, max_retries=0)
+        for _ in range(4):  # both replicas, whichever the gateway picks
+            reply = client.chat.completions.create(model="alpha", messages=HELLO, max_tokens=8, **GREEDY)
+            assert reply.choices[0].message.content
+        metrics = trusting.get(f"{base}/metrics").text
+    tls_errors = [line for line in metrics.splitlines() if "upstream_errors_total" in line and 'kind="tls"' in line]
+    assert not tls_errors, tls_errors
+    alpha = view.get("modelserver", "alpha") or {}
+    assert alpha["status"]["endpoint"] == f"https://{service}.cluster.local/v1"
 
 
 def _gateway_pod_bodies(view: NodeView, system: str) -> list[dict]:
