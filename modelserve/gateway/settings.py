@@ -12,6 +12,7 @@ from modelserve.contracts.env import (
     non_negative_float,
     path,
     port,
+    port_or_off,
     positive_float,
     positive_int,
     read_env,
@@ -30,10 +31,6 @@ def _routing(raw: str) -> str:
     if raw not in (LEAST_IN_FLIGHT, PREFIX_AFFINITY):
         raise ValueError(f"must be {LEAST_IN_FLIGHT} or {PREFIX_AFFINITY}")
     return raw
-
-
-def _port_or_off(raw: str) -> int:
-    return 0 if raw.strip() == "0" else port(raw)
 
 
 def _load_factor(raw: str) -> float:
@@ -67,7 +64,7 @@ class GatewaySettings:
     # so a Gateway API data plane in front of an InferencePool of model pods gets each request's replica
     # from the gateway's own routing, holding and versions, and sends the request there itself; and the
     # gRPC health service. With several workers, the first serves it. 0: no picker.
-    picker_port: int = env_setting("MODELSERVE_GATEWAY_PICKER_PORT", _port_or_off, default=0)
+    picker_port: int = env_setting("MODELSERVE_GATEWAY_PICKER_PORT", port_or_off, default=0)
     # How a replica is picked: least-in-flight (the fewest requests in flight from this gateway) or
     # prefix-affinity (a conversation stays on its replica's prefix cache).
     routing: str = env_setting("MODELSERVE_GATEWAY_ROUTING", _routing, default=LEAST_IN_FLIGHT)
