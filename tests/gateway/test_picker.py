@@ -191,6 +191,20 @@ def test_versions_pick_by_weight_and_the_body_names_the_version(served: Gateway)
     settled(served)
 
 
+def test_a_body_of_very_many_values_is_read_and_renamed_off_the_loop(served: Gateway) -> None:
+    """Past json_body.MANY_VALUES the proxy reads a body in its helper process, and renames it there."""
+    body = chat("assistant", logit_bias=dict.fromkeys(map(str, range(30_000)), 1))
+    stream = Stream(served.picker)
+    try:
+        assert picked(stream.request(body)) == C
+        back = stream.body_back()
+    finally:
+        stream.close()
+    assert json.loads(back) == {**json.loads(body), "model": "v1"}
+    assert served.metric('modelserve_gateway_bodies_read_off_loop_total{outcome="read"}') >= 1
+    settled(served)
+
+
 def test_the_subset_hint_is_honoured_and_none_fitting_is_503(served: Gateway) -> None:
     for namespace in ("envoy.lb.subset_hint", "envoy.lb"):
         for _ in range(3):
