@@ -59,6 +59,7 @@ PARSERS = {
     env.base_url: "http(s) URL",
     env.route: "path (`/...`)",
     env.port: "port (1-65535)",
+    env.port_or_off: "port (1-65535), or 0: off",
     env.boolean: "`true` or `false`",
     env.positive_int: "integer > 0",
     env.non_negative_int: "integer >= 0",

@@ -57,6 +57,11 @@ def port(raw: str) -> int:
     return value
 
 
+def port_or_off(raw: str) -> int:
+    """A port, or 0 for a listener that is off."""
+    return 0 if number(raw, int) == 0 else port(raw)
+
+
 def boolean(raw: str) -> bool:
     lowered = raw.lower()
     if lowered in ("true", "1", "yes"):

@@ -8,7 +8,7 @@ import json
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from fastapi import FastAPI, Request, Response
@@ -47,6 +47,9 @@ from .metrics import GatewayMetrics
 from .proxy import GatewayProxy
 from .settings import GatewaySettings
 
+if TYPE_CHECKING:
+    from .picker import PickerServer
+
 MODELS_ROUTE = "/v1/models"
 # Ollama's listing, loaded models and version, answered here like /v1/models (its other routes carry a model).
 OLLAMA_GETS = frozenset({ollama.TAGS_ROUTE, ollama.PS_ROUTE, ollama.VERSION_ROUTE})
@@ -69,6 +72,7 @@ class Dispatcher:
     def __init__(self, api: FastAPI, proxy: GatewayProxy) -> None:
         self.api = api
         self.proxy = proxy
+        self.picker: PickerServer | None = None  # the endpoint picker, while the app serves (its lifespan)
         # What the server's certificate did (http/tls.py, when serving HTTPS), in the metrics.
         self.certificate_changed = proxy.metrics.tls.changed
 
@@ -150,9 +154,19 @@ def build_app(
             directory.server_names,
         )
         discovery.start(lambda key: loop.call_soon_threadsafe(refresh, key))
+        # The endpoint picker, on this loop: with several workers the first one's alone, so that its
+        # picks are counted in flight in one place (holding's bounds and /held are the pod's anyway).
+        if settings.picker_port and (siblings is None or siblings.index == 0):
+            from .picker import PickerServer  # grpc and Envoy's protos: loaded only by a gateway that picks
+
+            dispatcher.picker = PickerServer(proxy, settings, discovery.synced)
+            await dispatcher.picker.start()
         try:
             yield
         finally:
+            if dispatcher.picker is not None:
+                await dispatcher.picker.stop(settings.drain_seconds)
+                dispatcher.picker = None
             discovery.stop()
             proxy.off_loop_work.close()
             await proxy.pool.close()
@@ -252,7 +266,8 @@ def build_app(
     async def ollama_version() -> dict[str, str]:
         return {"version": ollama.version_string(PACKAGE_VERSION)}
 
-    return Dispatcher(api, proxy)
+    dispatcher = Dispatcher(api, proxy)
+    return dispatcher
 
 
 def once(entries: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:

@@ -193,6 +193,12 @@ class Directory:
         return name if len(self._namespaces.get(name, ())) < 2 else f"{model.namespace}/{name}"
 
 
+def endpoint_of(replica: str) -> str:
+    """A replica's `podIP:port`, without the `https://` of a sidecar serving TLS (what an endpoint
+    picker names: a data plane sending there must then speak TLS itself)."""
+    return replica.removeprefix("https://")
+
+
 def served_name(requested: str) -> str:
     """The name a replica knows for a request's `model` (no namespace, no `:latest`)."""
     return requested.removesuffix(OLLAMA_DEFAULT_TAG).rpartition("/")[2]

@@ -90,3 +90,16 @@ def unverified_hold_full(
         "hold_queue_full",
         extra_headers=retry_after(retry_after_seconds),
     )
+
+
+def no_endpoint_in_subset(name: str) -> ErrorResponse:
+    """The endpoint picker's data plane allowed only endpoints (its subset hint) that are no ready
+    replica of the model: the protocol's 503."""
+    return ErrorResponse(
+        503,
+        f"No ready replica of '{name}' is among the endpoints the gateway's data plane allowed for this request.",
+        SERVER_ERROR,
+        "no_endpoint_in_subset",
+        "model",
+        extra_headers=retry_after(REPLICA_RETRY_AFTER_SECONDS),
+    )

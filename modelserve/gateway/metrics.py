@@ -103,6 +103,15 @@ class GatewayMetrics:
             MODEL,
             registry=r,
         )
+        self.picker = Counter(
+            f"{PREFIX}_picker_streams",
+            "Requests the endpoint picker (MODELSERVE_GATEWAY_PICKER_PORT) saw, by outcome: picked (a replica "
+            "named to the data plane), the error code it answered instead (missing_model, model_not_found, "
+            "model_starting, hold_queue_full, no_endpoint_in_subset, ...), client_gone (the request went "
+            "before a replica was picked) or protocol_error (a stream out of the protocol's order, ended).",
+            ["outcome"],
+            registry=r,
+        )
         # The hot path only counts in plain numbers: requests in flight per ModelServer, read when
         # scraped, and routing decisions, added to their counter then (prometheus_client's inc() and
         # dec() take a lock and several calls each).

@@ -37,7 +37,7 @@ from modelserve.http.upstream_pool import Response
 
 from . import errors as gateway_errors
 from . import request_read, versions
-from .directory import Ambiguous, Directory, Model, served_name
+from .directory import Ambiguous, Directory, Model, endpoint_of, served_name
 from .held_streams import KeepAlive, StartedStream, comment
 from .holding import Holding, Outcome
 from .keys import Opened, digest, keyless, proof
@@ -78,6 +78,7 @@ class ReplicaPlan(Plan):
         "rename_to",
         "replica",
         "sse",
+        "subset",
         "tried",
         "versions",
     )
@@ -104,6 +105,9 @@ class ReplicaPlan(Plan):
         # A body read off the loop whose model the replica knows by another name: renamed off the loop
         # too, in `wait`, before it is sent.
         self.rename_to: str | None = None
+        # The endpoints (`podIP:port`) a replica must be picked from: the endpoint picker's subset hint
+        # from its data plane (picker.py). None: any of the model's replicas.
+        self.subset: frozenset[str] | None = None
 
     def answer_headers(self) -> list[tuple[bytes, bytes]]:  # type: ignore[override]
         return [(REPLICA_HEADER, self.pod.encode())] if self.pod else []
@@ -292,11 +296,15 @@ class GatewayProxy(Pipeline):
         return False
 
     def pick(self, plan: ReplicaPlan, attempt: int) -> Upstream | None:  # type: ignore[override]
-        """A replica not tried yet, counted on it; None when none is left. The model's replicas as
-        they are now: they may have changed since the request was planned (or held)."""
+        """A replica not tried yet (and in `plan.subset`, when it has one), counted on it; None when none
+        is left. The model's replicas as they are now: they may have changed since the request was
+        planned (or held)."""
         key = plan.model.key
         model = self.directory.models.get(key) or plan.model
-        replica, decision = self._choose(model, plan.prefix, plan.tried)
+        excluded = plan.tried
+        if plan.subset is not None:
+            excluded = [*plan.tried, *(r for r in model.replicas if endpoint_of(r) not in plan.subset)]
+        replica, decision = self._choose(model, plan.prefix, excluded)
         if replica is None:
             return None
         plan.tried.append(replica)

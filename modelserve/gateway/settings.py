@@ -12,6 +12,7 @@ from modelserve.contracts.env import (
     non_negative_float,
     path,
     port,
+    port_or_off,
     positive_float,
     positive_int,
     read_env,
@@ -58,6 +59,12 @@ class GatewaySettings:
     upstream_ca_file: Path | None = env_setting(  # noqa: RUF009 - immutable
         "MODELSERVE_GATEWAY_UPSTREAM_CA_FILE", path, default=None
     )
+    # A port for the endpoint picker (gateway/picker.py): the gateway also serves Envoy's external
+    # processing gRPC service there (the Gateway API Inference Extension's endpoint picker protocol),
+    # so a Gateway API data plane in front of an InferencePool of model pods gets each request's replica
+    # from the gateway's own routing, holding and versions, and sends the request there itself; and the
+    # gRPC health service. With several workers, the first serves it. 0: no picker.
+    picker_port: int = env_setting("MODELSERVE_GATEWAY_PICKER_PORT", port_or_off, default=0)
     # How a replica is picked: least-in-flight (the fewest requests in flight from this gateway) or
     # prefix-affinity (a conversation stays on its replica's prefix cache).
     routing: str = env_setting("MODELSERVE_GATEWAY_ROUTING", _routing, default=LEAST_IN_FLIGHT)

@@ -140,6 +140,16 @@ def test_install_holds_runtime_dependencies_only(image_venv: Path) -> None:
     listed = subprocess.run([*pip, "list", "--format=freeze"], capture_output=True, text=True, timeout=120)
     names = {line.split("==")[0].lower() for line in listed.stdout.splitlines()}
     assert {"modelserve", "kopf", "uvicorn", "uvloop", "httptools"} <= names
+    # The gateway's endpoint picker (gateway/picker.py): gRPC and Envoy's generated protos, from wheels.
+    assert {"grpcio", "grpcio-health-checking", "xds-protos", "protobuf"} <= names
+    picker = subprocess.run(
+        [str(image_venv / "bin" / "python"), "-I", "-c", "import modelserve.gateway.picker"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert picker.returncode == 0, picker.stderr
     assert not names & set(NOT_RUNTIME)
     for script in CONSOLE_SCRIPTS:
         assert (image_venv / "bin" / script).is_file()
