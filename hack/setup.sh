@@ -12,7 +12,8 @@
 #   - the sandbox's private registry and crane, from go-containerregistry's module, for the install
 #     from a registry (hack/build-registry.sh);
 #   - the Gateway API's standard CRDs from its Go module, for the chart's HTTPRoute tests
-#     (hack/fetch-gateway-api.sh);
+#     (hack/fetch-gateway-api.sh), and the Gateway API Inference Extension's InferencePool CRD for the
+#     operator's pools (hack/fetch-inference-extension.sh);
 #   - vLLM's and SGLang's source at the pins: their parsers check the generated command lines, and the
 #     derived-facts test reads their routes and flags (hack/install-vllm-cli.sh, hack/install-sglang-cli.sh);
 #   - llama.cpp's llama-server built from source (hack/build-llama-server.sh);
@@ -44,7 +45,7 @@ step hack/install-python.sh
 # waits on the network and the disk overlap the other's compiles. Neither reads what the other makes.
 GO_LOG=build/setup-go-lane.log
 lane hack/build-control-plane.sh hack/build-lws.sh hack/build-coredns.sh hack/build-rulecheck.sh \
-  hack/build-registry.sh hack/fetch-gateway-api.sh >"$GO_LOG" 2>&1 &
+  hack/build-registry.sh hack/fetch-gateway-api.sh hack/fetch-inference-extension.sh >"$GO_LOG" 2>&1 &
 go_lane=$!
 trap 'kill "$go_lane" 2>/dev/null || true' EXIT
 lane hack/install-vllm-cli.sh hack/install-sglang-cli.sh hack/build-llama-server.sh hack/install-checkov.sh \

@@ -14,7 +14,7 @@ from types import ModuleType
 
 from modelserve.api import crd, spec_table
 from modelserve.api.status import GuardStatus
-from modelserve.operator import prefetch, status, traffic_guard
+from modelserve.operator import pools, prefetch, status, traffic_guard
 
 from .markdown import cell, code, generated_by, table
 
@@ -31,6 +31,9 @@ CONDITION_TYPES = {
     "guard tripped ([Rolling out a new model version](../how-to/roll-out-a-version.md))",
     "Prefetched": "with `spec.cache.prefetch` only: every node it selects holds the model in its node cache "
     "(`status.cache`; [Cold start and caches](../how-to/cold-start.md))",
+    "InferencePool": "with the operator's `MODELSERVE_INFERENCE_POOLS` only: the pods serve in the namespace's "
+    "InferencePool `modelserve`, and its picker has ready endpoints (`status.inferencePool`; "
+    "[InferencePools](../how-to/inference-pools.md))",
 }
 
 
@@ -109,6 +112,12 @@ def reasons() -> dict[str, Reason]:
         reason.states.add(f"{status.PREFETCHED_CONDITION}={ok}")
         reason.messages.append(message)
         reason.problem = not ok and name != "Fetching"
+    # The namespace's InferencePool (operator/pools.py).
+    for name, (ok, message) in pools.REASONS.items():
+        reason = add(name)
+        reason.states.add(f"{status.INFERENCE_POOL_CONDITION}={ok}")
+        reason.messages.append(message)
+        reason.problem = not ok and name != pools.SERVES_HTTPS
     return found
 
 

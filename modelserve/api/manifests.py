@@ -51,7 +51,7 @@ from modelserve.engines.base import (
     Role,
 )
 
-from . import versions
+from . import pools, versions
 from .replicas import desired_replicas
 from .spec import AuthMode, ModelServer, RolloutStrategy
 from .status import Versions
@@ -483,8 +483,9 @@ def prefetch_job(ms: ModelServer, settings: Settings, node: str) -> dict[str, An
     }
 
 
-def _pod_template(ms: ModelServer, pod: dict[str, Any]) -> dict[str, Any]:
-    pod_labels = labels(ms)
+def _pod_template(ms: ModelServer, pod: dict[str, Any], serving: dict[str, str] | None = None) -> dict[str, Any]:
+    """`serving`: the labels of pods that serve HTTP (the InferencePool's, with pools on)."""
+    pod_labels = {**labels(ms), **(serving or {})}
     if pod.get("initContainers"):
         # The node agent keeps a model while a pod on its node carries its key.
         pod_labels[POD_MODEL_LABEL] = model_key(ms.spec.model)
@@ -519,7 +520,7 @@ def deployment(ms: ModelServer, settings: Settings, replicas: int | None = None)
             "progressDeadlineSeconds": settings.startup_seconds,
             "selector": {"matchLabels": {SELECTOR_LABEL: ms.name}},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(ms)},
-            "template": _pod_template(ms, pod),
+            "template": _pod_template(ms, pod, pools.pod_labels(ms, settings)),
         },
     }
 
@@ -563,7 +564,7 @@ def leader_worker_set(ms: ModelServer, settings: Settings, replicas: int | None 
         pod["affinity"] = _one_pod_per_node(ms)
         _with_node_cache(ms, settings, engine, pod)  # every pod of a group loads the weights
         _with_pull_secrets(ms, settings, pod)
-        return _pod_template(ms, pod)
+        return _pod_template(ms, pod, pools.pod_labels(ms, settings) if leader else None)
 
     return {
         "apiVersion": LWS_API_VERSION,

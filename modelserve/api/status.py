@@ -18,7 +18,7 @@ class Condition(BaseModel):
 
     type: str = Field(
         description="Ready, Progressing or Degraded; TrafficGuard with spec.traffic.guard, Prefetched with "
-        "spec.cache.prefetch."
+        "spec.cache.prefetch, InferencePool with the operator's InferencePools."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason, e.g. InsufficientGPU or ModelLoading.")
@@ -194,6 +194,34 @@ class CacheStatus(BaseModel):
     message: str | None = Field(None, description="What keeps a node from holding it.")
 
 
+class PoolParent(BaseModel):
+    """One parent (a Gateway) of the namespace's InferencePool, as the gateway wrote it in the pool's
+    status.parents."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    kind: str = Field("Gateway", description="The parent's kind.")
+    namespace: str = Field("", description="The parent's namespace (empty: the pool's).")
+    name: str = Field(description="The parent's name.")
+    controller_name: str | None = Field(None, description="The gateway controller that wrote it.")
+    accepted: Literal["True", "False", "Unknown"] = Field(description="The parent's Accepted condition.")
+    resolved_refs: Literal["True", "False", "Unknown"] = Field(
+        description="The parent's ResolvedRefs condition (the picker's Service among the refs)."
+    )
+    message: str = Field("", description="What the conditions that are not True say.")
+
+
+class InferencePoolStatus(BaseModel):
+    """The namespace's InferencePool (MODELSERVE_INFERENCE_POOLS) and what gateways say of it."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    name: str = Field(description="The InferencePool (inference.networking.k8s.io/v1) in this namespace.")
+    parents: list[PoolParent] = Field(
+        default_factory=list, description="The pool's parents (Gateways), from its status.parents; at most 32."
+    )
+
+
 class ModelServerStatus(BaseModel):
     """What the operator observed, written to the status subresource."""
 
@@ -226,7 +254,7 @@ class ModelServerStatus(BaseModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Ready, Progressing and Degraded; TrafficGuard with spec.traffic.guard; Prefetched with "
-        "spec.cache.prefetch.",
+        "spec.cache.prefetch; InferencePool with the operator's InferencePools (MODELSERVE_INFERENCE_POOLS).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     key_secret: KeySecretStatus | None = Field(
@@ -244,6 +272,11 @@ class ModelServerStatus(BaseModel):
     )
     last_start: LastStart | None = Field(None, description="The latest replica start, phase by phase.")
     cache: CacheStatus | None = Field(None, description="spec.cache.prefetch: which selected nodes hold the model.")
+    inference_pool: InferencePoolStatus | None = Field(
+        None,
+        description="The namespace's InferencePool this ModelServer's pods are in, and its Gateways "
+        "(MODELSERVE_INFERENCE_POOLS).",
+    )
 
 
 @dataclass(frozen=True)

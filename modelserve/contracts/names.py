@@ -34,3 +34,12 @@ LWS_PLURAL = "leaderworkersets"
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # "0": the group's leader
 LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"  # one value per group
+
+# The Gateway API Inference Extension's InferencePool (installed apart from the operator, optional):
+# with MODELSERVE_INFERENCE_POOLS the operator keeps one per namespace of ModelServers.
+INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
+INFERENCE_POOL_KIND = "InferencePool"
+INFERENCE_POOL_PLURAL = "inferencepools"
+# On the pods that serve HTTP (a Deployment's, a LeaderWorkerSet's leaders), only with pools on (value:
+# the pool's name): the pool's selector. On the pool's picker Service and EndpointSlice too.
+INFERENCE_POOL_LABEL = f"{GROUP}/inference-pool"

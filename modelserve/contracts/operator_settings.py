@@ -11,7 +11,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import sidecar
-from .env import base_url, comma_list, env_map, env_setting, non_empty, non_negative_float, number, read_env
+from .env import (
+    ConfigError,
+    base_url,
+    boolean,
+    comma_list,
+    env_map,
+    env_setting,
+    non_empty,
+    non_negative_float,
+    number,
+    port,
+    read_env,
+    render_bool,
+)
 from .names import PACKAGE_VERSION
 
 # MODELSERVE_ENGINE_IMAGE_<engine name in upper case>: the chart's engines.<name>.image.
@@ -65,6 +78,26 @@ def _lease_seconds(raw: str) -> float:
     if value < 3:
         raise ValueError("must be at least 3 seconds")
     return value
+
+
+# A namespace or object name (a DNS-1123 label), as the API server checks a Service's.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _service_ref(raw: str) -> str:
+    namespace, _, name = raw.partition("/")
+    if not (_DNS_LABEL.match(namespace) and _DNS_LABEL.match(name)) or len(namespace) > 63 or len(name) > 63:
+        raise ValueError("must be <namespace>/<name> of a Service")
+    return raw
+
+
+FAILURE_MODES = ("FailClose", "FailOpen")
+
+
+def _failure_mode(raw: str) -> str:
+    if raw not in FAILURE_MODES:
+        raise ValueError(f"must be one of {', '.join(FAILURE_MODES)}")
+    return raw
 
 
 def _sidecars_setting(name: str, env: str | None = None) -> Any:
@@ -141,6 +174,23 @@ class Settings:
     leader_election_lease: str = env_setting("MODELSERVE_LEADER_ELECTION_LEASE", _lease, default="")
     # A leader silent this long is replaced (renewed every 2/15 of it, given up after 2/3 unrenewed).
     lease_seconds: float = env_setting("MODELSERVE_LEASE_SECONDS", _lease_seconds, default=15.0)
+
+    # InferencePools (Gateway API Inference Extension v1): one per namespace of ModelServers, named
+    # `modelserve`, selecting the pods that serve HTTP (which then carry a label: turning it on rolls
+    # every model pod once), its endpoint picker modelserve's own. Off: no pool, no label, no CRD needed.
+    inference_pools: bool = env_setting("MODELSERVE_INFERENCE_POOLS", boolean, render_bool, default=False)
+    # The endpoint picker's Service, <namespace>/<name> (the chart's gateway), required with pools on:
+    # each pool's namespace gets a selectorless Service and EndpointSlice with its ready endpoints, which
+    # the pool's endpointPickerRef names (it may only name a Service of its own namespace).
+    picker_service: str = env_setting("MODELSERVE_PICKER_SERVICE", _service_ref, default="")
+    # The port of that Service the picker serves the endpoint picker protocol on (gRPC ext_proc).
+    picker_port: int = env_setting("MODELSERVE_PICKER_PORT", port, default=9002)
+    # What a data plane does when the picker does not answer: FailClose (refuse the request) or FailOpen.
+    picker_failure_mode: str = env_setting("MODELSERVE_PICKER_FAILURE_MODE", _failure_mode, default="FailClose")
+
+    def __post_init__(self) -> None:
+        if self.inference_pools and not self.picker_service:
+            raise ConfigError("MODELSERVE_PICKER_SERVICE is required with MODELSERVE_INFERENCE_POOLS=true")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:

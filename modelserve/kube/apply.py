@@ -18,6 +18,9 @@ from kubernetes.client.exceptions import ApiException
 from modelserve.contracts.names import (
     API_VERSION,
     FIELD_MANAGER,
+    INFERENCE_POOL_API_VERSION,
+    INFERENCE_POOL_KIND,
+    INFERENCE_POOL_PLURAL,
     KIND,
     LWS_API_VERSION,
     LWS_KIND,
@@ -39,6 +42,8 @@ PLURALS = {
     ("coordination.k8s.io/v1", "Lease"): "leases",
     (API_VERSION, KIND): PLURAL,
     (LWS_API_VERSION, LWS_KIND): LWS_PLURAL,
+    (INFERENCE_POOL_API_VERSION, INFERENCE_POOL_KIND): INFERENCE_POOL_PLURAL,
+    ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
 }
 # What a dry-run apply may differ in from the live object without anything having changed.
 VOLATILE_METADATA = ("managedFields", "resourceVersion")

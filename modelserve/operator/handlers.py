@@ -28,6 +28,7 @@ from modelserve.kube.workqueue import WorkQueue
 
 from . import metrics
 from .autoscaling import Autoscaling
+from .pools import Pools
 from .reconcile import Reconciler, Resync, watch_caches
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,14 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         gateways,
         operator_settings.gateway_addresses,
     )
-    memo.reconciler = Reconciler(kube, operator_settings, caches, memo.autoscaling)
+    # MODELSERVE_INFERENCE_POOLS: each namespace's InferencePool, its picker's endpoints mirrored beside it.
+    namespaces = tuple(memo.get("namespaces", ()))
+    memo.pools = (
+        Pools(kube, operator_settings, caches.modelservers, queue, namespaces, API_RETRY_BACKOFFS)
+        if operator_settings.inference_pools
+        else None
+    )
+    memo.reconciler = Reconciler(kube, operator_settings, caches, memo.autoscaling, memo.pools)
     memo.queue = queue
     memo.caches = caches
     memo.resync = Resync(caches, queue, operator_settings.resync_seconds)
@@ -94,9 +102,9 @@ def _lead_then_run(memo: kopf.Memo) -> None:
             target=memo.elector.keep, args=(memo.stopping, _step_down), name="modelserve-lease", daemon=True
         )
         memo.keeper.start()
-    for cache in [*memo.caches.all(), *([memo.gateways] if memo.gateways else [])]:
+    for cache in [*_caches(memo), *([memo.gateways] if memo.gateways else [])]:
         cache.start()
-    for cache in memo.caches.all():
+    for cache in _caches(memo):
         while not cache.wait_listed(LISTED_LOG_SECONDS):
             log.warning("still waiting for the first list of %s", cache.watched.kind)
     if memo.stopping.is_set():
@@ -105,6 +113,11 @@ def _lead_then_run(memo: kopf.Memo) -> None:
     memo.resync.start()
     memo.autoscaling.start()
     memo.started.set()
+
+
+def _caches(memo: kopf.Memo) -> list[WatchCache]:
+    """Every cache listed before the first reconcile: the children's, and the pools' when kept."""
+    return [*memo.caches.all(), *(memo.pools.caches() if memo.pools is not None else [])]
 
 
 def _step_down() -> None:
@@ -121,6 +134,8 @@ def stop(memo: kopf.Memo, **_: Any) -> None:
         memo.queue.stop()
     for cache in [*memo.caches.all(), *([memo.gateways] if memo.gateways else [])]:
         cache.stop()
+    if memo.pools is not None:
+        memo.pools.stop()
     # Last: the Lease is released (a standby takes over at its next try) once nothing writes any more.
     memo.stopping.set()
     if memo.keeper is not None:

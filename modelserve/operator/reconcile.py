@@ -36,6 +36,7 @@ from . import metrics, prefetch
 from .adapters import adapter_statuses, pods_to_nudge, read_pod_adapters
 from .autoscaling import Autoscaling
 from .key_share import pods_to_tell, sharing_replicas
+from .pools import Pools
 from .starts import new_starts
 from .status import (
     Observed,
@@ -127,8 +128,11 @@ def watch_caches(
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, settings: Settings, caches: Caches, autoscaling: Autoscaling):
+    def __init__(
+        self, kube: Kube, settings: Settings, caches: Caches, autoscaling: Autoscaling, pools: Pools | None = None
+    ):
         self.kube = kube
+        self.pools = pools  # with MODELSERVE_INFERENCE_POOLS
         self.settings = settings
         self.caches = caches
         self.autoscaling = autoscaling
@@ -160,6 +164,8 @@ class Reconciler:
                 self._matched.pop((namespace, name), None)
                 self._started.pop((namespace, name), None)
             self.autoscaling.forget((namespace, name))
+            if self.pools is not None:
+                self.pools.sync(namespace)  # the namespace's pool, owned by those left (if any)
             return  # the garbage collector removes the children through their owner references
         previous = body.get("status") or {}
         generation = body["metadata"]["generation"]
@@ -196,6 +202,7 @@ class Reconciler:
                 self._annotate(ms, told, manifests.KEYS_VERSION_ANNOTATION, version)
         last_start = self._report_starts(ms, body, pods, previous, now)
         prefetched = self._prefetch(ms)
+        pool = self.pools.sync(namespace, ms) if self.pools is not None else None
         status = compute_status(
             ms,
             Observed(
@@ -219,6 +226,7 @@ class Reconciler:
                 guard=self._guard(ms, body, previous, now),
                 last_start=last_start,
                 prefetch=prefetched,
+                pool=pool,
             ),
         )
         if ms.spec.adapters is not None:

@@ -32,6 +32,10 @@ from modelserve.kube.pods import pod_ready
 from .traffic_guard import guard_condition_parts
 
 PREFETCHED_CONDITION = "Prefetched"  # with spec.cache.prefetch: every selected node holds the model
+# With MODELSERVE_INFERENCE_POOLS: the pods serve in the namespace's InferencePool (operator/pools.py).
+INFERENCE_POOL_CONDITION = "InferencePool"
+# Its False reasons that are no fault (the pods serve HTTPS: not in a pool), so no Warning.
+POOL_EXPECTED_REASONS = frozenset({"ServesHTTPS"})
 
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError"}
@@ -356,6 +360,7 @@ class Reported:
     guard: GuardStatus | None = None  # spec.traffic.guard's verdict (traffic_guard.py)
     last_start: LastStart | None = None  # the latest replica start, phase by phase (starts.py)
     prefetch: Any = None  # prefetch.Plan: spec.cache.prefetch's nodes and condition (prefetch.py)
+    pool: Any = None  # pools.PoolReport: the namespace's InferencePool, with MODELSERVE_INFERENCE_POOLS
 
 
 @dataclass(frozen=True)
@@ -383,6 +388,8 @@ def compute_status(ms: ModelServer, seen: Observed, reported: Reported) -> dict[
         conditions.append(_condition(TRAFFIC_GUARD_CONDITION, *guard_condition_parts(reported.guard), generation))
     if reported.prefetch is not None:
         conditions.append(_condition(PREFETCHED_CONDITION, *reported.prefetch.condition, generation))
+    if reported.pool is not None:
+        conditions.append(_condition(INFERENCE_POOL_CONDITION, *reported.pool.condition, generation))
     status = ModelServerStatus(
         observed_generation=generation,
         phase=_phase(progress, seen.workload),
@@ -400,6 +407,7 @@ def compute_status(ms: ModelServer, seen: Observed, reported: Reported) -> dict[
         guard=reported.guard,
         last_start=reported.last_start,
         cache=reported.prefetch.status if reported.prefetch is not None else None,
+        inference_pool=reported.pool.status if reported.pool is not None else None,
     )
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -573,6 +581,9 @@ def transitions(previous: dict[str, Any] | None, current: dict[str, Any]) -> lis
         warning |= (condition["type"], condition["status"]) == (PREFETCHED_CONDITION, "False") and condition[
             "reason"
         ] != "Fetching"
+        warning |= (condition["type"], condition["status"]) == (INFERENCE_POOL_CONDITION, "False") and condition[
+            "reason"
+        ] not in POOL_EXPECTED_REASONS
         message = f"{condition['type']} is {condition['status']}"
         if condition["message"]:
             message += f": {condition['message']}"

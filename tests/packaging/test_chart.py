@@ -21,6 +21,7 @@ from modelserve.engines import ENGINES
 from modelserve.gateway.settings import GatewaySettings
 from modelserve.operator import main as operator_main
 from modelserve.sidecar.metrics import SidecarMetrics
+from modelserve_sandbox.cluster import default_cache
 from tests.helpers.chart import CHART, REPO, Helm, by_kind, literal_env, template_args
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
@@ -548,3 +549,69 @@ def test_dashboard_charts_series_the_sidecar_exports(helm: Helm) -> None:
     # Each engine's own series, by the prefix its module declares, and no series of an unknown one.
     engine_series = {name for expr in exprs for name in re.findall(r"\b([a-z]+:\w+)\{", expr)}
     assert {name.split(":")[0] + ":" for name in engine_series} == {e.metric_prefix for e in ENGINES.values()}
+
+
+def test_inference_pools_are_off_by_default_and_on_bring_their_settings_rules_and_optional_crd(helm: Helm) -> None:
+    default = helm(*template_args("ms", "modelserve-system")).stdout
+    # Off: no setting, no rule, no CRD (nothing changes for a release without pools).
+    operator = _deployment(default, "operator")["spec"]["template"]["spec"]["containers"][0]
+    assert not [e for e in operator["env"] if "POOL" in e["name"] or "PICKER" in e["name"]]
+    granted = {r for role in by_kind(default, "ClusterRole") for rule in role["rules"] for r in rule["resources"]}
+    assert not granted & {"inferencepools", "endpointslices"}
+    assert [c["spec"]["group"] for c in by_kind(default, "CustomResourceDefinition")] == ["serving.modelserve.dev"]
+    on = helm(*template_args("ms", "modelserve-system", "inferencePools.enabled=true")).stdout
+    env = {
+        e["name"]: e.get("value")
+        for e in _deployment(on, "operator")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["MODELSERVE_INFERENCE_POOLS"] == "true"
+    # The chart's gateway serves the picker, by default.
+    assert env["MODELSERVE_PICKER_SERVICE"] == "modelserve-system/ms-modelserve-gateway"
+    assert (env["MODELSERVE_PICKER_PORT"], env["MODELSERVE_PICKER_FAILURE_MODE"]) == ("9002", "FailClose")
+    (role,) = [r for r in by_kind(on, "ClusterRole") if r["metadata"]["name"] == "ms-modelserve"]
+    rules = {
+        (group, resource): rule["verbs"]
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert rules[("inference.networking.k8s.io", "inferencepools")] == [
+        "get",
+        "list",
+        "watch",
+        "create",
+        "patch",
+        "update",
+    ]
+    assert rules[("discovery.k8s.io", "endpointslices")] == ["get", "list", "watch", "create", "patch", "update"]
+    assert "delete" in rules[("apps", "deployments")] and "delete" not in rules[("discovery.k8s.io", "endpointslices")]
+    # The CRD is the pinned module's, only when asked, kept on uninstall.
+    crds = [c["metadata"]["name"] for c in by_kind(on, "CustomResourceDefinition")]
+    assert crds == ["modelservers.serving.modelserve.dev"]
+    with_crd = helm(*template_args("ms", "x", "inferencePools.enabled=true", "inferencePools.crd.enabled=true")).stdout
+    (pool_crd,) = [
+        c for c in by_kind(with_crd, "CustomResourceDefinition") if c["spec"]["group"] != "serving.modelserve.dev"
+    ]
+    shipped = yaml.safe_load((CHART / "files" / "inferencepool-crd.yaml").read_text())
+    assert (
+        pool_crd["spec"] == shipped["spec"] and pool_crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    )
+    # Watching namespaces: the picker's namespace (the release's) grants reads of its Service and slices only.
+    watched = helm(*template_args("ms", "x", "inferencePools.enabled=true", "operator.watchNamespaces={a}")).stdout
+    (picker,) = [r for r in by_kind(watched, "Role") if r["metadata"]["name"] == "ms-modelserve-picker"]
+    assert picker["metadata"]["namespace"] == "x"
+    assert [(r["resources"], r["verbs"]) for r in picker["rules"]] == [
+        (["services"], ["list", "watch"]),
+        (["endpointslices"], ["list", "watch"]),
+    ]
+    # No gateway: the picker must be named.
+    refused = helm(*template_args("ms", "x", "inferencePools.enabled=true", "gateway.enabled=false"), check=False)
+    assert refused.returncode != 0 and "inferencePools.picker.service" in refused.stderr
+
+
+def test_the_shipped_inference_pool_crd_is_the_pinned_modules() -> None:
+    cached = default_cache() / "inference-extension" / "inference.networking.k8s.io_inferencepools.yaml"
+    assert cached.is_file(), "run hack/fetch-inference-extension.sh"
+    assert (CHART / "files" / "inferencepool-crd.yaml").read_bytes() == cached.read_bytes(), (
+        "charts/modelserve/files/inferencepool-crd.yaml differs from hack/fetch-inference-extension.sh's pin: copy it"
+    )

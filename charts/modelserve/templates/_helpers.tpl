@@ -108,6 +108,28 @@ collector removes children through their owner references).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.inferencePools.enabled }}
+# inferencePools: each namespace's InferencePool (read whole: status.parents, and one not the
+# operator's is left alone) and the EndpointSlice of its picker Service (a Service, granted above);
+# the garbage collector deletes them with the namespace's last ModelServer.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "watch", "create", "patch", "update"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch", "create", "patch", "update"]
+{{- end }}
+{{- end -}}
+
+{{/* The endpoint picker's Service each InferencePool leads to: inferencePools.picker.service, else the chart's gateway. */}}
+{{- define "modelserve.pickerService" -}}
+{{- if .Values.inferencePools.picker.service -}}
+{{- .Values.inferencePools.picker.service -}}
+{{- else if .Values.gateway.enabled -}}
+{{- printf "%s/%s" .Release.Namespace (include "modelserve.gatewayName" .) -}}
+{{- else -}}
+{{- fail "inferencePools.enabled needs inferencePools.picker.service when gateway.enabled is false" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "modelserve.gatewayName" -}}
