@@ -568,6 +568,23 @@ def test_inference_pools_are_off_by_default_and_on_bring_their_settings_rules_an
     # The chart's gateway serves the picker, by default.
     assert env["MODELSERVE_PICKER_SERVICE"] == "modelserve-system/ms-modelserve-gateway"
     assert (env["MODELSERVE_PICKER_PORT"], env["MODELSERVE_PICKER_FAILURE_MODE"]) == ("9002", "FailClose")
+    # ... on the port the pools lead to: its setting, its container's port and its Service's (h2c).
+    gateway = _gateway_container(on)
+    assert GatewaySettings.from_env(literal_env(gateway)).picker_port == 9002
+    assert {"name": "picker", "containerPort": 9002, "protocol": "TCP"} in gateway["ports"]
+    (service,) = [s for s in by_kind(on, "Service") if s["metadata"]["name"] == "ms-modelserve-gateway"]
+    assert {
+        "name": "picker",
+        "port": 9002,
+        "targetPort": "picker",
+        "protocol": "TCP",
+        "appProtocol": "kubernetes.io/h2c",
+    } in service["spec"]["ports"]
+    assert GatewaySettings.from_env(literal_env(_gateway_container(default))).picker_port == 0
+    elsewhere = helm(
+        *template_args("ms", "x", "inferencePools.enabled=true", "inferencePools.picker.service=p/epp")
+    ).stdout
+    assert GatewaySettings.from_env(literal_env(_gateway_container(elsewhere))).picker_port == 0
     (role,) = [r for r in by_kind(on, "ClusterRole") if r["metadata"]["name"] == "ms-modelserve"]
     rules = {
         (group, resource): rule["verbs"]
