@@ -162,6 +162,10 @@ class Stream:
         self.plan: ReplicaPlan | None = None  # the pick, until released
         self.echo_bodies = True  # response bodies streamed back (FULL_DUPLEX_STREAMED), else left as they are
         self.counted = False
+        # The picked replica's answer as the data plane passes it back: its status, and when its first
+        # byte came (since the stream began), for the version's guard and what the key opens.
+        self.status: int | None = None
+        self.ttfb: float | None = None
 
     async def run(self) -> None:
         if await self._request():
@@ -304,9 +308,14 @@ class Stream:
             kind = message.WhichOneof("request")
             if kind == "response_headers":
                 await self._write(ext_proc.ProcessingResponse(response_headers=ext_proc.HeadersResponse()))
+                self._answered(_pseudo(_headers(message.response_headers.headers), b":status"))
                 ended = message.response_headers.end_of_stream
+                if ended:
+                    self.ttfb = perf_counter() - self.start
             elif kind == "response_body":
                 chunk = message.response_body
+                if self.ttfb is None:
+                    self.ttfb = perf_counter() - self.start
                 if self.echo_bodies:
                     await self._write(
                         _body(ext_proc.ProcessingResponse, "response_body", chunk.body, chunk.end_of_stream)
@@ -322,10 +331,21 @@ class Stream:
             if ended:  # the answer is complete: its replica has one request fewer
                 self._release()
 
+    def _answered(self, status: str) -> None:
+        """The replica's status: what it says of the request's key (as the proxy learns from its own)."""
+        self.status = int(status) if status.isdigit() else None
+        if self.plan is not None and self.status is not None:
+            self.proxy.learn(self.plan, self.status)
+
     def _release(self) -> None:
         plan, self.plan = self.plan, None
         if plan is not None:
             self.picker.picks -= 1
+            # A version's answer judged for its guard, as the proxy judges its own. Only an answer the
+            # data plane passed back (its own 503 for a replica it could not reach is one): a stream
+            # that ends before any is most often its client gone, which the proxy does not judge either.
+            if plan.versions and self.status is not None:
+                self.proxy.judge(plan, self.status, self.ttfb)
             self.proxy.release(plan)
 
     # --- the stream ---------------------------------------------------------------------------------

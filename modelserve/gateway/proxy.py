@@ -332,7 +332,7 @@ class GatewayProxy(Pipeline):
     def passes_on(self, plan: ReplicaPlan, response: Response, attempt: int) -> bool:  # type: ignore[override]
         """What the answer says of the request's key is learnt; a first answer that is a sidecar's
         503 is given up for another replica's, if one is left untried."""
-        self._learn(plan, response.status)
+        self.learn(plan, response.status)
         if attempt or response.status != RETRIABLE_STATUS:
             return False
         model = self.directory.models.get(plan.model.key) or plan.model
@@ -357,7 +357,7 @@ class GatewayProxy(Pipeline):
         label = CLIENT_CLOSED if exchange.client_gone else status_class(exchange.status)
         self.metrics.observe(key, label, perf_counter() - exchange.start, exchange.ttfb)
         if plan is not None and plan.versions and plan.tried and not exchange.client_gone:
-            self._judge(plan, exchange)
+            self.judge(plan, exchange.status, exchange.ttfb)
 
     def failure(self, error: BaseException) -> errors.ErrorResponse:
         if isinstance(error, asyncio.TimeoutError):
@@ -377,10 +377,12 @@ class GatewayProxy(Pipeline):
             client, interval, lambda: comment(name, perf_counter() - exchange.start, expected), counter.inc
         )
 
-    def _judge(self, plan: ReplicaPlan, exchange: Exchange) -> None:
-        """A version's answer, for its guard (versions.py): failed at 5xx or with no answer."""
-        failed = exchange.status >= 500 or exchange.ttfb is None
-        ttfb = None if exchange.ttfb is None else max(0.0, exchange.ttfb - plan.held)
+    def judge(self, plan: ReplicaPlan, status: int, ttfb: float | None) -> None:
+        """A version's answer (its status, and its first byte's time since the request came, None
+        with no answer), for its guard (versions.py): failed at 5xx or with no answer. The proxy's
+        own requests and the endpoint picker's (picker.py: the data plane's answer) both."""
+        failed = status >= 500 or ttfb is None
+        ttfb = None if ttfb is None else max(0.0, ttfb - plan.held)
         report = self.guards.record(plan.model, plan.versions, ttfb, failed)
         if report is not None:
             log.warning("%s/%s: traffic guard tripped, no new requests: %s", *plan.model.key, report.message)
@@ -396,7 +398,7 @@ class GatewayProxy(Pipeline):
             return None
         return client_bucket(peer)
 
-    def _learn(self, plan: ReplicaPlan, status: int) -> None:
+    def learn(self, plan: ReplicaPlan, status: int) -> None:
         """What a replica's answer says of the request's key for its model (keys.proof)."""
         if not plan.model.public and plan.authorization is not None:
             self.opened.learn(digest(plan.authorization), plan.model.key, proof(status))

@@ -44,6 +44,7 @@ from modelserve.gateway.discovery import FixedDiscovery
 from modelserve.gateway.picker import SERVICE_NAME
 from modelserve.gateway.routing import Ring
 from modelserve.gateway.settings import GatewaySettings
+from modelserve.gateway.versions import Guard
 from modelserve_sandbox.processes import wait_until
 
 WAIT_SECONDS = 15
@@ -189,6 +190,31 @@ def test_versions_pick_by_weight_and_the_body_names_the_version(served: Gateway)
     finally:
         stream.close()
     settled(served)
+
+
+def test_a_versions_answers_passed_back_by_the_data_plane_trip_its_guard() -> None:
+    """The statuses the data plane passes back are judged for a version's rollback guard as the
+    gateway's own answers are: two 500s trip a guard of 10% over 10, and its served name then takes
+    no new request through the picker (the stable version has no weight: 503 no_version_available)."""
+    canary = _model("v2", [A], served_as="assistant", weight=100, guard=Guard(window=10, max_error_rate=0.1))
+    with gateway([_model("v1", [C], served_as="assistant", weight=0), canary]) as served:
+        for status in (200, 500, 500):
+            stream = Stream(served.picker)
+            try:
+                assert picked(stream.request(chat("assistant"))) == A
+                stream.body_back()
+                stream.respond(status=status)
+            finally:
+                stream.close()
+        settled(served)
+        assert served.metric('modelserve_gateway_traffic_guard_trips_total{model="v2",namespace="team"}') == 1
+        stream = Stream(served.picker)
+        try:
+            status, error, _ = refused(stream.request(chat("assistant")))
+        finally:
+            stream.close()
+        assert (status, error["code"]) == (503, "no_version_available")
+        assert httpx.get(served.url + "/guards", timeout=10).json()["guards"][0]["name"] == "v2"
 
 
 def test_a_body_of_very_many_values_is_read_and_renamed_off_the_loop(served: Gateway) -> None:
