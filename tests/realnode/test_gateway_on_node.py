@@ -30,6 +30,7 @@ from harness.certificates import CA, Issued, served_certificate
 from modelserve.contracts.sidecar import LISTEN_PORT, serves_tls
 from modelserve.engines import llamacpp
 from modelserve_sandbox.cluster import Cluster
+from modelserve_sandbox.processes import wait_until
 from tests.helpers.gateway_routing import gateway_replicas, routed_beside_long_streams
 from tests.helpers.in_cluster import client_calls
 from tests.helpers.node_view import (
@@ -442,32 +443,51 @@ def test_the_gateway_serves_https_from_a_tls_secret_and_follows_its_renewal(
     renewed = ca.issue(hosts=hosts)
     put_secret(renewed)
     edited = time.monotonic()
+    # While the kubelet takes its time with the renewal, alpha's pods roll onto spec.tls: one wait for both.
+    alpha_certificate = _roll_onto_tls(view, ca)
     view.wait(lambda: serial() == renewed.serial, "the renewed certificate served", 180)
     print(f"\ngateway TLS: the renewed Secret served {time.monotonic() - edited:.0f} s after it was written")
     restarts = [c["restartCount"] for p in _gateway_pod_bodies(view, system) for c in p["status"]["containerStatuses"]]
     assert set(restarts) == {0}, restarts  # followed, not restarted
-    _sidecars_serve_https_behind_the_gateway(installed, ca, ca_file, base)
+    _sidecars_serve_https_behind_the_gateway(view, alpha_certificate, ca_file, base)
 
 
-def _sidecars_serve_https_behind_the_gateway(installed: Installed, ca: CA, ca_file: Path, base: str) -> None:
-    """Then the hop from the gateway to each sidecar: alpha's spec.tls names a kubernetes.io/tls
-    Secret issued for its Service; its pods roll to serve HTTPS, the gateway (trusting the CA from
-    its ConfigMap) checks their certificate for alpha's Service name and answers through them, and
-    plain HTTP to a pod is no longer answered."""
-    view = installed.view
+def _roll_onto_tls(view: NodeView, ca: CA) -> Issued:
+    """alpha's spec.tls names a kubernetes.io/tls Secret issued for its Service (its pods roll)."""
     service = f"alpha.{view.namespace}.svc"
     issued = ca.issue(hosts=(service, f"{service}.cluster.local"))
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "alpha-tls", "namespace": view.namespace}}
     view.cluster.kubectl(
         "apply", "-f", "-", input=json.dumps({**secret, "type": "kubernetes.io/tls", "stringData": issued.files()})
     )
-    view.apply(cpu_server("alpha", public=True, replicas={"min": 2, "max": 2}, tls={"secretName": "alpha-tls"}))
+    # Replace: an old pod goes first. The node's CPU is spoken for by then (alpha, the woken beta and the
+    # vLLM model of the in-cluster test), so a surge pod would wait for good (InsufficientCPU).
+    tls = {"secretName": "alpha-tls"}
+    view.apply(cpu_server("alpha", public=True, replicas={"min": 2, "max": 2}, tls=tls, rolloutStrategy="Replace"))
+    return issued
+
+
+def _sidecars_serve_https_behind_the_gateway(view: NodeView, issued: Issued, ca_file: Path, base: str) -> None:
+    """Then the hop from the gateway to each sidecar: alpha's pods serve HTTPS with the Secret's
+    certificate, the gateway (trusting the CA from its ConfigMap) checks it for alpha's Service name
+    and answers through them, and plain HTTP to a pod is no longer answered."""
+    service = f"alpha.{view.namespace}.svc"
 
     def serving_https() -> bool:
         ready = view.ready_pods("alpha")
         return len(ready) == 2 and len(view.pods("alpha")) == 2 and all(serves_tls(pod) for pod in ready)
 
-    view.wait(serving_https, "alpha's two pods Ready and serving HTTPS", 300)
+    def state() -> str:
+        pods = view.kubectl("get", "pods", "-o", "wide", check=False).stdout
+        alpha = view.get("modelserver", "alpha") or {}
+        conditions = [
+            (c["type"], c["status"], c.get("reason"), c.get("message")) for c in alpha["status"]["conditions"]
+        ]
+        nodes = view.cluster.kubectl("describe", "nodes", check=False).stdout
+        allocated = nodes[nodes.find("Allocated resources") :][:600]
+        return f"\n{pods}\n{conditions}\n{allocated}"
+
+    wait_until(serving_https, 300, "alpha's two pods Ready and serving HTTPS", 0.5, state)
     addresses = [pod["status"]["podIP"] for pod in view.ready_pods("alpha")]
     for address in addresses:  # each sidecar presents the Secret's certificate for the Service's name
         served = served_certificate(LISTEN_PORT, ca_file, host=service, address=address)
