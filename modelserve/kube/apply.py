@@ -324,6 +324,16 @@ def fingerprint(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
 
 
+def known_to_match(last: tuple[str, str] | None, desired: str, manifest: dict[str, Any], live: dict[str, Any]) -> bool:
+    """Whether the cached `live` child is known to match `manifest` without asking the API server:
+    this manifest (fingerprint `desired`) was checked against it before (`last`: that fingerprint and
+    the resourceVersion then), and either the child has not changed since or it still contains every
+    field the manifest sets (a status update, say)."""
+    if last is None or last[0] != desired:
+        return False  # new to this process, or the manifest changed: the API server compares
+    return live["metadata"]["resourceVersion"] == last[1] or contains(live, manifest)
+
+
 def contains(live: Any, desired: Any) -> bool:
     """Whether `live` already holds every field of `desired`, as server-side apply would leave it:
     dicts may carry more (defaults, other managers' fields), lists match item by item, scalars as

@@ -29,7 +29,7 @@ from modelserve.contracts.names import (
     INFERENCE_POOL_LABEL,
 )
 from modelserve.contracts.operator_settings import Settings
-from modelserve.kube.apply import Kube, contains, error_message, fingerprint, is_gone
+from modelserve.kube.apply import Kube, error_message, fingerprint, is_gone, known_to_match
 from modelserve.kube.watch_cache import WatchCache, Watched
 from modelserve.kube.workqueue import WorkQueue
 
@@ -223,8 +223,7 @@ class Pools:
         live = cache.get(namespace, meta["name"])
         with self._apply_guard:
             last = self._matched.get(child)
-            known = live is not None and last is not None and last[0] == desired
-            if known and (live["metadata"]["resourceVersion"] == last[1] or contains(live, manifest)):
+            if live is not None and known_to_match(last, desired, manifest, live):
                 return ""
             if live is None and last is None:
                 api_version, kind = manifest["apiVersion"], manifest["kind"]

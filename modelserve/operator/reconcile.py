@@ -27,7 +27,7 @@ from modelserve.contracts.api_keys import new_api_key
 from modelserve.contracts.names import API_VERSION, KIND, LWS_API_VERSION, LWS_KIND, SELECTOR_LABEL, Key
 from modelserve.contracts.nodecache import Source
 from modelserve.contracts.operator_settings import Settings
-from modelserve.kube.apply import Kube, contains, error_message, fingerprint, is_gone
+from modelserve.kube.apply import Kube, error_message, fingerprint, is_gone, known_to_match
 from modelserve.kube.pods import pod_ready, readable
 from modelserve.kube.watch_cache import MODELSERVERS, WatchCache, Watched
 from modelserve.kube.workqueue import WorkQueue
@@ -318,7 +318,7 @@ class Reconciler:
             child = f"Job {job['metadata']['name']}"
             live = self.caches.by_kind["Job"].get(ms.namespace, job["metadata"]["name"])
             desired = fingerprint(job)
-            if live is not None and _matches(matched.get(child), desired, job, live):
+            if live is not None and known_to_match(matched.get(child), desired, job, live):
                 continue
             try:
                 outcome, resource_version = self.kube.apply(job, live)
@@ -404,7 +404,7 @@ class Reconciler:
                 child = f"{manifest['kind']} {manifest['metadata']['name']}"
                 live = self.caches.by_kind[manifest["kind"]].get(ms.namespace, manifest["metadata"]["name"])
                 desired = fingerprint(manifest)
-                if live is not None and _matches(matched.get(child), desired, manifest, live):
+                if live is not None and known_to_match(matched.get(child), desired, manifest, live):
                     continue
                 outcome, resource_version = self.kube.apply(manifest, live)
                 matched[child] = (desired, resource_version)
@@ -444,15 +444,6 @@ class Reconciler:
             log.info("%s/%s: %s deleted (the replicas now run as a %s)", ms.namespace, ms.name, child, new_kind)
         matched.pop(child, None)
         return child
-
-
-def _matches(last: tuple[str, str] | None, desired: str, manifest: dict[str, Any], live: dict[str, Any]) -> bool:
-    """Whether the cached `live` child is known to match `manifest` without asking the API server:
-    this manifest was checked against it before (same fingerprint), and either the child has not
-    changed since or it still contains every field the manifest sets (a status update, say)."""
-    if last is None or last[0] != desired:
-        return False  # new to this process, or the ModelServer changed: the API server compares
-    return live["metadata"]["resourceVersion"] == last[1] or contains(live, manifest)
 
 
 class Resync:
