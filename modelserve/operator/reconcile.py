@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,25 +283,24 @@ class Reconciler:
         names = manifests.pull_secrets(ms, self.settings)
         if not names or not pulls_failing(pods):
             return ()
-        try:
-            return tuple(name for name in names if not self.kube.exists("v1", "Secret", ms.namespace, name))
-        except ApiException as error:
-            if is_gone(error):
-                raise
-            log.warning("%s/%s: looking up imagePullSecrets: %s", ms.namespace, ms.name, error_message(error))
-            return ()
+        return self._missing_secrets(ms, names, "imagePullSecrets")
 
     def _missing_tls_secret(self, ms: ModelServer, pods: list[dict[str, Any]]) -> bool:
         """Whether spec.tls's Secret is missing, asked only while a pod waits for its volumes."""
         if ms.spec.tls is None or not mounts_waiting(pods):
             return False
+        return bool(self._missing_secrets(ms, (ms.spec.tls.secret_name,), "spec.tls's Secret"))
+
+    def _missing_secrets(self, ms: ModelServer, names: Iterable[str], what: str) -> tuple[str, ...]:
+        """Which of `names` (Secrets its pods need: `what`) the namespace lacks, each looked up by name
+        (metadata only); nothing when the API server cannot say."""
         try:
-            return not self.kube.exists("v1", "Secret", ms.namespace, ms.spec.tls.secret_name)
+            return tuple(name for name in names if not self.kube.exists("v1", "Secret", ms.namespace, name))
         except ApiException as error:
             if is_gone(error):
                 raise
-            log.warning("%s/%s: looking up spec.tls's Secret: %s", ms.namespace, ms.name, error_message(error))
-            return False
+            log.warning("%s/%s: looking up %s: %s", ms.namespace, ms.name, what, error_message(error))
+            return ()
 
     def _prefetch(self, ms: ModelServer) -> prefetch.Plan | None:
         """spec.cache.prefetch: a fetch Job for each selected node that does not hold the model (applied

@@ -7,6 +7,7 @@ the engine, which needs every rank, does)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,25 +124,26 @@ def container_statuses(status: dict[str, Any]) -> list[dict[str, Any]]:
     return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
 
 
+def _waiting_on(pods: list[dict[str, Any]], reasons: Collection[str]) -> bool:
+    """Whether a container of these pods waits for one of `reasons` (the kubelet's words)."""
+    return any(
+        ((container.get("state") or {}).get("waiting") or {}).get("reason") in reasons
+        for pod in pods
+        for container in container_statuses(pod.get("status") or {})
+    )
+
+
 def pulls_failing(pods: list[dict[str, Any]]) -> bool:
     """Whether a container of these pods waits on an image it cannot pull (then the pull Secrets are
     worth checking: a missing one is the usual cause on a private registry)."""
-    return any(
-        ((container.get("state") or {}).get("waiting") or {}).get("reason") in IMAGE_PULL_REASONS
-        for pod in pods
-        for container in container_statuses(pod.get("status") or {})
-    )
+    return _waiting_on(pods, IMAGE_PULL_REASONS)
 
 
 def mounts_waiting(pods: list[dict[str, Any]]) -> bool:
-    """Whether a pod placed on a node still waits for its containers to be created (then a volume's
-    missing Secret is worth checking: the kubelet cannot mount it, and says so only in an Event)."""
-    return any(
-        (pod.get("spec") or {}).get("nodeName")
-        and ((container.get("state") or {}).get("waiting") or {}).get("reason") == "ContainerCreating"
-        for pod in pods
-        for container in container_statuses(pod.get("status") or {})
-    )
+    """Whether a pod on a node (only the kubelet writes container statuses) still waits for its
+    containers to be created (then a volume's missing Secret is worth checking: the kubelet cannot
+    mount it, and says so only in an Event)."""
+    return _waiting_on(pods, ("ContainerCreating",))
 
 
 def pod_problem(pod: dict[str, Any], gpus: int, missing_pull_secrets: tuple[str, ...] = ()) -> Problem | None:
