@@ -7,15 +7,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import pod_urls
 from .names import Key
 
 # On the gateway's pods (value: the release); the operator finds them by it to read HELD_ROUTE.
 GATEWAY_LABEL = "serving.modelserve.dev/gateway"
 GATEWAY_CONTAINER = "gateway"
 LISTEN_PORT = 8080
-# The gateway container's port is named so when the gateway serves HTTPS (the chart's gateway.tls):
-# the operator then reads HELD_ROUTE and GUARDS_ROUTE over TLS.
-TLS_PORT_NAME = "https"
+# The gateway container's port is named so when it serves HTTPS (the chart's gateway.tls): the operator
+# then reads HELD_ROUTE and GUARDS_ROUTE over TLS.
+TLS_PORT_NAME = pod_urls.TLS_PORT_NAME
 HEALTH_ROUTE = "/healthz"
 READY_ROUTE = "/readyz"
 METRICS_ROUTE = "/metrics"
@@ -30,10 +31,12 @@ OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, HELD_ROUTE, GU
 
 def serves_tls(pod: Mapping[str, Any]) -> bool:
     """Whether a gateway pod serves HTTPS: its gateway container's port is named TLS_PORT_NAME."""
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        if container.get("name") == GATEWAY_CONTAINER:
-            return any(port.get("name") == TLS_PORT_NAME for port in container.get("ports") or [])
-    return False
+    return pod_urls.serves_tls(pod, GATEWAY_CONTAINER)
+
+
+def base_of(pod: Mapping[str, Any]) -> str:
+    """A gateway pod: `https://IP:PORT` when it serves HTTPS, else `IP:PORT`."""
+    return pod_urls.pod_base(pod, GATEWAY_CONTAINER, LISTEN_PORT)
 
 
 # Set to a new value (`kubectl annotate --overwrite`), it clears a version's tripped guard.

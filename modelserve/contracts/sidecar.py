@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from . import pod_urls
 from .adapters import ADAPTERS_DIR, ADAPTERS_ROUTE, AdapterApi
 from .env import (
     base_url,
@@ -66,27 +67,18 @@ OWN_ROUTES = frozenset({HEALTH_ROUTE, READY_ROUTE, METRICS_ROUTE, LOAD_ROUTE, AD
 # Where a ModelServer's spec.tls Secret (kubernetes.io/tls) is mounted: the sidecar then serves HTTPS
 # on its one port, which is named TLS_PORT_NAME, so its readers (the gateway, the operator) know.
 TLS_DIR = "/etc/modelserve/tls"
-TLS_PORT_NAME = "https"
+TLS_PORT_NAME = pod_urls.TLS_PORT_NAME
 
 
 def serves_tls(pod: Mapping[str, Any]) -> bool:
-    """Whether a model pod's sidecar serves HTTPS: its sidecar container's port is named TLS_PORT_NAME."""
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        if container.get("name") == SIDECAR_NAME:
-            return any(port.get("name") == TLS_PORT_NAME for port in container.get("ports") or [])
-    return False
+    """Whether a model pod's sidecar serves HTTPS (its port is named TLS_PORT_NAME)."""
+    return pod_urls.serves_tls(pod, SIDECAR_NAME)
 
 
 def base_of(pod: Mapping[str, Any]) -> str:
-    """The scheme, address and port of a model pod's sidecar: `https://IP:PORT` when it serves HTTPS,
-    else `IP:PORT` (plain HTTP; what the gateway's replicas were named before TLS)."""
-    address = f"{pod['status']['podIP']}:{LISTEN_PORT}"
-    return f"https://{address}" if serves_tls(pod) else address
-
-
-def url_of(base: str, route: str) -> str:
-    """`route` of the sidecar at `base` (from base_of) as a URL (pure)."""
-    return f"{base}{route}" if base.startswith("https://") else f"http://{base}{route}"
+    """A model pod's sidecar: `https://IP:PORT` when it serves HTTPS, else `IP:PORT` (plain HTTP; what
+    the gateway's replicas were named before TLS)."""
+    return pod_urls.pod_base(pod, SIDECAR_NAME, LISTEN_PORT)
 
 
 @dataclass(frozen=True)

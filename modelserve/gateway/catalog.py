@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from modelserve.contracts.names import Key
-from modelserve.contracts.sidecar import url_of
+from modelserve.contracts.pod_urls import url_of
 from modelserve.http import ollama
 
 from .directory import Directory, Model

@@ -24,7 +24,7 @@ import aiohttp
 
 from modelserve.contracts import routes
 from modelserve.contracts.names import Key
-from modelserve.contracts.sidecar import url_of
+from modelserve.contracts.pod_urls import url_of
 from modelserve.http import errors, off_loop
 from modelserve.http.downstream import Downstream, Exchange, Headers, answer
 from modelserve.http.limits import client_bucket

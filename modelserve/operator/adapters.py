@@ -10,7 +10,7 @@ from modelserve.api.manifests import ADAPTERS_HASH_ANNOTATION
 from modelserve.api.spec import ModelServer
 from modelserve.api.status import AdapterStatus
 from modelserve.contracts.adapters import ADAPTERS_ROUTE, AdapterState, Phase
-from modelserve.contracts.sidecar import url_of
+from modelserve.contracts.pod_urls import url_of
 
 from .autoscaling import read_json
 

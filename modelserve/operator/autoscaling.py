@@ -26,7 +26,8 @@ from modelserve.api.spec import ModelServer, ModelServerSpec
 from modelserve.api.status import Scaling, utc_now
 from modelserve.contracts import gateway
 from modelserve.contracts.names import Key
-from modelserve.contracts.sidecar import LOAD_ROUTE, PodLoad, base_of, url_of
+from modelserve.contracts.pod_urls import url_of
+from modelserve.contracts.sidecar import LOAD_ROUTE, PodLoad, base_of
 from modelserve.kube.apply import Kube, error_message
 from modelserve.kube.pods import pod_ready, readable
 from modelserve.kube.watch_cache import WatchCache
@@ -92,15 +93,10 @@ def read_pod_load(base: str) -> PodLoad | None:
         return None
 
 
-def gateway_url(address: str, route: str) -> str:
-    """`route` of the gateway at `address`: host:port (plain HTTP), or https://host:port."""
-    return f"{address}{route}" if address.startswith("https://") else f"http://{address}{route}"
-
-
 def read_held(address: str) -> dict[Key, int]:
     """What one gateway (host:port or https://host:port) holds, per ModelServer (nothing when it
     cannot be read)."""
-    body = read_json(gateway_url(address, gateway.HELD_ROUTE))
+    body = read_json(url_of(address, gateway.HELD_ROUTE))
     try:
         return {} if body is None else gateway.held_from_json(body)
     except (KeyError, TypeError, ValueError):
@@ -110,7 +106,7 @@ def read_held(address: str) -> dict[Key, int]:
 def read_guards(address: str) -> dict[Key, tuple[str, gateway.GuardReport]]:
     """The traffic guards one gateway (host:port or https://host:port) tripped (nothing when it
     cannot be read)."""
-    body = read_json(gateway_url(address, gateway.GUARDS_ROUTE))
+    body = read_json(url_of(address, gateway.GUARDS_ROUTE))
     try:
         return {} if body is None else gateway.guards_from_json(body)
     except (KeyError, TypeError, ValueError):
@@ -121,9 +117,7 @@ def gateway_addresses(gateway_pods: list[dict[str, Any]], others: tuple[str, ...
     """host:port of every gateway to read (https://host:port for one serving HTTPS): the ready
     gateway pods, and those given by address."""
     pods = [pod for pod in gateway_pods if pod_ready(pod) and readable(pod, gateway.GATEWAY_CONTAINER)]
-    return [
-        f"{'https://' if gateway.serves_tls(pod) else ''}{pod['status']['podIP']}:{gateway.LISTEN_PORT}" for pod in pods
-    ] + list(others)
+    return [gateway.base_of(pod) for pod in pods] + list(others)
 
 
 def total_held(addresses: list[str], read: Callable[[str], dict[Key, int]]) -> dict[Key, int]:
