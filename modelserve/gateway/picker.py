@@ -238,8 +238,10 @@ class Stream:
             if not await proxy.wait(plan, held, exchange, self.peer):
                 if held.answer is None:  # its client went while it was held
                     return False
-                await self._write(_immediate(*held.answer))
-                self.outcome(_code(held.answer[2]))
+                status, headers, answer = held.answer
+                code = _code(answer)
+                await self._write(_immediate(status, headers, answer, code))
+                self.outcome(code)
                 return False
         if proxy.pick(plan, 0) is None:
             return await self._refuse(gateway_errors.no_endpoint_in_subset(plan.model.name))
@@ -297,7 +299,7 @@ class Stream:
 
     async def _refuse(self, error: errors.ErrorResponse) -> bool:
         body = error.body()
-        await self._write(_immediate(error.status, error.headers(body), body))
+        await self._write(_immediate(error.status, error.headers(body), body, error.code))
         self.outcome(error.code)
         return False
 
@@ -463,15 +465,16 @@ def _body(response: Any, field: str, chunk: bytes, end_of_stream: bool) -> ext_p
     return response(**{field: ext_proc.BodyResponse(response=ext_proc.CommonResponse(body_mutation=mutation))})
 
 
-def _immediate(status: int, headers: Headers, body: bytes) -> ext_proc.ProcessingResponse:
-    """The gateway's own answer instead of a pick (Envoy sets the length of the body)."""
+def _immediate(status: int, headers: Headers, body: bytes, code: str) -> ext_proc.ProcessingResponse:
+    """The gateway's own answer instead of a pick, its error `code` in the details (Envoy sets the
+    length of the body)."""
     kept = [_header(k.decode("latin-1"), v) for k, v in headers if k != b"content-length"]
     return ext_proc.ProcessingResponse(
         immediate_response=ext_proc.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status),  # type: ignore[arg-type]
             headers=ext_proc.HeaderMutation(set_headers=kept),
             body=body,
-            details=f"modelserve_picker_{_code(body)}",
+            details=f"modelserve_picker_{code}",
         )
     )
 
