@@ -59,11 +59,7 @@ def run(settings: GatewaySettings, discovery: Callable[[], Discovery]) -> None:
     certificate that cannot be served ends it first, with status 2, one line naming the file, and
     the same as a Warning Event on the gateway's pod (refused_certificate)."""
     if settings.tls_dir is not None:
-        try:
-            pair = tls.load_pair(settings.tls_dir)
-        except tls.PairError as exc:
-            refused_certificate(settings, str(exc))
-        log.info("serving HTTPS: %s (%s)", settings.tls_dir / tls.CERT_FILE, pair.describe())
+        tls.starting_pair(settings.tls_dir, lambda why: refused_certificate(settings, why))
     serve_workers(
         lambda siblings: build_app(settings, discovery(), siblings=siblings),
         settings.workers,

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,17 @@ def server_context() -> ssl.SSLContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_alpn_protocols(ALPN)
     return context
+
+
+def starting_pair(directory: Path, refused: Callable[[str], NoReturn]) -> Pair:
+    """The pair in `directory`, checked before a program starts serving it (logged); one it cannot
+    serve goes to `refused` with the reason, naming the file, which ends the program."""
+    try:
+        pair = load_pair(directory)
+    except PairError as exc:
+        refused(str(exc))
+    log.info("serving HTTPS: %s (%s)", directory / CERT_FILE, pair.describe())
+    return pair
 
 
 def load_pair(directory: Path, now: datetime | None = None) -> Pair:

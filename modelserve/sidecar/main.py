@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import NoReturn
 
 from modelserve.contracts.env import settings_or_exit, variables_help
 from modelserve.contracts.sidecar import OWN_ROUTES, Settings
@@ -46,14 +47,7 @@ def main(argv: list[str] | None = None) -> None:
         settings.max_body_bytes,
     )
     if settings.tls_dir is not None:
-        try:
-            pair = tls.load_pair(settings.tls_dir)
-        except tls.PairError as exc:
-            # The one line, which the pod's terminationMessagePolicy puts in its status, where the
-            # operator's CrashLoop condition quotes it.
-            print(f"{PROGRAM}: cannot serve TLS: {exc}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
-        log.info("serving HTTPS: %s (%s)", settings.tls_dir / tls.CERT_FILE, pair.describe())
+        tls.starting_pair(settings.tls_dir, refused_certificate)
     serve_workers(
         lambda siblings: build_app(settings, siblings),
         settings.workers,
@@ -64,6 +58,13 @@ def main(argv: list[str] | None = None) -> None:
         WIDTH,
         settings.tls_dir,
     )
+
+
+def refused_certificate(why: str) -> NoReturn:
+    """Ends the program for a certificate it cannot serve: the one line, which the pod's
+    terminationMessagePolicy puts in its status, where the operator's CrashLoop condition quotes it."""
+    print(f"{PROGRAM}: cannot serve TLS: {why}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":
