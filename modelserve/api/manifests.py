@@ -25,6 +25,8 @@ from modelserve.contracts.names import (
     LWS_GROUP_KEY_LABEL,
     LWS_KIND,
     LWS_WORKER_INDEX_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
     SELECTOR_LABEL,
     SIDECAR_NAME,
 )
@@ -152,8 +154,8 @@ def component(ms: ModelServer) -> str:
     return external.COMPONENT if ms.spec.external else engine_for(ms.spec.profile).name
 
 
-MANAGED_BY = {"app.kubernetes.io/managed-by": "modelserve-operator"}  # on every pod the operator makes
-PREFETCH_POD_LABELS = {"app.kubernetes.io/component": "prefetch", **MANAGED_BY}
+OPERATORS = {MANAGED_BY_LABEL: MANAGED_BY}  # on every pod the operator makes
+PREFETCH_POD_LABELS = {"app.kubernetes.io/component": "prefetch", **OPERATORS}
 
 
 def labels(ms: ModelServer) -> dict[str, str]:
@@ -161,7 +163,7 @@ def labels(ms: ModelServer) -> dict[str, str]:
         "app.kubernetes.io/name": "modelserver",
         "app.kubernetes.io/instance": ms.name,
         "app.kubernetes.io/component": component(ms),
-        **MANAGED_BY,
+        **OPERATORS,
         SELECTOR_LABEL: ms.name,
     }
 

@@ -29,6 +29,8 @@ from modelserve.contracts.names import (
     INFERENCE_POOL_KIND,
     INFERENCE_POOL_LABEL,
     KIND,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
 )
 from modelserve.contracts.operator_settings import Settings
 
@@ -39,8 +41,6 @@ POOL_NAME = "modelserve"
 PICKER_NAME = f"{POOL_NAME}-epp"  # the selectorless Service and its EndpointSlice
 PICKER_PORT_NAME = "grpc"
 H2C = "kubernetes.io/h2c"  # the picker speaks gRPC (ext_proc) in clear inside the cluster
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "modelserve-operator"
 # EndpointSlices: who keeps this one (never the EndpointSlice controller, which owns those it names).
 SLICE_MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"

@@ -18,6 +18,10 @@ SIDECAR_NAME = "sidecar"
 
 # The operator's server-side apply field manager, Event reporter and user agent.
 FIELD_MANAGER = "modelserve-operator"
+# On every object the operator makes (model pods, the InferencePools and their picker's objects):
+# MANAGED_BY_LABEL = MANAGED_BY, which also tells the operator's own from another's of the same name.
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "modelserve-operator"
 # This release: the operator's default image tag; the user agents.
 PACKAGE_VERSION = __version__
 # How the operator's own requests show in the API server's audit log.

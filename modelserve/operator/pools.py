@@ -27,6 +27,8 @@ from modelserve.contracts.names import (
     INFERENCE_POOL_API_VERSION,
     INFERENCE_POOL_KIND,
     INFERENCE_POOL_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
 )
 from modelserve.contracts.operator_settings import Settings
 from modelserve.kube.apply import Kube, error_message, fingerprint, is_gone, known_to_match
@@ -168,8 +170,8 @@ class Pools:
         pool = cache.get(namespace, pools.POOL_NAME)
         if pool is not None and not pools.ours(pool):
             message = (
-                f"InferencePool {where} exists and is not the operator's (no {pools.MANAGED_BY_LABEL}: "
-                f"{pools.MANAGED_BY} label): left as it is; rename or delete it for the operator's pool"
+                f"InferencePool {where} exists and is not the operator's (no {MANAGED_BY_LABEL}: "
+                f"{MANAGED_BY} label): left as it is; rename or delete it for the operator's pool"
             )
             return PoolReport(False, CONFLICT, message)
         picker = pools.picker_endpoints(
@@ -187,7 +189,7 @@ class Pools:
                 foreign = self._apply(namespace, manifest, live_cache)
                 if foreign:
                     message = (
-                        f"{foreign} exists and is not the operator's (no {pools.MANAGED_BY_LABEL}: {pools.MANAGED_BY} "
+                        f"{foreign} exists and is not the operator's (no {MANAGED_BY_LABEL}: {MANAGED_BY} "
                         f"label): left as it is, and no pool made; rename or delete it for the operator's pool"
                     )
                     return PoolReport(False, CONFLICT, message)
